@@ -1,0 +1,52 @@
+"""Tokenizer helpers (the `tokenizers` library; no hub downloads).
+
+`byte_tokenizer()` builds the fallback byte-level tokenizer used by the
+``clover-test`` preset: one token per byte (ids 0..255, GPT-2 byte alphabet)
+followed by the special tokens in `SPECIAL_TOKENS` (ids 256..). Trained BPE
+tokenizers (the bundled model) keep the same special-token names.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+EOS_TOKEN = "<|endoftext|>"
+MASK_TOKEN = "<|mask|>"
+SPECIAL_TOKENS = (
+    EOS_TOKEN, MASK_TOKEN, "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+)
+
+
+def byte_tokenizer() -> Tokenizer:
+    """A byte-level tokenizer without merges: ids 0..255 are bytes, then specials.
+
+    Returns:
+        `tokenizers.Tokenizer`; ``<|endoftext|>`` is id 256 and ``<|mask|>`` id 257
+        (the ``clover-test`` preset's eos/mask ids).
+    """
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    # ByteLevel maps byte b to a printable char; order the vocab by byte value.
+    byte_to_char = _bytes_to_unicode()
+    vocab = {byte_to_char[b]: b for b in range(256)}
+    assert set(vocab) == set(alphabet), "ByteLevel alphabet mismatch"
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    assert tok.token_to_id(EOS_TOKEN) == 256 and tok.token_to_id(MASK_TOKEN) == 257
+    return tok
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable unicode map (as used by ByteLevel)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1)
+    )
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
