@@ -1,0 +1,630 @@
+"""The Clover block-diffusion model: Qwen3.5-MoE-shaped hybrid, history in state.
+
+Reads top-down: CloverModel -> DecoderLayer -> {GatedDeltaNet | GatedAttention}
+-> SparseMoE / RMSNorm. Letter table: B batch, T tokens of a forward (commit +
+block), L block slots, C committed tokens, H heads, K key dim, V value dim,
+E experts, N layers, W window.
+
+What differs from an autoregressive Qwen3.5 (DESIGN.md section 3):
+
+* History lives only in per-layer recurrent state, updated by the gated delta
+  rule when a block is committed: GDN layers keep their state ``S [H_v, K, V]``
+  and conv tail; full-attention layers keep a delta-rule *memory* state of
+  their own (L2-normalised) keys and values, with their own gates.
+* The current block attends to itself bidirectionally, with RoPE on the
+  in-block q/k, and the memory read-out ``m_i = S^T q_i`` is one more unit in
+  the same softmax with logit ``l_i = scale * <q_i, w_mem> + b_mem`` per head.
+  `memory_share` reports its softmax mass.
+* Commit is fused with the next block's first forward: one forward over
+  ``[committed block(s) ++ block]``; per layer the committed tokens attend
+  within their own block and read the old state, update it, and the block
+  reads the new state.
+* ``state+window`` mode (a labelled non-Clover variant): attention layers also
+  keep the K/V of the last W committed tokens (a ring buffer) as extra keys.
+
+`CloverModel.forward` is the fast, incremental path. `CloverModel.forward_reference`
+recomputes every state from scratch with the token-loop recurrence and an
+explicit window slice; tests hold the fast path to it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.config import CloverConfig
+from kernels.gated_delta_rule import gated_delta_rule
+from kernels.gated_delta_rule.naive import l2norm
+
+MEMORY_MODES = ("state", "state+window")
+
+
+# ----------------------------------------------------------------------------- state
+@dataclass
+class LayerState:
+    """Recurrent state of one layer for B sequences (allocated once, updated in place).
+
+    Attributes:
+        S: [B, H, K, V] fp32 delta-rule state (H = H_v for GDN, H_kv for attention).
+        conv: [B, kernel-1, channels] conv tail (GDN layers only).
+        win_k, win_v: [B, H_kv, W, D] ring buffer of RoPE'd keys / values
+            (attention layers in ``state+window`` mode only).
+    """
+
+    S: torch.Tensor
+    conv: torch.Tensor | None = None
+    win_k: torch.Tensor | None = None
+    win_v: torch.Tensor | None = None
+
+
+@dataclass
+class CloverState:
+    """All layers' state plus how many tokens have been committed.
+
+    Memory is constant in context length: nothing here grows with `position`.
+    """
+
+    layers: list[LayerState]
+    memory_mode: str
+    window: int
+    position: int = 0  # tokens committed so far (absolute position of the next token)
+
+    def nbytes(self) -> int:
+        """Bytes held by all state tensors."""
+        total = 0
+        for ls in self.layers:
+            for t in (ls.S, ls.conv, ls.win_k, ls.win_v):
+                if t is not None:
+                    total += t.numel() * t.element_size()
+        return total
+
+
+@dataclass
+class _Ctx:
+    """Per-forward context handed to the mixers."""
+
+    n_commit: int  # C, committed tokens at the front of the forward
+    chunk: int  # commit chunk length (the block size)
+    pos: torch.Tensor  # [T] absolute positions of all tokens in the forward
+    start: int  # absolute position of the first committed token (window slot arithmetic)
+    observe: bool
+    reference: bool  # naive recurrence + explicit window (forward_reference)
+    memory_share: list = field(default_factory=list)  # per layer [B, L]
+    state_norm: list = field(default_factory=list)  # per layer scalar
+    expert_union: list = field(default_factory=list)  # per layer int
+
+
+@dataclass
+class ModelOutput:
+    """Result of one forward.
+
+    Attributes:
+        logits: [B, L, vocab] fp32 logits of the block slots.
+        expert_union: [N] int64 distinct routed experts over all T tokens, per layer.
+        memory_share: [N, B, L] fp32 memory-unit softmax mass (head mean), or None.
+        state_norm: [N] fp32 Frobenius norm of each layer's state after the commit, or None.
+    """
+
+    logits: torch.Tensor
+    expert_union: torch.Tensor
+    memory_share: torch.Tensor | None = None
+    state_norm: torch.Tensor | None = None
+
+
+# ---------------------------------------------------------------------- building blocks
+class RMSNorm(nn.Module):
+    """Qwen3.5 RMSNorm: ``x / rms(x) * (1 + w)`` in fp32, ``w`` initialised to 0."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """GDN output norm: ``w * rmsnorm(x) * silu(z)`` per head, ``w`` initialised to 1."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        return (y * F.silu(z.float())).to(x.dtype)
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, rot_dim: int, theta: float) -> torch.Tensor:
+    """Rotary embedding on the first `rot_dim` dims of the last axis (rotate-half form).
+
+    Args:
+        x: [B, H, T, D]; pos: [T] absolute positions (int64).
+    """
+    if rot_dim == 0:
+        return x
+    inv_freq = theta ** (-torch.arange(0, rot_dim, 2, dtype=torch.float32, device=x.device) / rot_dim)
+    ang = pos.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, rot/2]
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)  # [T, rot]
+    xr, xp = x[..., :rot_dim], x[..., rot_dim:]
+    x1, x2 = xr[..., : rot_dim // 2], xr[..., rot_dim // 2:]
+    rotated = torch.cat([-x2, x1], -1)
+    return torch.cat([(xr.float() * cos + rotated.float() * sin).to(x.dtype), xp], -1)
+
+
+def block_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: torch.Tensor | float,
+    mem_out: torch.Tensor,
+    mem_logit: torch.Tensor,
+    extra_k: torch.Tensor | None = None,
+    extra_v: torch.Tensor | None = None,
+    extra_valid: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bidirectional attention inside one block, with the memory read-out as a softmax unit.
+
+    ``a = softmax([scale q_i.k_j]_j ++ [scale q_i.k^w_j]_j ++ [l_i])``;
+    ``o_i = sum_j a_ij v_j + sum_j a^w_ij v^w_j + a_i,mem m_i`` (DESIGN.md section 3).
+
+    Args:
+        q, k: [B, H, L, K]; v: [B, H, L, V] (k/v already expanded to H heads).
+        scale: float or [H] per-head score scale.
+        mem_out: [B, H, L, V] state read-out; mem_logit: [B, H, L].
+        extra_k / extra_v: [B, H, W, K] / [B, H, W, V] window keys (or None);
+        extra_valid: [W] bool, which window slots hold a token.
+
+    Returns:
+        o: [B, H, L, V]; memory share [B, H, L] (fp32).
+    """
+    if torch.is_tensor(scale):
+        scale = scale.view(1, -1, 1, 1)
+    scores = [(q @ k.transpose(-1, -2)).float() * scale]  # [B, H, L, L]
+    if extra_k is not None:
+        sw = (q @ extra_k.transpose(-1, -2)).float() * scale  # [B, H, L, W]
+        scores.append(sw.masked_fill(~extra_valid.view(1, 1, 1, -1), float("-inf")))
+    scores.append(mem_logit.float()[..., None])
+    a = torch.softmax(torch.cat(scores, -1), dim=-1)
+    L = k.shape[-2]
+    o = a[..., :L].to(v.dtype) @ v
+    if extra_k is not None:
+        o = o + a[..., L:-1].to(v.dtype) @ extra_v
+    share = a[..., -1]
+    o = o + share[..., None].to(v.dtype) * mem_out
+    return o, share
+
+
+def _dt_bias_init(n: int, dt_min: float = 1e-3, dt_max: float = 0.1) -> torch.Tensor:
+    """flash-linear-attention's GatedDeltaNet init: softplus(dt_bias) log-uniform in
+    [dt_min, dt_max], so the initial decay per token is exp(-A * dt) ~ 0.9-1.0."""
+    dt = torch.exp(torch.empty(n).uniform_(math.log(dt_min), math.log(dt_max)))
+    return dt + torch.log(-torch.expm1(-dt))  # inverse softplus
+
+
+def _segments(ctx: _Ctx, T: int) -> list[tuple[int, int]]:
+    """[start, end) token ranges of the forward: each commit chunk, then the block."""
+    segs = [(s, min(s + ctx.chunk, ctx.n_commit)) for s in range(0, ctx.n_commit, ctx.chunk)]
+    return segs + [(ctx.n_commit, T)]
+
+
+def _delta_update(S, k, v, g, beta, reference: bool):
+    """Fold a committed chunk into state S with the gated delta rule; returns the new S.
+
+    k: [B, C, H, K] (L2-normalised inside), v: [B, C, H, V], g / beta: [B, C, H].
+    """
+    impl = "naive" if reference else None
+    _, S_new = gated_delta_rule(k, k, v, g, beta, initial_state=S, output_final_state=True,
+                                use_qk_l2norm_in_kernel=True, impl=impl)
+    return S_new
+
+
+# --------------------------------------------------------------------------- mixers
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet mixer (Qwen3.5 layout: separate in_proj_qkv / z / b / a).
+
+    In-block: bidirectional attention over L2-normalised, RoPE'd q/k with a
+    learned per-value-head temperature, plus the state read-out
+    ``m = S^T (q / sqrt(K))`` as a softmax unit. Commit: gated delta rule with
+    ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``.
+    """
+
+    def __init__(self, cfg: CloverConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.Hk, self.Hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.K, self.V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.channels = 2 * self.Hk * self.K + self.Hv * self.V
+        D = cfg.hidden_size
+        self.in_proj_qkv = nn.Linear(D, self.channels, bias=False)
+        self.in_proj_z = nn.Linear(D, self.Hv * self.V, bias=False)
+        self.in_proj_b = nn.Linear(D, self.Hv, bias=False)
+        self.in_proj_a = nn.Linear(D, self.Hv, bias=False)
+        self.conv1d = nn.Conv1d(self.channels, self.channels, cfg.linear_conv_kernel_dim,
+                                groups=self.channels, bias=False)
+        self.A_log = nn.Parameter(torch.log(torch.empty(self.Hv).uniform_(1, 16)))
+        self.dt_bias = nn.Parameter(_dt_bias_init(self.Hv))
+        self.norm = GatedRMSNorm(self.V, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(self.Hv * self.V, D, bias=False)
+        # block-diffusion additions
+        self.block_temperature = nn.Parameter(torch.full((self.Hv,), cfg.block_temperature_init))
+        self.mem_w = nn.Parameter(torch.randn(self.Hv, self.K) * 0.02)
+        self.mem_b = nn.Parameter(torch.full((self.Hv,), cfg.memory_logit_bias_init))
+
+    def init_state(self, batch: int, device, dtype) -> LayerState:
+        k = self.cfg.linear_conv_kernel_dim
+        return LayerState(
+            S=torch.zeros(batch, self.Hv, self.K, self.V, dtype=torch.float32, device=device),
+            conv=torch.zeros(batch, k - 1, self.channels, dtype=dtype, device=device),
+        )
+
+    def forward(self, x: torch.Tensor, ctx: _Ctx, st: LayerState) -> torch.Tensor:
+        B, T, _ = x.shape
+        # causal depthwise conv over [tail ++ commit ++ block]
+        qkv = self.in_proj_qkv(x)  # [B, T, channels]
+        conv_in = torch.cat([st.conv.to(qkv.dtype), qkv], 1)  # [B, k-1+T, channels]
+        qkv = F.silu(F.conv1d(conv_in.transpose(1, 2), self.conv1d.weight, groups=self.channels))
+        qkv = qkv.transpose(1, 2)  # [B, T, channels]
+        q, k, v = torch.split(qkv, [self.Hk * self.K, self.Hk * self.K, self.Hv * self.V], -1)
+        q = l2norm(q.reshape(B, T, self.Hk, self.K).float())  # [B, T, Hk, K]
+        k = l2norm(k.reshape(B, T, self.Hk, self.K).float())
+        v = v.reshape(B, T, self.Hv, self.V)
+        beta = torch.sigmoid(self.in_proj_b(x).float())  # [B, T, Hv]
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+
+        rep = self.Hv // self.Hk
+        qh = q.repeat_interleave(rep, 2).transpose(1, 2)  # [B, Hv, T, K]
+        kh = k.repeat_interleave(rep, 2).transpose(1, 2)
+        vh = v.transpose(1, 2).float()  # [B, Hv, T, V]
+        q_rot = rope(qh, ctx.pos, self.cfg.linear_rotary_dim, self.cfg.rope_theta)
+        k_rot = rope(kh, ctx.pos, self.cfg.linear_rotary_dim, self.cfg.rope_theta)
+        mem_logit = self.block_temperature.view(1, -1, 1) * torch.einsum("bhtk,hk->bht", qh, self.mem_w)
+        mem_logit = mem_logit + self.mem_b.view(1, -1, 1)
+        q_read = qh * self.K**-0.5
+
+        S = st.S
+        outs = []
+        for s, e in _segments(ctx, T):
+            m = q_read[:, :, s:e] @ S  # [B, Hv, l, V]
+            o, share = block_attention(q_rot[:, :, s:e], k_rot[:, :, s:e], vh[:, :, s:e],
+                                       self.block_temperature, m, mem_logit[:, :, s:e])
+            outs.append(o)
+            if e <= ctx.n_commit:  # a committed chunk: fold it into the state
+                S = _delta_update(S, k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], ctx.reference)
+        st.S.copy_(S)
+        # new tail = last (kernel-1) inputs of [old tail ++ committed tokens]; never the block
+        tail = conv_in[:, : st.conv.shape[1] + ctx.n_commit]
+        st.conv.copy_(tail[:, tail.shape[1] - st.conv.shape[1]:].to(st.conv.dtype))
+        if ctx.observe:
+            ctx.memory_share.append(share.mean(1))  # [B, L]
+            ctx.state_norm.append(S.norm())
+        o = torch.cat(outs, 2).transpose(1, 2)  # [B, T, Hv, V]
+        z = self.in_proj_z(x).reshape(B, T, self.Hv, self.V)
+        o = self.norm(o, z).to(x.dtype).reshape(B, T, self.Hv * self.V)
+        return self.out_proj(o)
+
+
+class GatedAttention(nn.Module):
+    """Gated full attention (Qwen3.5: q/k RMSNorm, partial RoPE, sigmoid output gate, GQA).
+
+    History: a delta-rule memory state over L2-normalised keys and values per
+    KV head, with its own gates (``mem_a``, ``mem_b``, ``mem_A_log``,
+    ``mem_dt_bias``); read by ``m = S^T (l2norm(q) / sqrt(D))``. In
+    ``state+window`` mode, the RoPE'd K/V of the last W committed tokens join
+    the softmax.
+    """
+
+    def __init__(self, cfg: CloverConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.Hq, self.Hkv, self.D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        Dm = cfg.hidden_size
+        self.q_proj = nn.Linear(Dm, self.Hq * self.D * 2, bias=False)  # query + output gate
+        self.k_proj = nn.Linear(Dm, self.Hkv * self.D, bias=False)
+        self.v_proj = nn.Linear(Dm, self.Hkv * self.D, bias=False)
+        self.o_proj = nn.Linear(self.Hq * self.D, Dm, bias=False)
+        self.q_norm = RMSNorm(self.D, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.D, cfg.rms_norm_eps)
+        # memory state gates and memory unit
+        self.mem_a = nn.Linear(Dm, self.Hkv, bias=False)
+        self.mem_b = nn.Linear(Dm, self.Hkv, bias=False)
+        self.mem_A_log = nn.Parameter(torch.log(torch.empty(self.Hkv).uniform_(1, 16)))
+        self.mem_dt_bias = nn.Parameter(_dt_bias_init(self.Hkv))
+        self.mem_w = nn.Parameter(torch.randn(self.Hq, self.D) * 0.02)
+        self.mem_b_logit = nn.Parameter(torch.full((self.Hq,), cfg.memory_logit_bias_init))
+
+    def init_state(self, batch: int, device, dtype, window: int) -> LayerState:
+        st = LayerState(S=torch.zeros(batch, self.Hkv, self.D, self.D, dtype=torch.float32, device=device))
+        if window:
+            st.win_k = torch.zeros(batch, self.Hkv, window, self.D, dtype=dtype, device=device)
+            st.win_v = torch.zeros(batch, self.Hkv, window, self.D, dtype=dtype, device=device)
+        return st
+
+    def forward(self, x: torch.Tensor, ctx: _Ctx, st: LayerState, layer_idx: int) -> torch.Tensor:
+        B, T, _ = x.shape
+        rep = self.Hq // self.Hkv
+        qg = self.q_proj(x).reshape(B, T, self.Hq, 2 * self.D)
+        q, gate = qg[..., : self.D], qg[..., self.D:]
+        q = self.q_norm(q)  # [B, T, Hq, D]
+        k = self.k_norm(self.k_proj(x).reshape(B, T, self.Hkv, self.D))
+        v = self.v_proj(x).reshape(B, T, self.Hkv, self.D)
+        beta = torch.sigmoid(self.mem_b(x).float())  # [B, T, Hkv]
+        g = -self.mem_A_log.float().exp() * F.softplus(self.mem_a(x).float() + self.mem_dt_bias)
+
+        qh = q.transpose(1, 2)  # [B, Hq, T, D]
+        q_rot = rope(qh, ctx.pos, self.cfg.rotary_dim, self.cfg.rope_theta)
+        k_rot = rope(k.transpose(1, 2), ctx.pos, self.cfg.rotary_dim, self.cfg.rope_theta)  # [B, Hkv, T, D]
+        vh = v.transpose(1, 2)  # [B, Hkv, T, D]
+        scale = self.D**-0.5
+        mem_logit = scale * torch.einsum("bhtd,hd->bht", qh.float(), self.mem_w.float())
+        mem_logit = mem_logit + self.mem_b_logit.view(1, -1, 1)
+        q_read = l2norm(qh.float()) * scale  # [B, Hq, T, D]
+
+        W = st.win_k.shape[2] if st.win_k is not None else 0
+        S = st.S
+        outs = []
+        for s, e in _segments(ctx, T):
+            S_q = S.repeat_interleave(rep, 1)  # [B, Hq, D, D]
+            m = (q_read[:, :, s:e] @ S_q).to(vh.dtype)  # [B, Hq, l, D]
+            ek = ev = valid = None
+            if W:
+                ek, ev, valid = self._window(st, ctx, layer_idx, ctx.start + s, W, k_rot, vh)
+                ek, ev = ek.repeat_interleave(rep, 1), ev.repeat_interleave(rep, 1)
+            o, share = block_attention(
+                q_rot[:, :, s:e], k_rot[:, :, s:e].repeat_interleave(rep, 1),
+                vh[:, :, s:e].repeat_interleave(rep, 1), scale, m, mem_logit[:, :, s:e], ek, ev, valid,
+            )
+            outs.append(o)
+            if e <= ctx.n_commit:
+                S = _delta_update(S, k[:, s:e].float(), v[:, s:e].float(), g[:, s:e], beta[:, s:e],
+                                  ctx.reference)
+                if W and not ctx.reference:  # push the chunk's last <= W tokens into the ring
+                    t0 = max(s, e - W)
+                    slots = (ctx.start + torch.arange(t0, e, device=x.device)) % W
+                    st.win_k[:, :, slots] = k_rot[:, :, t0:e].to(st.win_k.dtype)
+                    st.win_v[:, :, slots] = vh[:, :, t0:e].to(st.win_v.dtype)
+        st.S.copy_(S)
+        if ctx.observe:
+            ctx.memory_share.append(share.mean(1))
+            ctx.state_norm.append(S.norm())
+        o = torch.cat(outs, 2).transpose(1, 2)  # [B, T, Hq, D]
+        o = o * torch.sigmoid(gate)
+        return self.o_proj(o.reshape(B, T, self.Hq * self.D))
+
+    def _window(self, st, ctx, layer_idx, seg_pos, W, k_rot, vh):
+        """Window keys/values visible to a segment starting at absolute `seg_pos`.
+
+        Fast path: the ring buffer (slot = position mod W), valid where a token
+        with position in [seg_pos - W, seg_pos) has been written. Reference:
+        an explicit slice of the history K/V computed in this very pass.
+        """
+        if ctx.reference:
+            hk, hv = k_rot[:, :, : ctx.n_commit], vh[:, :, : ctx.n_commit]
+            lo = max(0, seg_pos - ctx.start - W)
+            hi = seg_pos - ctx.start
+            ek, ev = hk[:, :, lo:hi], hv[:, :, lo:hi]
+            pad = W - ek.shape[2]
+            valid = torch.zeros(W, dtype=torch.bool, device=k_rot.device)
+            valid[pad:] = True
+            ek = F.pad(ek, (0, 0, pad, 0))
+            ev = F.pad(ev, (0, 0, pad, 0))
+            return ek, ev, valid
+        # tokens 0..seg_pos-1 have been pushed; slot p % W holds position p
+        valid = torch.arange(W, device=k_rot.device) < min(seg_pos, W)
+        return st.win_k, st.win_v, valid
+
+
+# ------------------------------------------------------------------------------- MoE
+class SparseMoE(nn.Module):
+    """Softmax router over E experts (fp32), top-k, renormalised; SwiGLU experts;
+    a shared SwiGLU expert scaled by ``sigmoid(Linear(x))`` (Qwen3.5-MoE).
+
+    Returns the output and the expert union (distinct routed experts over all
+    tokens of the forward) as a Python int -- the host sync is needed anyway to
+    loop over the hit experts.
+    """
+
+    def __init__(self, cfg: CloverConfig):
+        super().__init__()
+        D, F_, E = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
+        self.top_k, self.norm_topk = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.gate = nn.Linear(D, E, bias=False)  # router
+        self.gate_up_proj = nn.Parameter(torch.randn(E, 2 * F_, D) * 0.02)
+        self.down_proj = nn.Parameter(torch.randn(E, D, F_) * 0.02)
+        Fs = cfg.shared_expert_intermediate_size
+        self.shared_gate_up = nn.Linear(D, 2 * Fs, bias=False)
+        self.shared_down = nn.Linear(Fs, D, bias=False)
+        self.shared_expert_gate = nn.Linear(D, 1, bias=False)
+        self.last_topk: torch.Tensor | None = None  # [T, k] ids of the last forward (for hooks/tests)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # [T, D]
+        probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E]
+        w, idx = probs.topk(self.top_k, dim=-1)  # [T, k]
+        if self.norm_topk:
+            w = w / w.sum(-1, keepdim=True)
+        self.last_topk = idx
+        out = torch.zeros_like(x)
+        hit = torch.unique(idx).tolist()
+        for e in hit:
+            rows, which = (idx == e).nonzero(as_tuple=True)
+            h = x[rows] @ self.gate_up_proj[e].t()  # [n, 2F]
+            gte, up = h.chunk(2, -1)
+            y = (F.silu(gte) * up) @ self.down_proj[e].t()  # [n, D]
+            out.index_add_(0, rows, y * w[rows, which, None].to(y.dtype))
+        gte, up = self.shared_gate_up(x).chunk(2, -1)
+        shared = self.shared_down(F.silu(gte) * up) * torch.sigmoid(self.shared_expert_gate(x))
+        return (out + shared).reshape(shape), len(hit)
+
+
+# ---------------------------------------------------------------------------- layers
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: mixer (GDN or gated attention), then MoE."""
+
+    def __init__(self, cfg: CloverConfig, idx: int):
+        super().__init__()
+        self.idx = idx
+        self.layer_type = cfg.layer_types[idx]
+        if self.layer_type == "linear_attention":
+            self.linear_attn = GatedDeltaNet(cfg)
+        elif self.layer_type == "full_attention":
+            self.self_attn = GatedAttention(cfg)
+        else:
+            raise ValueError(f"layer {idx}: unknown layer type {self.layer_type!r}")
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SparseMoE(cfg)
+
+    def mixer(self, x, ctx, st):
+        if self.layer_type == "linear_attention":
+            return self.linear_attn(x, ctx, st)
+        return self.self_attn(x, ctx, st, self.idx)
+
+    def forward(self, x: torch.Tensor, ctx: _Ctx, st: LayerState) -> torch.Tensor:
+        x = x + self.mixer(self.input_layernorm(x), ctx, st)
+        h, union = self.mlp(self.post_attention_layernorm(x))
+        ctx.expert_union.append(union)
+        return x + h
+
+
+class CloverModel(nn.Module):
+    """Clover block-diffusion LM (see module docstring).
+
+    Args:
+        config: a `CloverConfig`.
+    """
+
+    def __init__(self, config: CloverConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        nn.init.normal_(self.embed_tokens.weight, std=0.02)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.model_id = config.name
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    # ------------------------------------------------------------------ state
+    def setup_state(self, batch_size: int = 1, memory_mode: str = "state") -> CloverState:
+        """Allocate every layer's state once (zeros, position 0).
+
+        Args:
+            batch_size: sequences decoded together.
+            memory_mode: ``"state"`` (Clover) or ``"state+window"`` (attention
+                layers also keep the last ``config.attention_window`` committed K/V).
+
+        Raises:
+            ValueError: unknown mode, or ``state+window`` on a config with
+                ``attention_window == 0``.
+        """
+        if memory_mode not in MEMORY_MODES:
+            raise ValueError(f"memory_mode must be one of {MEMORY_MODES}, got {memory_mode!r}")
+        W = self.config.attention_window if memory_mode == "state+window" else 0
+        if memory_mode == "state+window" and W == 0:
+            raise ValueError(
+                "memory_mode='state+window' needs config.attention_window > 0; this model has no "
+                "window -- use memory_mode='state'"
+            )
+        layers = []
+        for layer in self.layers:
+            if layer.layer_type == "linear_attention":
+                layers.append(layer.linear_attn.init_state(batch_size, self.device, self.dtype))
+            else:
+                layers.append(layer.self_attn.init_state(batch_size, self.device, self.dtype, W))
+        return CloverState(layers=layers, memory_mode=memory_mode, window=W)
+
+    # ---------------------------------------------------------------- forward
+    def forward(
+        self,
+        block_ids: torch.Tensor,
+        state: CloverState,
+        commit_ids: torch.Tensor | None = None,
+        block_size: int | None = None,
+        observe: bool = False,
+    ) -> ModelOutput:
+        """One denoising forward of the current block, with the fused commit.
+
+        Args:
+            block_ids: [B, L] int64 current block (prompt head, written tokens, MASK).
+                Its slot 0 sits at absolute position ``state.position + C``.
+            state: from `setup_state`; updated in place by the commit.
+            commit_ids: [B, C] int64 finished tokens to fold into the state first
+                (C a multiple of `block_size`, or one block), or None.
+            block_size: commit chunk length (the decode's block size); default C.
+            observe: also return memory shares and state norms (for hooks).
+
+        Returns:
+            `ModelOutput` with logits [B, L, vocab] (fp32).
+        """
+        return self._run(block_ids, state, commit_ids, block_size, observe, reference=False)
+
+    @torch.no_grad()
+    def forward_reference(
+        self,
+        history_ids: torch.Tensor,
+        block_ids: torch.Tensor,
+        block_size: int,
+        memory_mode: str = "state",
+    ) -> ModelOutput:
+        """The definition the fast path must equal: every state recomputed from scratch.
+
+        Runs a fresh state over all of `history_ids` (block by block, token-loop
+        gated delta rule, window taken as an explicit slice of the history's
+        K/V) and then the block.
+
+        Args:
+            history_ids: [B, P] committed tokens from position 0 (P a multiple of block_size).
+            block_ids: [B, L] the current block at position P.
+        """
+        state = self.setup_state(block_ids.shape[0], memory_mode)
+        commit = history_ids if history_ids.shape[1] else None
+        return self._run(block_ids, state, commit, block_size, True, reference=True)
+
+    def _run(self, block_ids, state, commit_ids, block_size, observe, reference) -> ModelOutput:
+        C = 0 if commit_ids is None else commit_ids.shape[1]
+        chunk = block_size or max(C, 1)
+        if C % chunk:
+            raise ValueError(f"commit of {C} tokens is not a whole number of blocks of {chunk}")
+        start = state.position
+        ids = block_ids if commit_ids is None else torch.cat([commit_ids, block_ids], 1)
+        T = ids.shape[1]
+        if start + T > self.config.max_position_embeddings:
+            raise ValueError(
+                f"position {start + T} exceeds max_position_embeddings="
+                f"{self.config.max_position_embeddings}; shorten the prompt or max_new_tokens"
+            )
+        pos = torch.arange(start, start + T, device=ids.device)
+        ctx = _Ctx(n_commit=C, chunk=chunk, pos=pos, start=start, observe=observe, reference=reference)
+        x = self.embed_tokens(ids)  # [B, T, D]
+        for layer, st in zip(self.layers, state.layers):
+            x = layer(x, ctx, st)
+        state.position = start + C
+        logits = self.lm_head(self.norm(x[:, C:])).float()  # [B, L, vocab]
+        out = ModelOutput(logits=logits, expert_union=torch.tensor(ctx.expert_union, dtype=torch.int64))
+        if observe:
+            out.memory_share = torch.stack(ctx.memory_share)  # [N, B, L]
+            out.state_norm = torch.stack(ctx.state_norm).float()  # [N]
+        return out
