@@ -1,0 +1,423 @@
+"""The block decoder: LowConfidence block diffusion (DESIGN.md section 4), with hooks.
+
+Per block, exactly:
+
+1. all generation slots start as MASK (a partial last prompt block pre-fills
+   the head of the first generation block; blocks sit at positions k * B);
+2. each iteration runs one forward over the block and takes, per masked slot,
+   the argmax token and its probability after the logits processors (MASK is
+   never a candidate);
+3. the policy accepts slots (LowConfidence: confidence >= threshold);
+4. if it accepts none, the single most confident masked slot is written
+   (forced fill);
+5. written slots never change;
+6. a block with no masked slot is final and becomes history (its commit is
+   fused with the next block's first forward);
+7. generation stops at the first EOS (masked slots after an accepted EOS in
+   its block are resolved as EOS without more forwards; text after the first
+   EOS is dropped) or at ``max_new_tokens``.
+
+``max_steps`` bounds iterations per block; on the last allowed iteration every
+remaining slot is written with its argmax and recorded as forced.
+``block_size = 1`` is greedy autoregressive decoding.
+
+A final block shorter than B (``max_new_tokens`` not a multiple of B, or the
+context limit) runs with only the slots it needs: no slot is computed and
+then thrown away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from engine.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
+from engine.model import MEMORY_MODES, CloverModel
+from engine.policies import POLICIES, make_policy
+from engine.processors import ProgressiveEOSBias, RepetitionControl
+
+Hook = Callable[[object], None]
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Decoding settings (validated on construction).
+
+    Attributes:
+        block_size: slots per block B (>= 1; 1 = autoregressive).
+        threshold: LowConfidence / margin acceptance threshold, in (0, 1].
+        max_steps: iterations allowed per block (None = until the block is full).
+        max_new_tokens: generated-token budget (>= 1), prompt not counted.
+        policy: one of ``low_confidence``, ``top_k``, ``margin``, ``entropy``, ``factor``.
+        tokens_per_step: slots written per step by ``top_k``.
+        max_entropy: entropy bound (nats) for ``entropy``.
+        factor: Fast-dLLM factor for ``factor``.
+        memory_mode: ``state`` (Clover) or ``state+window``.
+        repetition_penalty: logit penalty of repetition control (0 = off).
+        repetition_ngram, repetition_window: n and search window of repetition control.
+        eos_bias_soft_limit: generated length after which EOS is favoured (None = off).
+        eos_bias_rate: logit added to EOS per token past the soft limit.
+        top_candidates: K top tokens per slot kept in events (for hovers).
+
+    Raises:
+        ValueError / TypeError: naming the field, the value and the valid range.
+    """
+
+    block_size: int = 32
+    threshold: float = 0.95
+    max_steps: int | None = None
+    max_new_tokens: int = 128
+    policy: str = "low_confidence"
+    tokens_per_step: int = 2
+    max_entropy: float = 0.5
+    factor: float = 1.0
+    memory_mode: str = "state"
+    repetition_penalty: float = 0.0
+    repetition_ngram: int = 3
+    repetition_window: int = 64
+    eos_bias_soft_limit: int | None = None
+    eos_bias_rate: float = 0.1
+    top_candidates: int = 5
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "max_new_tokens", "tokens_per_step", "repetition_ngram",
+                     "repetition_window", "top_candidates"):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int):
+                raise TypeError(f"{name} must be an int, got {type(val).__name__} ({val!r})")
+            if val < 1:
+                raise ValueError(f"{name} must be >= 1, got {val}")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
+            raise TypeError(f"threshold must be a float in (0, 1], got {self.threshold!r}")
+        if not (0.0 < float(self.threshold) <= 1.0) or self.threshold != self.threshold:
+            raise ValueError(
+                f"threshold must be in (0, 1], got {self.threshold}; e.g. 0.95 (Clover's default) -- "
+                "1.0 writes one slot per forward"
+            )
+        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
+            raise ValueError(f"max_steps must be None or an int >= 1, got {self.max_steps!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.memory_mode not in MEMORY_MODES:
+            raise ValueError(f"memory_mode must be one of {MEMORY_MODES}, got {self.memory_mode!r}")
+        if self.factor <= 0 or self.max_entropy <= 0:
+            raise ValueError(f"factor and max_entropy must be > 0, got {self.factor}, {self.max_entropy}")
+        if self.repetition_penalty < 0:
+            raise ValueError(f"repetition_penalty must be >= 0 (0 = off), got {self.repetition_penalty}")
+        if self.eos_bias_soft_limit is not None and self.eos_bias_soft_limit < 0:
+            raise ValueError(f"eos_bias_soft_limit must be None or >= 0, got {self.eos_bias_soft_limit}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class DecodeResult:
+    """What `BlockDecoder.generate` returns.
+
+    Attributes:
+        text: decoded text of `tokens` ("" without a tokenizer).
+        tokens: generated ids, up to and excluding the first EOS.
+        prompt_ids: the prompt's ids.
+        nfe: forwards run (function evaluations).
+        tokens_per_forward: len(tokens) / nfe.
+        n_forced: slots written by forced fill (incl. max_steps exhaustion).
+        wall_s: wall time of the decode, seconds.
+        tokens_per_s: len(tokens) / wall_s (prompt tokens not counted).
+        stop_reason: ``eos``, ``max_new_tokens``, ``context`` or ``cancelled``.
+        trace: the `engine.trace.Trace` (None when ``record_trace=False``).
+        bytes_read, flops: summed cost-model estimates (None until filled).
+    """
+
+    text: str
+    tokens: list[int]
+    prompt_ids: list[int]
+    nfe: int
+    tokens_per_forward: float
+    n_forced: int
+    wall_s: float
+    tokens_per_s: float
+    stop_reason: str
+    trace: object | None = None
+    bytes_read: float | None = None
+    flops: float | None = None
+
+
+class HookHandle:
+    """Returned by `BlockDecoder.add_hook`; ``remove()`` unregisters (idempotent)."""
+
+    def __init__(self, hooks: list, fn: Hook):
+        self._hooks, self._fn = hooks, fn
+
+    def remove(self) -> None:
+        if self._fn in self._hooks:
+            self._hooks.remove(self._fn)
+
+
+class BlockDecoder:
+    """Block-diffusion decoder over a `CloverModel`.
+
+    Args:
+        model: the model (eval mode is set here).
+        tokenizer: a `tokenizers.Tokenizer` (needed for text prompts and output text) or None.
+        config: a `DecodeConfig` (default: block 32, threshold 0.95).
+    """
+
+    def __init__(self, model: CloverModel, tokenizer=None, config: DecodeConfig | None = None):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a CloverModel, got {type(model).__name__}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = config or DecodeConfig()
+        if not isinstance(self.config, DecodeConfig):
+            raise TypeError(f"config must be a DecodeConfig, got {type(self.config).__name__}")
+        self._hooks: list[Hook] = []
+
+    # ------------------------------------------------------------------ hooks
+    def add_hook(self, fn: Hook) -> HookHandle:
+        """Register ``fn(event)`` for every event of every later decode; returns a handle."""
+        if not callable(fn):
+            raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
+        self._hooks.append(fn)
+        return HookHandle(self._hooks, fn)
+
+    @contextlib.contextmanager
+    def hooks(self, *fns: Hook):
+        """``with decoder.hooks(fn, ...):`` -- registered inside the block, removed in ``finally``."""
+        handles = [self.add_hook(fn) for fn in fns]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+    # ------------------------------------------------------------------ input
+    def encode_prompt(self, prompt: str | Sequence[int] | torch.Tensor) -> list[int]:
+        """Validate a prompt and return its ids.
+
+        Raises:
+            TypeError: not a str / int sequence / 1-D int tensor, or a str without tokenizer.
+            ValueError: empty prompt, ids outside the vocabulary, the MASK token
+                inside the prompt, or a prompt at/over the model's context.
+        """
+        cfg = self.model.config
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise TypeError("a text prompt needs a tokenizer: BlockDecoder(model, tokenizer) "
+                                "or pass token ids")
+            if not prompt:
+                raise ValueError("the prompt is empty; give at least one token of text")
+            ids = self.tokenizer.encode(prompt).ids
+        elif isinstance(prompt, torch.Tensor):
+            if prompt.dim() != 1 or prompt.dtype not in (torch.int64, torch.int32):
+                raise TypeError(f"a tensor prompt must be 1-D int64, got shape {tuple(prompt.shape)} "
+                                f"dtype {prompt.dtype}")
+            ids = prompt.tolist()
+        elif isinstance(prompt, (list, tuple)):
+            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
+                raise TypeError("a prompt sequence must hold ints (token ids)")
+            ids = [int(t) for t in prompt]
+        else:
+            raise TypeError(f"prompt must be str, a list of ids or a 1-D tensor, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        bad = [t for t in ids if not 0 <= t < cfg.vocab_size]
+        if bad:
+            raise ValueError(f"prompt ids {bad[:5]} are outside the vocabulary [0, {cfg.vocab_size})")
+        if cfg.mask_token_id in ids:
+            raise ValueError(
+                f"the prompt contains the MASK token (id {cfg.mask_token_id}) at index "
+                f"{ids.index(cfg.mask_token_id)}; MASK is reserved for undecoded slots -- remove it"
+            )
+        if len(ids) >= cfg.max_position_embeddings:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens but the model's context is "
+                f"{cfg.max_position_embeddings} (max_position_embeddings); shorten it to at most "
+                f"{cfg.max_position_embeddings - 1} tokens"
+            )
+        return ids
+
+    # ----------------------------------------------------------------- decode
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: str | Sequence[int] | torch.Tensor,
+        hooks: Iterable[Hook] = (),
+        record_trace: bool = True,
+        cancel: threading.Event | Callable[[], bool] | None = None,
+        config: DecodeConfig | None = None,
+    ) -> DecodeResult:
+        """Decode a continuation of `prompt`.
+
+        Args:
+            prompt: text (needs a tokenizer) or token ids.
+            hooks: callables receiving every event of this decode only.
+            record_trace: record an `engine.trace.Trace` (a hook like any other).
+            cancel: a `threading.Event` (or callable returning True) checked after
+                every forward; when set, decoding stops and keeps what was written
+                (the finished blocks and the written prefix of the current block).
+            config: overrides the decoder's `DecodeConfig` for this call.
+
+        Returns:
+            `DecodeResult`. Never prints.
+        """
+        dc = config or self.config
+        ids = self.encode_prompt(prompt)
+        cfg = self.model.config
+        mask_id, eos_id = cfg.mask_token_id, cfg.eos_token_id
+        policy = make_policy(dc.policy, threshold=dc.threshold, tokens_per_step=dc.tokens_per_step,
+                             max_entropy=dc.max_entropy, factor=dc.factor)
+        rep = (RepetitionControl(dc.repetition_penalty, dc.repetition_ngram, dc.repetition_window)
+               if dc.repetition_penalty > 0 else None)
+        eos_bias = (ProgressiveEOSBias(dc.eos_bias_soft_limit, dc.eos_bias_rate)
+                    if dc.eos_bias_soft_limit is not None else None)
+        is_cancelled = (cancel.is_set if isinstance(cancel, threading.Event) else cancel) or (lambda: False)
+
+        trace = None
+        observers = list(self._hooks) + list(hooks)
+        if record_trace:
+            from engine.trace import Trace
+
+            tok_text = (lambda i: self.tokenizer.decode([i], skip_special_tokens=False)) if self.tokenizer else None
+            trace = Trace(decode_config=dc.to_dict(), model_id=getattr(self.model, "model_id", cfg.name),
+                          token_text=tok_text, prompt_ids=ids)
+            observers.append(trace)
+        observe = bool(observers)
+
+        def emit(ev):
+            for fn in observers:
+                fn(ev)
+
+        device = self.model.device
+        B = dc.block_size
+        P = len(ids)
+        n_full = (P // B) * B
+        state = self.model.setup_state(1, dc.memory_mode)
+        commit = torch.tensor([ids[:n_full]], device=device) if n_full else None
+        head = ids[n_full:]
+        seq = list(ids[:n_full])  # every token of finished blocks (for processors)
+        budget = min(dc.max_new_tokens, cfg.max_position_embeddings - P)
+        generated: list[int] = []
+        nfe = n_forced = 0
+        stop_reason = "max_new_tokens" if budget == dc.max_new_tokens else "context"
+        t_start = time.perf_counter()
+        block_index = 0
+        vocab_mask = torch.zeros(cfg.vocab_size, dtype=torch.bool, device=device)
+        vocab_mask[mask_id] = True
+
+        while budget > 0:
+            n_gen = min(B - len(head), budget)
+            L = len(head) + n_gen
+            pos0 = len(seq)
+            block = torch.tensor([head + [mask_id] * n_gen], device=device)  # [1, L]
+            prefilled = torch.zeros(L, dtype=torch.bool, device=device)
+            prefilled[: len(head)] = True
+            masked = ~prefilled
+            if observe:
+                emit(BlockStart(block_index, pos0, B, L, prefilled.cpu().numpy(), block[0].cpu().numpy()))
+            step = 0
+            cancelled = False
+            while bool(masked.any()):
+                t0 = time.perf_counter()
+                n_fwd = L + (0 if commit is None else commit.shape[1])
+                out = self.model(block, state, commit_ids=commit, block_size=B, observe=observe)
+                commit = None
+                logits = out.logits[0]  # [L, V]
+                firings = []
+                if rep is not None or eos_bias is not None:
+                    cur = seq + block[0].tolist()
+                    mlist = masked.tolist()
+                    if rep is not None:
+                        firings += rep(logits, cur, pos0, mlist, mask_id, P)
+                    if eos_bias is not None:
+                        firings += eos_bias(logits, cur, pos0, mlist, mask_id, P, eos_id)
+                logits = logits.masked_fill(vocab_mask, float("-inf"))  # MASK is never a candidate
+                probs = torch.softmax(logits, dim=-1)
+                conf, cand = probs.max(-1)  # [L]
+                accepted = policy.select(conf, masked, probs) & masked
+                forced = torch.zeros_like(masked)
+                if dc.max_steps is not None and step + 1 >= dc.max_steps:
+                    forced = masked & ~accepted
+                elif not bool(accepted.any()):
+                    forced[torch.where(masked, conf, torch.full_like(conf, -1.0)).argmax()] = True
+                write = accepted | forced
+                masked_before = masked
+                block[0] = torch.where(write, cand, block[0])
+                masked = masked & ~write
+                eos_filled = torch.zeros_like(masked)
+                is_eos = (block[0] == eos_id) & ~masked & ~prefilled
+                if bool(is_eos.any()):
+                    first = int(is_eos.nonzero()[0, 0])
+                    eos_filled = masked & (torch.arange(L, device=device) > first)
+                    block[0] = torch.where(eos_filled, torch.full_like(cand, eos_id), block[0])
+                    masked = masked & ~eos_filled
+                nfe += 1
+                n_forced += int(forced.sum())
+                if observe:
+                    emit(self._step_event(block_index, step, pos0, block[0], masked_before, conf, cand,
+                                          probs, accepted, forced, eos_filled, out, n_fwd,
+                                          time.perf_counter() - t0, firings, dc.top_candidates))
+                step += 1
+                if is_cancelled():
+                    cancelled = True
+                    break
+            final = block[0].tolist()
+            if observe:
+                hit = eos_id in final[len(head):]
+                emit(BlockEnd(block_index, pos0, block[0].cpu().numpy(), step, hit))
+            gen_part = final[len(head):]
+            if cancelled and mask_id in gen_part:
+                gen_part = gen_part[: gen_part.index(mask_id)]  # keep the written prefix
+            if eos_id in gen_part:
+                generated += gen_part[: gen_part.index(eos_id)]
+                stop_reason = "eos"
+                break
+            generated += gen_part
+            if cancelled:
+                stop_reason = "cancelled"
+                break
+            budget -= n_gen
+            seq += final
+            commit = block
+            head = []
+            block_index += 1
+
+        wall_s = time.perf_counter() - t_start
+        tpf = len(generated) / nfe if nfe else 0.0
+        if observe:
+            emit(DecodeEnd(np.asarray(generated, dtype=np.int64), nfe, tpf, n_forced, wall_s, stop_reason))
+        text = self.tokenizer.decode(generated) if self.tokenizer is not None else ""
+        return DecodeResult(
+            text=text, tokens=generated, prompt_ids=ids, nfe=nfe, tokens_per_forward=tpf,
+            n_forced=n_forced, wall_s=wall_s, tokens_per_s=len(generated) / wall_s if wall_s > 0 else 0.0,
+            stop_reason=stop_reason, trace=trace,
+        )
+
+    @staticmethod
+    def _step_event(block_index, step, pos0, tokens, masked_before, conf, cand, probs, accepted,
+                    forced, eos_filled, out, n_fwd, wall_s, firings, top_k) -> StepEvent:
+        """Copy one iteration's tensors to the host (only called when a hook is registered)."""
+        mb = masked_before.cpu().numpy()
+        k = min(top_k, probs.shape[-1])
+        tp, tt = probs.topk(k, dim=-1)
+        confidence = np.where(mb, conf.float().cpu().numpy(), np.nan).astype(np.float32)
+        candidate = np.where(mb, cand.cpu().numpy(), -1).astype(np.int64)
+        top_tokens = np.where(mb[:, None], tt.cpu().numpy(), -1).astype(np.int64)
+        top_probs = np.where(mb[:, None], tp.float().cpu().numpy(), np.nan).astype(np.float32)
+        return StepEvent(
+            block_index=block_index, step_index=step, position_start=pos0,
+            tokens=tokens.cpu().numpy().astype(np.int64), masked_before=mb, confidence=confidence,
+            candidate=candidate, top_tokens=top_tokens, top_probs=top_probs,
+            accepted=accepted.cpu().numpy(), forced=forced.cpu().numpy(),
+            eos_filled=eos_filled.cpu().numpy(), expert_union=out.expert_union.cpu().numpy(),
+            state_norm=out.state_norm.cpu().numpy().astype(np.float32),
+            memory_share=out.memory_share[:, 0].float().cpu().numpy(),
+            n_tokens_forward=int(n_fwd), wall_s=float(wall_s), firings=tuple(firings),
+        )
