@@ -1,0 +1,540 @@
+"""Clover checkpoints: save and load a model directory (Hugging Face layout).
+
+A checkpoint is a directory::
+
+    config.json                      CloverConfig.to_json()
+    model.safetensors                all weights, or, when sharded:
+    model-00001-of-00003.safetensors ...
+    model.safetensors.index.json     {"metadata": {"total_size": N}, "weight_map": {name: file}}
+    tokenizer.json                   optional, a `tokenizers.Tokenizer`
+
+Weights are read with `safetensors` only -- never `torch.load` / pickle, so
+loading a checkpoint cannot run code. Loading is strict: a missing, extra or
+mis-shaped tensor, a truncated or corrupt file, or a shard the index lists but
+the directory lacks raises `ValueError` naming the file or tensor and the fix.
+There is no checksum in the format, so flipped bits inside tensor *data* are
+not detected (a flipped header is).
+
+Command line (a random model of a preset, e.g. for tests and the README)::
+
+    python -m engine.checkpoint --init clover-test --out runs/clover-test [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+
+from engine.config import CloverConfig
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+TOKENIZER_NAME = "tokenizer.json"
+SHARD_PATTERN = "model-{index:05d}-of-{count:05d}.safetensors"
+_SHARD_GLOB = "model-*-of-*.safetensors"
+# A safetensors header is a few KB per thousand tensors; anything near this is not one.
+_MAX_HEADER_BYTES = 100 * 2**20
+
+
+# ----------------------------------------------------------------------------- saving
+def save_model(
+    model: torch.nn.Module,
+    directory: str | Path,
+    tokenizer: Any = None,
+    max_shard_bytes: int | None = None,
+) -> Path:
+    """Write `model` (and optionally its tokenizer) as a checkpoint directory.
+
+    Tensors are written contiguous, on the CPU, in the dtype they have in the
+    model. Tensors that share storage (tied weights) are cloned, so each name
+    gets its own copy on disk; loading re-ties them through the model's own
+    parameters. Weight files left by an earlier save in the same directory
+    (``model.safetensors``, shards, index) are removed first, so the directory
+    never holds two disagreeing copies; a ``tokenizer.json`` already there is
+    kept unless `tokenizer` replaces it.
+
+    Args:
+        model: an ``nn.Module`` with a ``config`` attribute that has ``to_json(path)``
+            (a `CloverConfig`).
+        directory: output directory; created if absent.
+        tokenizer: a ``tokenizers.Tokenizer`` to save as ``tokenizer.json``, or None.
+        max_shard_bytes: if given and the weights exceed it, write shards of at most
+            this many bytes each (a single larger tensor gets a shard of its own)
+            plus ``model.safetensors.index.json``.
+
+    Returns:
+        The checkpoint directory as a `Path`.
+
+    Raises:
+        TypeError: if `model` has no ``config.to_json`` or `tokenizer` has no ``save``.
+        ValueError: if `max_shard_bytes` is not positive, or a tensor lives on the
+            ``meta`` device (nothing to save).
+    """
+    config = getattr(model, "config", None)
+    if not hasattr(config, "to_json"):
+        raise TypeError(
+            f"save_model needs a model with a .config that has to_json() (a CloverConfig); "
+            f"got {type(model).__name__} with config={type(config).__name__}"
+        )
+    if tokenizer is not None and not hasattr(tokenizer, "save"):
+        raise TypeError(
+            f"tokenizer must be a tokenizers.Tokenizer (with .save), got {type(tokenizer).__name__}"
+        )
+    if max_shard_bytes is not None and max_shard_bytes <= 0:
+        raise ValueError(f"max_shard_bytes must be a positive byte count, got {max_shard_bytes}")
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = _host_state_dict(model)
+    total_bytes = sum(t.nbytes for t in tensors.values())
+
+    for stale in [directory / WEIGHTS_NAME, directory / INDEX_NAME, *directory.glob(_SHARD_GLOB)]:
+        stale.unlink(missing_ok=True)
+
+    config.to_json(directory / CONFIG_NAME)
+    if max_shard_bytes is None or total_bytes <= max_shard_bytes:
+        _save_file_atomic(tensors, directory / WEIGHTS_NAME)
+    else:
+        groups = _shard_groups(tensors, max_shard_bytes)
+        weight_map: dict[str, str] = {}
+        for i, names in enumerate(groups, start=1):
+            fname = SHARD_PATTERN.format(index=i, count=len(groups))
+            _save_file_atomic({n: tensors[n] for n in names}, directory / fname)
+            weight_map.update({n: fname for n in names})
+        index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
+        (directory / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    if tokenizer is not None:
+        tokenizer.save(str(directory / TOKENIZER_NAME))
+    return directory
+
+
+def _host_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """state_dict on the CPU, contiguous, every tensor owning its own storage."""
+    out: dict[str, torch.Tensor] = {}
+    seen_storages: set[int] = set()
+    for name, t in model.state_dict().items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"state_dict entry {name!r} is a {type(t).__name__}, not a tensor")
+        if t.is_meta:
+            raise ValueError(f"tensor {name!r} is on the meta device; materialise the model first")
+        t = t.detach().to("cpu").contiguous()
+        storage = t.untyped_storage()
+        # Tied weights share a storage; a slice views a bigger one. Both break
+        # safetensors' one-tensor-one-buffer rule, so give each its own copy.
+        if storage.data_ptr() in seen_storages or storage.nbytes() != t.nbytes:
+            t = t.clone()
+        if t.nbytes:
+            seen_storages.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    return out
+
+
+def _shard_groups(tensors: dict[str, torch.Tensor], max_shard_bytes: int) -> list[list[str]]:
+    """Greedy split in state_dict order: a new shard when the next tensor would overflow."""
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name, t in tensors.items():
+        if groups[-1] and size + t.nbytes > max_shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += t.nbytes
+    return groups
+
+
+def _save_file_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Write to a temporary name then rename, so a crash never leaves a half file under `path`."""
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------- loading
+def load_model(
+    path_or_dir: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str | None = None,
+) -> torch.nn.Module:
+    """Build an `engine.model.CloverModel` from a checkpoint directory.
+
+    Reads ``config.json`` into a `CloverConfig`, builds the model on the CPU,
+    loads the weights with `load_weights` (strict), then moves it to `device`
+    and, if asked, `dtype`. The model is returned in ``eval()`` mode with
+    ``model.model_id`` set to the directory's name (traces record it).
+
+    Args:
+        path_or_dir: the checkpoint directory, or any file inside it
+            (e.g. its ``config.json``).
+        device: where the model ends up (``"cpu"``, ``"cuda"``, ...).
+        dtype: None keeps the dtypes the model is built with (stored weights are
+            cast into them, as ``load_state_dict`` does); a floating dtype
+            (``torch.bfloat16`` or ``"bfloat16"``) casts every floating-point
+            parameter and buffer afterwards, as ``nn.Module.to(dtype)`` does.
+
+    Returns:
+        The loaded model.
+
+    Raises:
+        ValueError: the directory or its ``config.json`` is missing or invalid,
+            `dtype` is not a floating dtype, or any weights problem listed in
+            `load_weights`.
+    """
+    directory = _checkpoint_dir(path_or_dir)
+    config_path = directory / CONFIG_NAME
+    if not config_path.is_file():
+        raise ValueError(
+            f"{directory} has no {CONFIG_NAME}; a checkpoint directory holds config.json and "
+            f"model.safetensors (write one with engine.checkpoint.save_model or "
+            f"`python -m engine.checkpoint --init clover-test --out DIR`)"
+        )
+    try:
+        config = CloverConfig.from_json(config_path)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{config_path} is not a valid Clover config: {e}") from e
+    target_dtype = _as_float_dtype(dtype)
+
+    from engine.model import CloverModel  # here, so saving and checking work without the model
+
+    model = CloverModel(config)
+    load_weights(model, directory)
+    if target_dtype is not None:
+        model.to(dtype=target_dtype)
+    model.to(device)
+    model.eval()
+    try:
+        setattr(model, "model_id", directory.name)
+    except (AttributeError, TypeError):  # a model that forbids new attributes keeps working
+        pass
+    return model
+
+
+def load_weights(model: torch.nn.Module, path_or_dir: str | Path) -> torch.nn.Module:
+    """Load a checkpoint's weights into an existing `model`, strictly.
+
+    Every tensor of ``model.state_dict()`` must be present in the checkpoint
+    with the same shape and the same kind of dtype (floating / integer / bool),
+    and the checkpoint must hold nothing else. All files are checked before
+    any weight is copied, so a refused checkpoint leaves `model` untouched.
+
+    Args:
+        model: the module to fill (weights are copied into its own tensors, so
+            tied parameters stay tied and dtypes stay those of `model`).
+        path_or_dir: checkpoint directory, or any file inside it.
+
+    Returns:
+        `model`, for chaining.
+
+    Raises:
+        ValueError: naming the file or tensor, when the directory is missing;
+            there is no weights file (or both a single file and an index);
+            the index is invalid or lists a shard that is missing; a file is
+            truncated, padded or has a corrupt header; a tensor is missing,
+            unexpected, has the wrong shape or a dtype of another kind.
+    """
+    directory = _checkpoint_dir(path_or_dir)
+    files = _weight_files(directory)  # {file: names the index assigns it, or None}
+
+    found: dict[str, tuple[Path, str, tuple[int, ...]]] = {}  # name -> (file, dtype, shape)
+    for path, listed in files.items():
+        header = _read_header(path)
+        try:  # safetensors' own checks (offsets vs shapes), before any weight is copied
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                f.keys()
+        except SafetensorError as e:
+            raise ValueError(f"cannot read {path}: {e}; re-save or re-download it") from e
+        if listed is not None:
+            absent = sorted(set(listed) - set(header))
+            if absent:
+                raise ValueError(
+                    f"{directory / INDEX_NAME} maps {_names(absent)} to {path.name}, but that "
+                    f"shard does not contain it; the shard or the index is stale -- re-save the model"
+                )
+            extra = sorted(set(header) - set(listed))
+            if extra:
+                raise ValueError(
+                    f"shard {path} holds {_names(extra)} that {INDEX_NAME} does not list; "
+                    f"the index is stale -- re-save the model"
+                )
+        for name, (dt, shape) in header.items():
+            if name in found:
+                raise ValueError(
+                    f"tensor {name!r} appears in both {found[name][0].name} and {path.name}; "
+                    f"remove the stale file and re-save the model"
+                )
+            found[name] = (path, dt, shape)
+
+    expected = model.state_dict()
+    missing = [n for n in expected if n not in found]
+    if missing:
+        shapes = ", ".join(f"{n!r} {list(expected[n].shape)}" for n in missing[:5])
+        raise ValueError(
+            f"checkpoint {directory} is missing {len(missing)} tensor(s) the model needs: {shapes}"
+            f"{' ...' if len(missing) > 5 else ''}; it was saved from a different model version "
+            f"or config -- re-save or re-convert it with this engine"
+        )
+    unexpected = [n for n in found if n not in expected]
+    if unexpected:
+        raise ValueError(
+            f"checkpoint {directory} holds {len(unexpected)} tensor(s) this model does not have: "
+            f"{_names(unexpected)} (in {found[unexpected[0]][0].name}); it was saved from a "
+            f"different model version or config -- re-save or re-convert it with this engine"
+        )
+    for name, want in expected.items():
+        path, dt, shape = found[name]
+        if shape != tuple(want.shape):
+            raise ValueError(
+                f"tensor {name!r} in {path.name} has shape {list(shape)}, the model expects "
+                f"{list(want.shape)}; config.json and the weights disagree -- re-save the model"
+            )
+        if _dtype_kind(dt) != _dtype_kind(want.dtype):
+            raise ValueError(
+                f"tensor {name!r} in {path.name} is {dt}, the model holds {want.dtype}; "
+                f"a {_dtype_kind(dt)} tensor cannot fill a {_dtype_kind(want.dtype)} one"
+            )
+
+    by_file: dict[Path, list[str]] = {}
+    for name, (path, _, _) in found.items():
+        by_file.setdefault(path, []).append(name)
+    with torch.no_grad():
+        for path, names in by_file.items():
+            try:
+                with safe_open(str(path), framework="pt", device="cpu") as f:
+                    part = {n: f.get_tensor(n) for n in names}
+            except SafetensorError as e:
+                raise ValueError(f"cannot read {path}: {e}; re-save or re-download it") from e
+            result = model.load_state_dict(part, strict=False)
+            assert not result.unexpected_keys, result.unexpected_keys
+    return model
+
+
+def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
+    """Read ``tokenizer.json`` from a checkpoint directory.
+
+    Args:
+        path_or_dir: the checkpoint directory, or the ``tokenizer.json`` file.
+
+    Returns:
+        A ``tokenizers.Tokenizer``.
+
+    Raises:
+        ValueError: if the directory or file is missing or the file cannot be parsed.
+    """
+    path = Path(path_or_dir)
+    if path.is_dir():
+        path = path / TOKENIZER_NAME
+    if not path.is_file():
+        raise ValueError(
+            f"no tokenizer at {path}; save one with save_model(..., tokenizer=tok) or use "
+            f"engine.tokenizer.byte_tokenizer() for byte-level presets such as clover-test"
+        )
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # the Rust side raises a bare Exception on bad JSON
+        raise ValueError(f"{path} is not a valid tokenizers file: {e}") from e
+
+
+# --------------------------------------------------------------------------- helpers
+def _checkpoint_dir(path_or_dir: str | Path) -> Path:
+    path = Path(path_or_dir)
+    if path.is_file():
+        path = path.parent
+    if not path.is_dir():
+        raise ValueError(
+            f"checkpoint directory {path} does not exist; pass a directory holding config.json and "
+            f"model.safetensors (create one with `python -m engine.checkpoint --init clover-test "
+            f"--out {path}`)"
+        )
+    return path
+
+
+def _weight_files(directory: Path) -> dict[Path, list[str] | None]:
+    """The weight files to read: {path: tensor names the index assigns it (None if unsharded)}."""
+    single, index_path = directory / WEIGHTS_NAME, directory / INDEX_NAME
+    if single.is_file() and index_path.is_file():
+        raise ValueError(
+            f"{directory} holds both {WEIGHTS_NAME} and {INDEX_NAME}; one is stale -- delete it "
+            f"(save_model never leaves both)"
+        )
+    if single.is_file():
+        return {single: None}
+    if not index_path.is_file():
+        raise ValueError(
+            f"{directory} has no weights: expected {WEIGHTS_NAME} or {INDEX_NAME} with its shards "
+            f"(save them with engine.checkpoint.save_model)"
+        )
+    try:
+        index = json.loads(index_path.read_text())
+        weight_map = index["weight_map"]
+        assert isinstance(weight_map, dict) and all(isinstance(v, str) for v in weight_map.values())
+    except (json.JSONDecodeError, KeyError, TypeError, AssertionError) as e:
+        raise ValueError(
+            f"{index_path} is not a valid index (need {{\"weight_map\": {{tensor: shard file}}}}): "
+            f"{type(e).__name__} {e}; re-save the model"
+        ) from e
+    files: dict[Path, list[str]] = {}
+    for name, fname in weight_map.items():
+        if "/" in fname or "\\" in fname or fname in ("", ".", ".."):
+            raise ValueError(
+                f"{index_path} maps {name!r} to {fname!r}; shards must be plain file names "
+                f"inside {directory}"
+            )
+        files.setdefault(directory / fname, []).append(name)
+    for path, names in files.items():
+        if not path.is_file():
+            raise ValueError(
+                f"shard {path.name} listed in {index_path} is missing ({len(names)} tensors, e.g. "
+                f"{names[0]!r}); copy or download every shard, or re-save the model"
+            )
+    return files
+
+
+def _read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Parse and check a safetensors header: {name: (dtype, shape)}.
+
+    Checks what the format allows: the header length fits the file, the
+    header is JSON, and the tensor data exactly fills the rest of the file
+    (a shorter file is truncated, a longer one padded or appended to).
+    """
+    size = path.stat().st_size
+    fix = "re-save or re-download it"
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path} is {size} bytes, too short to be a safetensors file; {fix}")
+        (header_len,) = struct.unpack("<Q", head)
+        if header_len > min(size - 8, _MAX_HEADER_BYTES):
+            raise ValueError(
+                f"{path}: header length field says {header_len} bytes but the file has {size - 8} "
+                f"after it -- the file is truncated or not a safetensors file; {fix}"
+            )
+        raw = f.read(header_len)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+        assert isinstance(header, dict)
+    except (UnicodeDecodeError, json.JSONDecodeError, AssertionError) as e:
+        raise ValueError(f"{path}: corrupt safetensors header ({type(e).__name__}: {e}); {fix}") from e
+
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    data_end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dt, shape, (begin, end) = info["dtype"], tuple(int(s) for s in info["shape"]), info["data_offsets"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: corrupt header entry for tensor {name!r} ({e}); {fix}") from e
+        out[name] = (str(dt), shape)
+        data_end = max(data_end, int(end))
+    data_bytes = size - 8 - header_len
+    if data_end != data_bytes:
+        what = "truncated" if data_end > data_bytes else "longer than its header describes"
+        raise ValueError(
+            f"{path} is {what}: the header expects {data_end} bytes of tensor data, the file holds "
+            f"{data_bytes}; {fix}"
+        )
+    return out
+
+
+def _dtype_kind(dt: str | torch.dtype) -> str:
+    """'bool', 'floating', 'complex' or 'integer', for a torch dtype or a safetensors dtype name."""
+    if isinstance(dt, torch.dtype):
+        if dt == torch.bool:
+            return "bool"
+        return "floating" if dt.is_floating_point else ("complex" if dt.is_complex else "integer")
+    if dt == "BOOL":
+        return "bool"
+    # safetensors names: F64 F32 F16 BF16 F8_E4M3 F8_E5M2 ... / C64 / I8..I64 U8..U64
+    return "floating" if dt.startswith(("F", "BF")) else ("complex" if dt.startswith("C") else "integer")
+
+
+def _as_float_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else None
+    if isinstance(resolved, torch.dtype) and resolved.is_floating_point:
+        return resolved
+    raise ValueError(f"dtype must be a floating torch dtype such as torch.bfloat16 or 'float32', got {dtype!r}")
+
+
+def _names(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+# ------------------------------------------------------------------------------- CLI
+def _min_param_bytes(config: CloverConfig) -> int:
+    """A lower bound on float32 weight bytes: routed + shared experts and the embeddings.
+
+    Counted from the config alone (building on the meta device costs a second
+    on first use); the mixers add a few percent on top.
+    """
+    h = config.hidden_size
+    experts = config.num_experts * 3 * h * config.moe_intermediate_size  # gate, up, down
+    shared = 3 * h * config.shared_expert_intermediate_size
+    embeddings = config.vocab_size * h * (1 if config.tie_word_embeddings else 2)
+    return 4 * (config.num_hidden_layers * (experts + shared) + embeddings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m engine.checkpoint --init PRESET --out DIR``: save a random model of a preset."""
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.checkpoint",
+        description="Save a randomly initialised Clover model of a preset as a checkpoint directory.",
+    )
+    parser.add_argument("--init", required=True, metavar="PRESET",
+                        help="preset name, e.g. clover-test (see engine.config.PRESETS)")
+    parser.add_argument("--out", required=True, type=Path, help="output directory")
+    parser.add_argument("--seed", type=int, default=0, help="torch seed for the initialisation")
+    parser.add_argument("--max-shard-bytes", type=int, default=None,
+                        help="shard the weights into files of at most this many bytes")
+    parser.add_argument("--max-gib", type=float, default=4.0,
+                        help="refuse presets whose float32 weights exceed this (default 4 GiB)")
+    args = parser.parse_args(argv)
+
+    try:
+        config = CloverConfig.from_name(args.init)
+    except ValueError as e:
+        parser.error(str(e))
+    from engine.model import CloverModel
+    from engine.tokenizer import byte_tokenizer
+
+    estimate = _min_param_bytes(config)
+    if estimate > args.max_gib * 2**30:
+        parser.error(
+            f"preset {args.init} needs at least {estimate / 2**30:.1f} GiB of float32 weights, over "
+            f"--max-gib {args.max_gib}; a random model this size is rarely useful (the preset "
+            f"drives the cost model without weights) -- raise --max-gib if you mean it"
+        )
+    torch.manual_seed(args.seed)
+    model = CloverModel(config)
+    tokenizer = byte_tokenizer()
+    # The byte tokenizer fits a preset only if its ids fit the vocabulary and its
+    # EOS / MASK ids are the ones the config uses.
+    fits = (
+        tokenizer.get_vocab_size() <= config.vocab_size
+        and tokenizer.token_to_id("<|endoftext|>") == config.eos_token_id
+        and tokenizer.token_to_id("<|mask|>") == config.mask_token_id
+    )
+    out = save_model(model, args.out, tokenizer=tokenizer if fits else None,
+                     max_shard_bytes=args.max_shard_bytes)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"saved random {args.init} (seed {args.seed}, {n_params:,} parameters) to {out}")
+    if not fits:
+        print(f"no tokenizer.json written: preset {args.init} has no bundled tokenizer "
+              f"(the byte tokenizer's EOS/MASK ids do not match its config)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
