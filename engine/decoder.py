@@ -38,6 +38,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
+from engine.cost import forward_cost
 from engine.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
 from engine.model import MEMORY_MODES, CloverModel
 from engine.policies import POLICIES, make_policy
@@ -133,7 +134,8 @@ class DecodeResult:
         tokens_per_s: len(tokens) / wall_s (prompt tokens not counted).
         stop_reason: ``eos``, ``max_new_tokens``, ``context`` or ``cancelled``.
         trace: the `engine.trace.Trace` (None when ``record_trace=False``).
-        bytes_read, flops: summed cost-model estimates (None until filled).
+        bytes_read, flops: summed `engine.cost.forward_cost` estimates over the
+            forwards, at the model's own weight dtype (bytes, FLOPs).
     """
 
     text: str
@@ -306,6 +308,8 @@ class BlockDecoder:
         budget = min(dc.max_new_tokens, cfg.max_position_embeddings - P)
         generated: list[int] = []
         nfe = n_forced = 0
+        bytes_total = flops_total = 0.0
+        weight_bytes = self.model.dtype.itemsize
         stop_reason = "max_new_tokens" if budget == dc.max_new_tokens else "context"
         t_start = time.perf_counter()
         block_index = 0
@@ -360,10 +364,15 @@ class BlockDecoder:
                     masked = masked & ~eos_filled
                 nfe += 1
                 n_forced += int(forced.sum())
+                cost = forward_cost(cfg, n_fwd, out.expert_union.tolist(), weight_bytes=weight_bytes,
+                                    n_commit_tokens=n_fwd - L, block_len=L, memory_mode=dc.memory_mode,
+                                    window=state.window, commit_block_len=B)
+                bytes_total += cost.bytes_read
+                flops_total += cost.flops
                 if observe:
                     emit(self._step_event(block_index, step, pos0, block[0], masked_before, conf, cand,
                                           probs, accepted, forced, eos_filled, out, n_fwd,
-                                          time.perf_counter() - t0, firings, dc.top_candidates))
+                                          time.perf_counter() - t0, firings, dc.top_candidates, cost))
                 step += 1
                 if is_cancelled():
                     cancelled = True
@@ -392,17 +401,18 @@ class BlockDecoder:
         wall_s = time.perf_counter() - t_start
         tpf = len(generated) / nfe if nfe else 0.0
         if observe:
-            emit(DecodeEnd(np.asarray(generated, dtype=np.int64), nfe, tpf, n_forced, wall_s, stop_reason))
+            emit(DecodeEnd(np.asarray(generated, dtype=np.int64), nfe, tpf, n_forced, wall_s, stop_reason,
+                           bytes_total, flops_total))
         text = self.tokenizer.decode(generated) if self.tokenizer is not None else ""
         return DecodeResult(
             text=text, tokens=generated, prompt_ids=ids, nfe=nfe, tokens_per_forward=tpf,
             n_forced=n_forced, wall_s=wall_s, tokens_per_s=len(generated) / wall_s if wall_s > 0 else 0.0,
-            stop_reason=stop_reason, trace=trace,
+            stop_reason=stop_reason, trace=trace, bytes_read=bytes_total, flops=flops_total,
         )
 
     @staticmethod
     def _step_event(block_index, step, pos0, tokens, masked_before, conf, cand, probs, accepted,
-                    forced, eos_filled, out, n_fwd, wall_s, firings, top_k) -> StepEvent:
+                    forced, eos_filled, out, n_fwd, wall_s, firings, top_k, cost) -> StepEvent:
         """Copy one iteration's tensors to the host (only called when a hook is registered)."""
         mb = masked_before.cpu().numpy()
         k = min(top_k, probs.shape[-1])
@@ -420,4 +430,6 @@ class BlockDecoder:
             state_norm=out.state_norm.cpu().numpy().astype(np.float32),
             memory_share=out.memory_share[:, 0].float().cpu().numpy(),
             n_tokens_forward=int(n_fwd), wall_s=float(wall_s), firings=tuple(firings),
+            bytes_read=float(cost.bytes_read), flops=float(cost.flops),
+            arithmetic_intensity=float(cost.arithmetic_intensity),
         )

@@ -3,7 +3,7 @@
 Events are small frozen dataclasses holding host (NumPy) arrays, built only
 when at least one hook is registered on the decoder. Shapes use the project
 letter table: L = slots in the current block (== block_size except for a
-shorter last block), N = number of layers, K = top candidates kept per slot.
+shorter last block), N = number of layers.
 
 A hook is any callable ``fn(event) -> None``; see `engine.decoder.BlockDecoder.add_hook`.
 """
@@ -80,7 +80,8 @@ class StepEvent(_Repr):
         confidence: (L,) float32 -- probability of the candidate (after the
             logits processors); NaN where the slot was not masked.
         candidate: (L,) int64 -- argmax token per slot; -1 where not masked.
-        top_tokens: (L, K) int64 and top_probs: (L, K) float32 -- the K most
+        top_tokens: (L, top_candidates) int64 and top_probs: (L, top_candidates)
+            float32 -- the most
             likely tokens per masked slot (-1 / NaN elsewhere), for hovers.
         accepted: (L,) bool -- written because the policy accepted them.
         forced: (L,) bool -- written by the forced fill (none passed) or by

@@ -372,6 +372,7 @@ class ReferenceDriven(torch.nn.Module):
         ref = self.inner.forward_reference(torch.tensor([self.history], dtype=torch.long).reshape(1, -1),
                                            block_ids, block_size, self.mode)
         self.max_diff = max(self.max_diff, float((fast.logits - ref.logits).abs().max()))
+        ref.expert_union = fast.expert_union  # the reference pass re-reads all history: not this forward's cost
         return ref
 
 

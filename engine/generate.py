@@ -1,0 +1,69 @@
+"""Command line: decode one prompt and print the text and a one-line summary.
+
+    python -m engine.generate --model models/clover-tiny --prompt "..." \\
+        --block-size 32 --threshold 0.95 --max-new-tokens 128 [--trace out.parquet]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_MODEL = "models/clover-tiny"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine.generate", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint directory (default {DEFAULT_MODEL})")
+    p.add_argument("--prompt", required=True, help="prompt text")
+    p.add_argument("--block-size", type=int, default=32)
+    p.add_argument("--threshold", type=float, default=0.95)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-steps", type=int, default=None, help="iterations allowed per block")
+    p.add_argument("--policy", default="low_confidence",
+                   choices=["low_confidence", "top_k", "margin", "entropy", "factor"])
+    p.add_argument("--memory-mode", default="state", choices=["state", "state+window"])
+    p.add_argument("--repetition-penalty", type=float, default=0.0, help="0 = off")
+    p.add_argument("--eos-bias-soft-limit", type=int, default=None, help="unset = off")
+    p.add_argument("--trace", type=Path, default=None, help="save the trace (.parquet or .arrow)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from engine.checkpoint import load_model, load_tokenizer
+    from engine.decoder import BlockDecoder, DecodeConfig
+
+    try:
+        dc = DecodeConfig(block_size=args.block_size, threshold=args.threshold,
+                          max_new_tokens=args.max_new_tokens, max_steps=args.max_steps,
+                          policy=args.policy, memory_mode=args.memory_mode,
+                          repetition_penalty=args.repetition_penalty,
+                          eos_bias_soft_limit=args.eos_bias_soft_limit)
+        if not Path(args.model).is_dir():
+            raise ValueError(
+                f"no model directory at {args.model!r}; pass --model DIR, or make a random test model "
+                "with: python -m engine.checkpoint --init clover-test --out runs/clover-test"
+            )
+        model = load_model(args.model)
+        tokenizer = load_tokenizer(args.model)
+        result = BlockDecoder(model, tokenizer, dc).generate(args.prompt, record_trace=args.trace is not None)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(result.text)
+    print(
+        f"[{Path(args.model).name}] block_size={dc.block_size} threshold={dc.threshold} | "
+        f"tokens={len(result.tokens)} NFE={result.nfe} tokens/forward={result.tokens_per_forward:.2f} "
+        f"forced={result.n_forced} tokens/s={result.tokens_per_s:.1f} stop={result.stop_reason} | "
+        f"read {result.bytes_read / 1e6:.1f} MB, {result.flops / 1e9:.2f} GFLOP (cost model)"
+    )
+    if args.trace is not None:
+        path = result.trace.save(args.trace)
+        print(f"trace saved to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

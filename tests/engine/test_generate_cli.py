@@ -1,0 +1,60 @@
+"""The CLI and the cost fields end to end on a saved clover-test checkpoint.
+
+Run: .venv/bin/python -m pytest tests/engine/test_generate_cli.py -q
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+import engine
+from engine.checkpoint import save_model
+from engine.tokenizer import byte_tokenizer
+
+
+def test_cli_prints_text_and_summary_and_saves_trace(tmp_path):
+    torch.manual_seed(0)
+    model = engine.CloverModel(engine.CloverConfig.from_name("clover-test"))
+    save_model(model, tmp_path / "m", tokenizer=byte_tokenizer())
+    out = subprocess.run(
+        [sys.executable, "-m", "engine.generate", "--model", str(tmp_path / "m"), "--prompt", "def f(x):",
+         "--block-size", "8", "--threshold", "0.5", "--max-new-tokens", "20", "--trace", str(tmp_path / "t.parquet")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    summary = [l for l in out.stdout.splitlines() if l.startswith("[m]")]
+    assert summary and "NFE=" in summary[0] and "tokens/forward=" in summary[0] and "forced=" in summary[0]
+    tr = engine.Trace.load(tmp_path / "t.parquet")
+    assert tr.nfe == int(summary[0].split("NFE=")[1].split()[0])
+    assert tr.decode_config["block_size"] == 8
+
+
+def test_cli_bad_input_is_a_clear_error(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "engine.generate", "--model", str(tmp_path / "none"),
+                          "--prompt", "x"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "no model directory" in out.stderr
+
+
+def test_cost_fields_and_union_cross_check():
+    """StepEvent.expert_union equals the distinct expert ids in the router outputs of that forward."""
+    torch.manual_seed(1)
+    model = engine.CloverModel(engine.CloverConfig.from_name("clover-test")).eval()
+    seen = []
+    handles = [layer.mlp.register_forward_hook(
+        lambda mod, inp, out, i=i: seen.append((i, torch.unique(mod.last_topk).numel())))
+        for i, layer in enumerate(model.layers)]
+    steps = []
+    res = engine.BlockDecoder(model, None, engine.DecodeConfig(block_size=8, threshold=0.5, max_new_tokens=16)) \
+        .generate(list(range(1, 12)), hooks=[lambda e: steps.append(e) if isinstance(e, engine.StepEvent) else None])
+    for h in handles:
+        h.remove()
+    n = model.config.num_hidden_layers
+    per_forward = [[u for _, u in seen[k * n:(k + 1) * n]] for k in range(len(steps))]
+    assert [s.expert_union.tolist() for s in steps] == per_forward
+    assert all(s.bytes_read > 0 and s.flops > 0 for s in steps)
+    assert np.isclose(sum(s.bytes_read for s in steps), res.bytes_read)
+    assert all(np.isclose(s.arithmetic_intensity, s.flops / s.bytes_read) for s in steps)
+    # the first forward carries the prompt's full block (8 tokens) as a fused commit
+    assert steps[0].n_tokens_forward == 8 + 8
