@@ -93,6 +93,8 @@ class _Ctx:
     start: int  # absolute position of the first committed token (window slot arithmetic)
     observe: bool
     reference: bool  # naive recurrence + explicit window (forward_reference)
+    train: bool = False  # x = [clean T ++ noisy T]; noisy block b reads the state before clean block b
+    window: int = 0  # W of the explicit window (reference / training); the fast path uses the ring
     memory_share: list = field(default_factory=list)  # per layer [B, L]
     state_norm: list = field(default_factory=list)  # per layer scalar
     expert_union: list = field(default_factory=list)  # per layer int
@@ -211,10 +213,22 @@ def _dt_bias_init(n: int, dt_min: float = 1e-3, dt_max: float = 0.1) -> torch.Te
     return dt + torch.log(-torch.expm1(-dt))  # inverse softplus
 
 
-def _segments(ctx: _Ctx, T: int) -> list[tuple[int, int]]:
-    """[start, end) token ranges of the forward: each commit chunk, then the block."""
-    segs = [(s, min(s + ctx.chunk, ctx.n_commit)) for s in range(0, ctx.n_commit, ctx.chunk)]
-    return segs + [(ctx.n_commit, T)]
+def _schedule(ctx: _Ctx, T: int) -> list[tuple[list[tuple[int, int]], tuple[int, int] | None, int]]:
+    """The order in which a mixer reads and updates its state, as
+    ``(read ranges, update range or None, absolute position of the ranges' first token)``.
+
+    Inference / reference: each commit chunk reads the state and then folds
+    itself in; the block reads the final state. Training: block b of the
+    clean half and block b of the noisy half both read the state before
+    clean block b, then clean block b is folded in.
+    """
+    if ctx.train:
+        n = ctx.n_commit
+        return [([(s, s + ctx.chunk), (n + s, n + s + ctx.chunk)], (s, s + ctx.chunk), s)
+                for s in range(0, n, ctx.chunk)]
+    steps = [([(s, min(s + ctx.chunk, ctx.n_commit))], (s, min(s + ctx.chunk, ctx.n_commit)), ctx.start + s)
+             for s in range(0, ctx.n_commit, ctx.chunk)]
+    return steps + [([(ctx.n_commit, T)], None, ctx.start + ctx.n_commit)]
 
 
 def _delta_update(S, k, v, g, beta, reference: bool):
@@ -267,13 +281,33 @@ class GatedDeltaNet(nn.Module):
             conv=torch.zeros(batch, k - 1, self.channels, dtype=dtype, device=device),
         )
 
+    def _conv(self, qkv: torch.Tensor, ctx: _Ctx, st: LayerState) -> torch.Tensor:
+        """Causal depthwise conv + SiLU. Inference: over [tail ++ commit ++ block], and the
+        tail becomes the last (kernel-1) inputs of [tail ++ commit] (never the block).
+        Training: the clean half from a zero tail; each noisy block b sees the clean
+        inputs just before clean block b as its tail."""
+        k1 = self.cfg.linear_conv_kernel_dim - 1
+        w = self.conv1d.weight  # [channels, 1, kernel]
+        if not ctx.train:
+            conv_in = torch.cat([st.conv.to(qkv.dtype), qkv], 1)  # [B, k-1+T, channels]
+            out = F.conv1d(conv_in.transpose(1, 2), w, groups=self.channels).transpose(1, 2)
+            tail = conv_in[:, : k1 + ctx.n_commit]
+            st.conv.copy_(tail[:, tail.shape[1] - k1:].detach().to(st.conv.dtype))
+            return F.silu(out)
+        B, n, L = qkv.shape[0], ctx.n_commit, ctx.chunk
+        nb = n // L
+        clean_in = torch.cat([qkv.new_zeros(B, k1, self.channels), qkv[:, :n]], 1)  # [B, k-1+n, ch]
+        clean = F.conv1d(clean_in.transpose(1, 2), w, groups=self.channels).transpose(1, 2)
+        idx = (torch.arange(nb, device=qkv.device) * L)[:, None] + torch.arange(k1, device=qkv.device)
+        tails = clean_in[:, idx]  # [B, nb, k-1, ch]
+        noisy_in = torch.cat([tails, qkv[:, n:].reshape(B, nb, L, self.channels)], 2)
+        noisy = F.conv1d(noisy_in.reshape(B * nb, k1 + L, self.channels).transpose(1, 2), w,
+                         groups=self.channels).transpose(1, 2).reshape(B, n, self.channels)
+        return F.silu(torch.cat([clean, noisy], 1))
+
     def forward(self, x: torch.Tensor, ctx: _Ctx, st: LayerState) -> torch.Tensor:
         B, T, _ = x.shape
-        # causal depthwise conv over [tail ++ commit ++ block]
-        qkv = self.in_proj_qkv(x)  # [B, T, channels]
-        conv_in = torch.cat([st.conv.to(qkv.dtype), qkv], 1)  # [B, k-1+T, channels]
-        qkv = F.silu(F.conv1d(conv_in.transpose(1, 2), self.conv1d.weight, groups=self.channels))
-        qkv = qkv.transpose(1, 2)  # [B, T, channels]
+        qkv = self._conv(self.in_proj_qkv(x), ctx, st)  # [B, T, channels]
         q, k, v = torch.split(qkv, [self.Hk * self.K, self.Hk * self.K, self.Hv * self.V], -1)
         q = l2norm(q.reshape(B, T, self.Hk, self.K).float())  # [B, T, Hk, K]
         k = l2norm(k.reshape(B, T, self.Hk, self.K).float())
@@ -293,21 +327,21 @@ class GatedDeltaNet(nn.Module):
 
         S = st.S
         outs = []
-        for s, e in _segments(ctx, T):
-            m = q_read[:, :, s:e] @ S  # [B, Hv, l, V]
-            o, share = block_attention(q_rot[:, :, s:e], k_rot[:, :, s:e], vh[:, :, s:e],
-                                       self.block_temperature, m, mem_logit[:, :, s:e])
-            outs.append(o)
-            if e <= ctx.n_commit:  # a committed chunk: fold it into the state
+        for reads, update, _ in _schedule(ctx, T):
+            for s, e in reads:
+                m = q_read[:, :, s:e] @ S  # [B, Hv, l, V]
+                o, share = block_attention(q_rot[:, :, s:e], k_rot[:, :, s:e], vh[:, :, s:e],
+                                           self.block_temperature, m, mem_logit[:, :, s:e])
+                outs.append((s, o))
+            if update is not None:  # a committed chunk: fold it into the state
+                s, e = update
                 S = _delta_update(S, k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], ctx.reference)
-        st.S.copy_(S)
-        # new tail = last (kernel-1) inputs of [old tail ++ committed tokens]; never the block
-        tail = conv_in[:, : st.conv.shape[1] + ctx.n_commit]
-        st.conv.copy_(tail[:, tail.shape[1] - st.conv.shape[1]:].to(st.conv.dtype))
+        if not ctx.train:
+            st.S.copy_(S)
         if ctx.observe:
-            ctx.memory_share.append(share.mean(1))  # [B, L]
-            ctx.state_norm.append(S.norm())
-        o = torch.cat(outs, 2).transpose(1, 2)  # [B, T, Hv, V]
+            ctx.memory_share.append(share.mean(1).detach())  # [B, L]
+            ctx.state_norm.append(S.detach().norm())
+        o = torch.cat([o for _, o in sorted(outs, key=lambda t: t[0])], 2).transpose(1, 2)  # [B, T, Hv, V]
         z = self.in_proj_z(x).reshape(B, T, self.Hv, self.V)
         o = self.norm(o, z).to(x.dtype).reshape(B, T, self.Hv * self.V)
         return self.out_proj(o)
@@ -349,7 +383,7 @@ class GatedAttention(nn.Module):
             st.win_v = torch.zeros(batch, self.Hkv, window, self.D, dtype=dtype, device=device)
         return st
 
-    def forward(self, x: torch.Tensor, ctx: _Ctx, st: LayerState, layer_idx: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: _Ctx, st: LayerState) -> torch.Tensor:
         B, T, _ = x.shape
         rep = self.Hq // self.Hkv
         qg = self.q_proj(x).reshape(B, T, self.Hq, 2 * self.D)
@@ -369,45 +403,49 @@ class GatedAttention(nn.Module):
         mem_logit = mem_logit + self.mem_b_logit.view(1, -1, 1)
         q_read = l2norm(qh.float()) * scale  # [B, Hq, T, D]
 
-        W = st.win_k.shape[2] if st.win_k is not None else 0
+        explicit = ctx.reference or ctx.train
+        W = ctx.window if explicit else (st.win_k.shape[2] if st.win_k is not None else 0)
         S = st.S
         outs = []
-        for s, e in _segments(ctx, T):
+        for reads, update, seg_pos in _schedule(ctx, T):
             S_q = S.repeat_interleave(rep, 1)  # [B, Hq, D, D]
-            m = (q_read[:, :, s:e] @ S_q).to(vh.dtype)  # [B, Hq, l, D]
             ek = ev = valid = None
             if W:
-                ek, ev, valid = self._window(st, ctx, layer_idx, ctx.start + s, W, k_rot, vh)
+                ek, ev, valid = self._window(st, ctx, seg_pos, W, k_rot, vh)
                 ek, ev = ek.repeat_interleave(rep, 1), ev.repeat_interleave(rep, 1)
-            o, share = block_attention(
-                q_rot[:, :, s:e], k_rot[:, :, s:e].repeat_interleave(rep, 1),
-                vh[:, :, s:e].repeat_interleave(rep, 1), scale, m, mem_logit[:, :, s:e], ek, ev, valid,
-            )
-            outs.append(o)
-            if e <= ctx.n_commit:
+            for s, e in reads:
+                m = (q_read[:, :, s:e] @ S_q).to(vh.dtype)  # [B, Hq, l, D]
+                o, share = block_attention(
+                    q_rot[:, :, s:e], k_rot[:, :, s:e].repeat_interleave(rep, 1),
+                    vh[:, :, s:e].repeat_interleave(rep, 1), scale, m, mem_logit[:, :, s:e], ek, ev, valid,
+                )
+                outs.append((s, o))
+            if update is not None:
+                s, e = update
                 S = _delta_update(S, k[:, s:e].float(), v[:, s:e].float(), g[:, s:e], beta[:, s:e],
                                   ctx.reference)
-                if W and not ctx.reference:  # push the chunk's last <= W tokens into the ring
+                if W and not explicit:  # push the chunk's last <= W tokens into the ring
                     t0 = max(s, e - W)
                     slots = (ctx.start + torch.arange(t0, e, device=x.device)) % W
                     st.win_k[:, :, slots] = k_rot[:, :, t0:e].to(st.win_k.dtype)
                     st.win_v[:, :, slots] = vh[:, :, t0:e].to(st.win_v.dtype)
-        st.S.copy_(S)
+        if not ctx.train:
+            st.S.copy_(S)
         if ctx.observe:
-            ctx.memory_share.append(share.mean(1))
-            ctx.state_norm.append(S.norm())
-        o = torch.cat(outs, 2).transpose(1, 2)  # [B, T, Hq, D]
+            ctx.memory_share.append(share.mean(1).detach())
+            ctx.state_norm.append(S.detach().norm())
+        o = torch.cat([o for _, o in sorted(outs, key=lambda t: t[0])], 2).transpose(1, 2)  # [B, T, Hq, D]
         o = o * torch.sigmoid(gate)
         return self.o_proj(o.reshape(B, T, self.Hq * self.D))
 
-    def _window(self, st, ctx, layer_idx, seg_pos, W, k_rot, vh):
+    def _window(self, st, ctx, seg_pos, W, k_rot, vh):
         """Window keys/values visible to a segment starting at absolute `seg_pos`.
 
         Fast path: the ring buffer (slot = position mod W), valid where a token
-        with position in [seg_pos - W, seg_pos) has been written. Reference:
-        an explicit slice of the history K/V computed in this very pass.
+        with position in [seg_pos - W, seg_pos) has been written. Reference and
+        training: an explicit slice of the committed (clean) K/V of this pass.
         """
-        if ctx.reference:
+        if ctx.reference or ctx.train:
             hk, hv = k_rot[:, :, : ctx.n_commit], vh[:, :, : ctx.n_commit]
             lo = max(0, seg_pos - ctx.start - W)
             hi = seg_pos - ctx.start
@@ -445,6 +483,7 @@ class SparseMoE(nn.Module):
         self.shared_down = nn.Linear(Fs, D, bias=False)
         self.shared_expert_gate = nn.Linear(D, 1, bias=False)
         self.last_topk: torch.Tensor | None = None  # [T, k] ids of the last forward (for hooks/tests)
+        self.aux_loss: torch.Tensor | None = None  # load-balancing loss of the last training forward
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         shape = x.shape
@@ -453,7 +492,11 @@ class SparseMoE(nn.Module):
         w, idx = probs.topk(self.top_k, dim=-1)  # [T, k]
         if self.norm_topk:
             w = w / w.sum(-1, keepdim=True)
-        self.last_topk = idx
+        self.last_topk = idx.detach()
+        if self.training:  # Switch-Transformer load balancing: E * sum_e f_e * P_e (1.0 when uniform)
+            E = probs.shape[-1]
+            f = torch.zeros(E, device=x.device).index_add_(0, idx.reshape(-1), torch.ones(idx.numel(), device=x.device))
+            self.aux_loss = E * (f / idx.numel() * probs.mean(0)).sum()
         out = torch.zeros_like(x)
         hit = torch.unique(idx).tolist()
         for e in hit:
@@ -488,7 +531,7 @@ class DecoderLayer(nn.Module):
     def mixer(self, x, ctx, st):
         if self.layer_type == "linear_attention":
             return self.linear_attn(x, ctx, st)
-        return self.self_attn(x, ctx, st, self.idx)
+        return self.self_attn(x, ctx, st)
 
     def forward(self, x: torch.Tensor, ctx: _Ctx, st: LayerState) -> torch.Tensor:
         x = x + self.mixer(self.input_layernorm(x), ctx, st)
@@ -603,6 +646,41 @@ class CloverModel(nn.Module):
         commit = history_ids if history_ids.shape[1] else None
         return self._run(block_ids, state, commit, block_size, True, reference=True)
 
+    def forward_train(self, clean_ids: torch.Tensor, noisy_ids: torch.Tensor, block_size: int,
+                      use_window: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block-diffusion training forward (DESIGN.md section 7).
+
+        One pass over the clean sequence gives every block-boundary state (the
+        clean blocks are committed one after another, chunk = block); the noisy
+        blocks run in the same pass, block b reading the state (and, with
+        `use_window`, the clean K/V window) left by clean blocks 0..b-1 -- the
+        same computation the decoder does when block b is decoded after its history.
+
+        Args:
+            clean_ids, noisy_ids: [B, T] int64, T a multiple of `block_size`; noisy =
+                clean with some slots replaced by MASK.
+            block_size: L.
+            use_window: ``state+window`` mode (W = config.attention_window) if True.
+
+        Returns:
+            hidden: [B, T, D] final-normed hidden states of the noisy tokens (apply
+            ``lm_head`` on the masked ones); aux: scalar mean MoE load-balancing loss.
+        """
+        B, T = clean_ids.shape
+        if T % block_size:
+            raise ValueError(f"sequence length {T} is not a multiple of block_size {block_size}")
+        if use_window and self.config.attention_window == 0:
+            raise ValueError("use_window needs config.attention_window > 0")
+        state = self.setup_state(B, "state")
+        pos = torch.arange(T, device=clean_ids.device).repeat(2)
+        ctx = _Ctx(n_commit=T, chunk=block_size, pos=pos, start=0, observe=False, reference=False,
+                   train=True, window=self.config.attention_window if use_window else 0)
+        x = self.embed_tokens(torch.cat([clean_ids, noisy_ids], 1))  # [B, 2T, D]
+        for layer, st in zip(self.layers, state.layers):
+            x = layer(x, ctx, st)
+        aux = torch.stack([layer.mlp.aux_loss for layer in self.layers]).mean() if self.training else x.new_zeros(())
+        return self.norm(x[:, T:]), aux
+
     def _run(self, block_ids, state, commit_ids, block_size, observe, reference) -> ModelOutput:
         C = 0 if commit_ids is None else commit_ids.shape[1]
         chunk = block_size or max(C, 1)
@@ -617,7 +695,8 @@ class CloverModel(nn.Module):
                 f"{self.config.max_position_embeddings}; shorten the prompt or max_new_tokens"
             )
         pos = torch.arange(start, start + T, device=ids.device)
-        ctx = _Ctx(n_commit=C, chunk=chunk, pos=pos, start=start, observe=observe, reference=reference)
+        ctx = _Ctx(n_commit=C, chunk=chunk, pos=pos, start=start, observe=observe, reference=reference,
+                   window=state.window)
         x = self.embed_tokens(ids)  # [B, T, D]
         for layer, st in zip(self.layers, state.layers):
             x = layer(x, ctx, st)
