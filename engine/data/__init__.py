@@ -1,0 +1,34 @@
+"""Training and evaluation corpora for the bundled model (issue 3), deterministic from a seed.
+
+Modules::
+
+    engine.data.agent      synthetic tool-using conversations (Qwen chat layout) with
+                           ground-truth calls, held-out eval tasks, parse_call / score_call
+    engine.data.stdlib     the running CPython's standard-library sources, split by file
+    engine.data.tokenizer  byte-level BPE with fixed special-token ids 0..7
+
+Seed rule for the agent corpus: training uses conversation seeds < ``EVAL_SEED_START``
+(10_000_000), evaluation uses seeds >= it; `iter_conversations` refuses a range that
+crosses the boundary.
+"""
+
+from engine.data.agent import (
+    EVAL_SEED_START,
+    CallTurn,
+    Conversation,
+    FieldInfo,
+    eval_tasks,
+    generate_conversation,
+    iter_conversations,
+    parse_call,
+    score_call,
+)
+from engine.data.stdlib import iter_stdlib_text, manifest, stdlib_files
+
+# engine.data.tokenizer is not imported here so that ``python -m engine.data.tokenizer`` runs
+# cleanly; import SPECIAL_TOKENS, train_tokenizer, build_default_tokenizer from it directly.
+
+__all__ = [
+    "EVAL_SEED_START", "CallTurn", "Conversation", "FieldInfo", "eval_tasks", "generate_conversation",
+    "iter_conversations", "parse_call", "score_call", "iter_stdlib_text", "manifest", "stdlib_files",
+]
