@@ -7,7 +7,7 @@ A conversation::
     {"name": "get_order", "description": "...", "parameters": {...}}
     ...<|im_end|>
     <|im_start|>user
-    Please look up an order (order_id ORD-48213), then ...<|im_end|>
+    Please look up an order (order_id: "ORD-48213"), then ...<|im_end|>
     <|im_start|>assistant
     <tool_call>{"name": "get_order", "arguments": {"order_id": "ORD-48213"}}</tool_call><|im_end|>
     <|im_start|>user
@@ -21,7 +21,8 @@ A conversation::
 Rules that make every call an exact copy task:
 
 - The user request names the calls in order, one clause per call. Each argument is either
-  written out in the clause (``source="request"``) or referred to as "the <key> from the
+  written out in the clause, in its JSON form (``order_id: "ORD-48213"``, ``amount: 348``) so
+  that it tokenizes exactly as in the call (``source="request"``), or referred to as "the <key> from the
   latest <tool> result" (``source="tool_response"``): the value is then that field of the most
   recent response of that tool. No argument value is ever invented.
 - ``confirm_*`` arguments (always the *last* JSON field) repeat an earlier argument of the
@@ -302,7 +303,8 @@ assert all(not s.startswith("=") or i == len(t.args) - 1 for t in TOOLS for i, (
 _OPENERS = ("", "Hi! ", "Hello, ", "Hey. ", "Good morning. ", "I need some help. ")
 _SEPS = (" ", ": ", "=")
 _ANSWERS = ("Done. The {k} is {v}.", "All set: {k} {v}.", "Finished, {k}: {v}.", "Here you go: {k} is {v}.")
-_RESPONSE_P = 0.65  # chance an argument is taken from an earlier response when one fits
+_RESPONSE_P = 0.8  # chance an argument is taken from an earlier response when one fits
+_CHAIN_P = 0.75  # chance to pick a tool (for the toolset, for a call) that can consume a returned value
 
 
 # ----------------------------------------------------------------------------- generator
@@ -335,14 +337,16 @@ def generate_conversation(rng: random.Random, n_rounds: int | None = None, max_r
         n_rounds = _default_rounds(rng, max_rounds)
     if not isinstance(n_rounds, int) or not 1 <= n_rounds <= 50:
         raise ValueError(f"n_rounds must be an int in 1..50, got {n_rounds!r}")
-    toolset = rng.sample(TOOLS, rng.randint(3, 5))
+    toolset = _pick_toolset(rng, rng.randint(3, 5))
     sep = rng.choice(_SEPS)
 
     # Plan the calls first (the request refers to them), then write the text.
     latest: dict[str, dict] = {}  # tool name -> its latest response
     plans: list[tuple[Tool, dict, list[FieldInfo], list[str], dict]] = []
     for _ in range(n_rounds):
-        tool = rng.choice(toolset)
+        available = {slot for name, resp in latest.items() for _, slot in _response_slots(TOOLS_BY_NAME[name], resp)}
+        chaining = [t for t in toolset if _arg_slots(t) & available]
+        tool = rng.choice(chaining if chaining and rng.random() < _CHAIN_P else toolset)
         args: dict[str, Any] = {}
         infos: list[FieldInfo] = []
         phrases: list[str] = []
@@ -364,7 +368,8 @@ def generate_conversation(rng: random.Random, n_rounds: int | None = None, max_r
                 value = SLOTS[slot][1](rng)
                 while value in args.values():  # distinct values within one call
                     value = SLOTS[slot][1](rng)
-                phrases.append(f"{key}{sep}{value}")
+                # Written as in JSON (strings quoted) so its tokens match the call's tokens.
+                phrases.append(f"{key}{sep}{dumps(value)}")
                 source = "request"
             args[key] = value
             infos.append(FieldInfo(key, value, kind, source, False))
@@ -395,6 +400,28 @@ def generate_conversation(rng: random.Random, n_rounds: int | None = None, max_r
     answer = rng.choice(_ANSWERS).format(k=k, v=last_resp[k])
     text += f"{IM_START}assistant\n{answer}{IM_END}"
     return Conversation(text, calls)
+
+
+def _arg_slots(tool: Tool) -> set[str]:
+    return {s for _, s in tool.args if not s.startswith("=")}
+
+
+def _return_slots(tool: Tool) -> set[str]:
+    arg_slot = dict(tool.args)
+    return {arg_slot[s[1:]] if s.startswith("=") else s for _, s in tool.returns}
+
+
+def _pick_toolset(rng: random.Random, k: int) -> list[Tool]:
+    """k distinct tools; each after the first, with chance `_CHAIN_P`, one that can consume a
+    value returned by a tool already picked (so later calls copy from tool responses)."""
+    picked = [rng.choice(TOOLS)]
+    while len(picked) < k:
+        rest = [t for t in TOOLS if t not in picked]
+        returned = set().union(*(_return_slots(t) for t in picked))
+        chaining = [t for t in rest if _arg_slots(t) & returned]
+        picked.append(rng.choice(chaining if chaining and rng.random() < _CHAIN_P else rest))
+    rng.shuffle(picked)
+    return picked
 
 
 def _response_slots(tool: Tool, response: dict) -> list[tuple[str, str]]:
@@ -436,7 +463,8 @@ def eval_tasks(seed: int = EVAL_SEED_START, n: int = 300, max_rounds: int = 8) -
     """Held-out call turns: one per conversation seed ``seed + i`` (must be >= `EVAL_SEED_START`).
 
     Even i takes the first call (copies from the request only); odd i takes a random later
-    call when the conversation has one (copies from the request and from tool responses).
+    call when the conversation has one, preferring calls with a field copied from a tool
+    response (so both sources are well represented in the per-field metrics).
     """
     if seed < EVAL_SEED_START:
         raise ValueError(f"eval seeds must be >= EVAL_SEED_START={EVAL_SEED_START}, got {seed}")
@@ -447,7 +475,9 @@ def eval_tasks(seed: int = EVAL_SEED_START, n: int = 300, max_rounds: int = 8) -
         if i % 2 == 0 or len(conv.calls) == 1:
             tasks.append(conv.calls[0])
         else:
-            tasks.append(conv.calls[rng.randint(1, len(conv.calls) - 1)])
+            later = conv.calls[1:]
+            from_resp = [t for t in later if any(f.source == "tool_response" for f in t.fields)]
+            tasks.append(rng.choice(from_resp or later))
     return tasks
 
 
