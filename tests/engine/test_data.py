@@ -68,22 +68,35 @@ def test_layout_and_targets_parse(convs):
             assert [f.key for f in turn.fields] == list(turn.arguments)
 
 
+def _check_copies(conv, sources):
+    for turn in conv.calls:
+        request, responses = _request(turn.prompt), _responses(turn.prompt)
+        for f in turn.fields:
+            assert f.kind in ("string", "number", "date", "id", "name")
+            assert str(f.value) in turn.prompt, (f, turn.prompt)
+            if f.is_repeat_of_earlier_field:  # written under the repeated key (test below)
+                assert dumps(f.value) in (request if f.source == "request" else "".join(responses))
+            elif f.source == "request":
+                assert re.search(rf"\b{re.escape(f.key)}(: | |=){re.escape(dumps(f.value))}", request), (f, request)
+            else:
+                # The clause of this call says "<key><sep>the <rkey> from the latest <tool> result":
+                # that field of the latest response of <tool> must be the value.
+                assert f.source == "tool_response"
+                clause = re.split(r", then |, and finally ", request)[turn.index]
+                m = re.search(rf"\b{re.escape(f.key)}(: | |=)the (\w+) from the latest (\w+) result", clause)
+                assert m, (f, clause)
+                rkey, tool = m.group(2), m.group(3)
+                pairs = re.findall(r'<tool_call>\{"name": "(\w+)".*?<tool_response>(.*?)</tool_response>',
+                                   turn.prompt, re.S)
+                latest = [json.loads(r) for name, r in pairs if name == tool][-1]
+                assert latest[rkey] == f.value and type(latest[rkey]) is type(f.value), (f, latest)
+            sources[f.source] += 1
+
+
 def test_every_value_is_copied_from_its_source(convs):
     sources = {"request": 0, "tool_response": 0}
     for conv in convs:
-        for turn in conv.calls:
-            request, responses = _request(turn.prompt), _responses(turn.prompt)
-            for f in turn.fields:
-                assert f.kind in ("string", "number", "date", "id", "name")
-                assert str(f.value) in turn.prompt, (f, turn.prompt)
-                if f.is_repeat_of_earlier_field:  # written under the repeated key (test below)
-                    assert dumps(f.value) in (request if f.source == "request" else "".join(responses))
-                elif f.source == "request":
-                    assert re.search(rf"\b{re.escape(f.key)}(: | |=){re.escape(dumps(f.value))}", request), (f, request)
-                else:
-                    assert f.source == "tool_response"
-                    assert any(dumps(f.value) in r for r in responses), (f, responses)
-                sources[f.source] += 1
+        _check_copies(conv, sources)
     assert sources["request"] > 0 and sources["tool_response"] > 0, sources
 
 
@@ -105,6 +118,9 @@ def test_fifty_round_chain():
     assert len(conv.calls) == 50
     assert [t.index for t in conv.calls] == list(range(50))
     assert conv.text.count("<tool_call>") == 50 and conv.text.count("<tool_response>") == 50
+    sources = {"request": 0, "tool_response": 0}
+    _check_copies(conv, sources)
+    assert sources["tool_response"] > 10, sources
     with pytest.raises(ValueError):
         generate_conversation(random.Random(0), n_rounds=51)
 
