@@ -476,7 +476,7 @@ def confidence_heatmap(trace: Any, block_index: int | None = None, step: int | N
         ),
         height=min(height, 700),
         xaxis=dict(title="slot", range=[-0.5, L - 0.5], showgrid=False, zeroline=False, dtick=1 if L <= 16 else 4),
-        yaxis=dict(title="iteration", autorange="reversed", showgrid=False, zeroline=False,
+        yaxis=dict(title="iteration", range=[len(rows) - 0.5, -0.5], showgrid=False, zeroline=False,
                    dtick=1 if len(rows) <= 20 else None),
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right", font=dict(size=11)),
         uirevision="confidence",
@@ -540,12 +540,12 @@ def text_figure(trace: Any, step: int | None = None, color_by: str = "step") -> 
             pos = c["position_start"] + s
             if c["prefilled"][s]:
                 zp[r, s] = 1.0
-                text[r, s] = C.plotly_text(_tok(trace, tok, 6))
+                text[r, s] = C.plotly_text(_tok(trace, tok, 4))
                 hover[r, s] = f"pos {pos} · prompt token {text[r, s]}"
             elif c["written"][s]:
                 it, conf = int(c["iteration"][s]), float(c["confidence"][s])
                 zg[r, s] = it if color_by == "step" else (conf if conf == conf else np.nan)
-                text[r, s] = C.plotly_text(_tok(trace, tok, 6))
+                text[r, s] = C.plotly_text(_tok(trace, tok, 4))
                 hover[r, s] = (f"pos {pos} · block {c['block']} slot {s}<br>token {text[r, s]} (id {tok})<br>"
                                f"{c['kind'][s]} at iteration {it}" + (f", conf {conf:.3f}" if conf == conf else ""))
                 if c["kind"][s] == "forced":
@@ -575,7 +575,7 @@ def text_figure(trace: Any, step: int | None = None, color_by: str = "step") -> 
                              marker=dict(size=5, color=C.STATE_COLORS["forced"], line=dict(width=0))))
     fig.update_layout(
         **_base_layout(f"Text so far: {R} block(s) of {B} slots, coloured by {'iteration' if color_by == 'step' else 'confidence'}"),
-        height=110 + max(R, 2) * 26,
+        height=120 + max(R, 2) * 30,
         xaxis=dict(title="slot", showgrid=False, zeroline=False, range=[-0.5, B - 0.5]),
         yaxis=dict(tickmode="array", tickvals=list(range(R)), ticktext=ylab, autorange="reversed",
                    showgrid=False, zeroline=False),
@@ -775,7 +775,7 @@ def expert_union_figure(trace: Any) -> go.Figure:
         hovertemplate="forward %{x} · %{y}<br>%{z:.0f} distinct experts<extra></extra>",
     ))
     _add_block_lines(fig, _block_starts_x(trace))
-    fig.update_layout(**_base_layout("Expert union per layer and forward" + sub), height=140 + min(N, 40) * 14,
+    fig.update_layout(**_base_layout("Expert union per layer and forward" + sub), height=max(260, 140 + min(N, 40) * 14),
                       xaxis_title="forward (NFE)", yaxis=dict(title="layer", autorange="reversed", showgrid=False))
     return fig
 
@@ -870,7 +870,7 @@ def _fmt_rate(x: float | None) -> str:
 
 
 def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b",
-                union_assumption: Any = "measured_fraction") -> go.Figure:
+                union_assumption: Any = "measured_vs_independent") -> go.Figure:
     """Cost panel: bytes read per forward (left) and tokens/s measured vs projected (right).
 
     Left: the cost model's bytes per forward of the recorded model (from the
@@ -878,7 +878,11 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
     the measured running tokens/s on the machine that recorded the trace
     (cumulative tokens / cumulative ``wall_s``) and, dashed and labelled
     "projected", `engine.cost.project_trace` on ``device`` for the recorded
-    model and for ``config`` at the same tokens per forward.
+    model and for ``config`` at the same tokens per forward, beside the AR
+    bound of ``config``. ``union_assumption`` (see `engine.cost.target_union`)
+    defaults to ``"measured_vs_independent"``: the recorded routing's
+    correlation carried over to the target's 256 experts (``"measured_fraction"``,
+    the CLI default, saturates at all experts for a model with few experts).
     """
     from plotly.subplots import make_subplots
 
@@ -936,13 +940,13 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
     summ = f"measured {_fmt_rate(float(m_last[-1]) if m_last.size else None)} tok/s"
     if proj is not None:
         summ += f" · projected {config} on {proj.device}: {_fmt_rate(proj.target.tok_per_s)} tok/s ({proj.union_assumption} union)"
-    fig.update_layout(**_base_layout(f"Cost<br><sup>{summ}</sup>", margin=dict(l=60, r=20, t=80, b=45)), height=400,
+    fig.update_layout(**_base_layout(f"Cost<br><sup>{summ}</sup>", margin=dict(l=60, r=20, t=100, b=45)), height=430,
                       legend=dict(orientation="h", y=-0.18, yanchor="top", x=0, font=dict(size=11)))
     return fig
 
 
 def roofline_figure(trace: Any | None = None, device: str = "h800", config: str = "clover-35b-a3b",
-                    union_assumption: Any = "measured_fraction", devices: Any = None) -> go.Figure:
+                    union_assumption: Any = "measured_vs_independent", devices: Any = None) -> go.Figure:
     """Log-log roofline (FLOP/s attainable vs FLOP/byte) with every device's ridge point.
 
     Operating points on ``device``: the autoregressive step of ``config``
@@ -961,6 +965,7 @@ def roofline_figure(trace: Any | None = None, device: str = "h800", config: str 
         names.append(dev.name)
     ai = np.logspace(-1, 4, 120)
     fig = go.Figure()
+    plateau: dict[float, list[str]] = {}
     for name in names:
         d = get_device(name)
         perf = np.minimum(d.peak_bf16_flops, ai * d.bandwidth_bytes_per_s)
@@ -972,6 +977,7 @@ def roofline_figure(trace: Any | None = None, device: str = "h800", config: str 
             legendgroup="devices", showlegend=chosen,
         ))
         rp = ridge_point(d)
+        plateau.setdefault(d.peak_bf16_flops, []).append(f"<b>{d.name}</b>" if chosen else d.name)
         fig.add_trace(go.Scatter(
             x=[rp], y=[d.peak_bf16_flops], mode="markers+text" if chosen else "markers",
             text=[f"ridge {rp:.0f} FLOP/B"] if chosen else None, textposition="top center",
@@ -979,6 +985,9 @@ def roofline_figure(trace: Any | None = None, device: str = "h800", config: str 
             name=f"ridge points", legendgroup="ridge", showlegend=chosen,
             hovertemplate=f"{d.name} ridge point<br>{rp:.0f} FLOP/byte<extra></extra>",
         ))
+    for peak, labels in plateau.items():  # devices sharing a peak share a label
+        fig.add_annotation(x=4.0, y=math.log10(peak), xref="x", yref="y", text=" · ".join(labels),
+                           showarrow=False, xanchor="right", yanchor="bottom", font=dict(size=10, color="#475569"))
     cfg = CloverConfig.from_name(config) if isinstance(config, str) else config
 
     def point(bytes_: float, flops: float) -> tuple[float, float]:
@@ -1029,11 +1038,10 @@ def roofline_figure(trace: Any | None = None, device: str = "h800", config: str 
     fig.update_layout(
         **_base_layout(f"Roofline: {dev.name}, ridge {ridge_point(dev):.0f} FLOP/byte" + sub,
                        margin=dict(l=70, r=20, t=70, b=50)),
-        height=430,
-        xaxis=dict(type="log", title="arithmetic intensity (FLOP / byte)", range=[-1, 4]),
-        yaxis=dict(type="log", title="attainable FLOP/s"),
-        legend=dict(x=0.99, xanchor="right", y=0.02, yanchor="bottom", bgcolor="rgba(255,255,255,0.85)",
-                    font=dict(size=11)),
+        height=500,
+        xaxis=dict(type="log", title="arithmetic intensity (FLOP / byte)", range=[-1, 4], exponentformat="SI"),
+        yaxis=dict(type="log", title="attainable FLOP/s", exponentformat="SI", tickformat="~s"),
+        legend=dict(orientation="h", x=0, y=-0.2, yanchor="top", font=dict(size=11)),
     )
     return fig
 
