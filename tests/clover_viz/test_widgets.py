@@ -1,0 +1,93 @@
+"""clover_viz.widgets.Explorer: built from a trace or a model, figures mutated in place, no stacked callbacks.
+
+Run: .venv/bin/python -m pytest tests/clover_viz/test_widgets.py -q
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import pytest
+
+pytest.importorskip("ipywidgets")
+pytest.importorskip("anywidget")  # plotly >= 6 FigureWidget
+
+from clover_viz import figures as F  # noqa: E402
+from clover_viz import widgets as Wmod  # noqa: E402
+from clover_viz.widgets import Explorer  # noqa: E402
+from engine.trace import Trace  # noqa: E402
+
+
+def n_observers(widget, name="value") -> int:
+    return len(widget._trait_notifiers.get(name, {}).get("change", []))
+
+
+def test_explorer_from_a_trace_steps_in_place(trace):
+    ex = Explorer(trace)
+    assert ex.show() is ex.show()  # the same tree on every call
+    assert ex.step_slider.max == len(trace) - 1 and ex.play.max == len(trace) - 1
+    assert ex.threshold.disabled and ex.block_size.disabled  # no model: settings show the recorded run
+    assert ex.threshold.continuous_update is False and ex.block_size.value == trace.decode_config["block_size"]
+    figs = dict(ex.figures)
+    assert all(isinstance(f, go.FigureWidget) for f in figs.values())
+    block = ex.block_fig
+    for i in (0, 4, 9, len(trace) - 1):
+        ex.step_slider.value = i
+        assert ex.block_fig is block
+        fresh = F.block_figure(trace, i)
+        assert ex.block_fig.data[0].z == fresh.data[0].z
+        assert ex.block_fig.data[0].customdata == fresh.data[0].customdata
+        assert F.text_html(trace, i) == ex.text.value
+        assert ex.cum_fig.layout.shapes[-1].x0 == i + 1
+    assert dict(ex.figures) == figs  # no figure object was replaced
+    ex.close()
+
+
+def test_play_is_linked_and_callbacks_do_not_stack(trace):
+    ex = Explorer(trace)
+    assert ex._link.source == (ex.play, "value") and ex._link.target == (ex.step_slider, "value")
+    before = n_observers(ex.step_slider), n_observers(ex.threshold), n_observers(ex.block_size)
+    for _ in range(3):
+        ex.show()
+    assert (n_observers(ex.step_slider), n_observers(ex.threshold), n_observers(ex.block_size)) == before
+    assert before[0] == 1
+    ex.speed.value = 20
+    assert ex.play.interval == 50
+    with pytest.raises(ValueError, match="replays a recorded trace"):
+        ex.decode("hello")
+    ex.close()
+
+
+def test_explorer_from_a_trace_file(tmp_path, trace):
+    path = trace.save(tmp_path / "run.parquet")
+    ex = Explorer(str(path))
+    assert len(ex.trace) == len(trace)
+    with pytest.raises(TypeError, match="Explorer takes"):
+        Explorer(42)
+    ex.close()
+
+
+def test_decode_streams_into_the_same_figures_and_redecode_compares(monkeypatch):
+    from record_trace import loud_clover_test  # tests/clover_viz/record_trace.py
+
+    from engine.decoder import DecodeConfig
+    from engine.tokenizer import byte_tokenizer
+
+    monkeypatch.setattr(Wmod, "_LIVE_MIN_INTERVAL_S", 0.0)  # draw on every event
+    ex = Explorer(loud_clover_test(), byte_tokenizer(), DecodeConfig(block_size=4, threshold=0.4, max_new_tokens=8))
+    assert not ex.threshold.disabled
+    drawn = []
+    real = ex.show_step
+    monkeypatch.setattr(ex, "show_step", lambda s: (drawn.append((len(ex.trace), s)), real(s)))
+    block = ex.block_fig
+    first = ex.decode("def f(x):")
+    assert isinstance(first, Trace) and len(first) >= 2
+    live_draws = [d for d in drawn if d[0] == d[1] + 1]
+    assert len(live_draws) >= len(first)  # each step was drawn as it arrived
+    assert ex.block_fig is block and ex.trace is first
+    assert "NFE" in ex.status.value
+    ex.threshold.value = 0.9  # on release: re-decode, keep the previous run
+    assert ex.previous is first and ex.trace is not first
+    assert ex.trace.decode_config["threshold"] == 0.9
+    assert "previous" in ex.compare.value and "text difference" in ex.compare.value
+    assert ex.block_fig is block
+    ex.close()
