@@ -1,0 +1,538 @@
+"""Panel views of an `ExplorerState`: thin `pn.viewable.Viewer`s over the figures.
+
+Each view holds its widgets / panes, watches the state parameters it shows,
+and redraws with the pure functions of `clover_viz.figures`. No view computes
+anything the trace does not hold; no view touches the model (the state does,
+through the decoder).
+
+* `SettingsPanel`  -- the sidebar: model, prompt + examples, decoding settings,
+  Generate / Stop, open / save a trace.
+* `RunSummary`     -- status line, progress bar, errors, NFE / tokens / forced /
+  tokens per forward / tokens/s of the run on display.
+* `PlaybackBar`    -- play / pause, step back / forward, speed, scrub over all steps.
+* `BlockView`      -- the current block filling in (mutated in place, not rebuilt).
+* `TextView`       -- the text so far, tokens coloured by confidence.
+* `CompareView`    -- previous run vs this run (NFE, tokens/forward, forced, text diff).
+* `CostView`       -- bytes per forward, measured vs projected tokens/s, roofline.
+* `FigureTabs`     -- confidence heatmap, per-forward charts, experts / state / memory,
+  cost; only the visible tab is redrawn, and at most every
+  `LIVE_REDRAW_S` seconds while a decode streams in.
+* `ExplorerApp`    -- all of the above; ``.sidebar`` / ``.main`` for a template,
+  or displayed as one component in a notebook.
+
+Tests: ``.venv/bin/python -m pytest tests/apps -q``
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+import panel as pn
+import param
+
+from clover_viz import figures as F
+from clover_viz.state import ExplorerState, run_stats
+
+LIVE_REDRAW_S = 0.75  # heavy charts redraw at most this often while a decode streams in
+MONO = "JetBrains Mono, Menlo, Consolas, monospace"
+
+
+def _placeholder(title: str, message: str) -> Any:
+    """An empty figure with a message (before the first run)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.update_layout(title=dict(text=title, x=0.01, font=dict(size=14)), height=260, template="plotly_white",
+                      margin=dict(l=30, r=20, t=50, b=30))
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=14, color="#64748b"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    if x is None or x != x:
+        return "–"
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.{digits}g}{unit}"
+    return f"{x:.{digits}g}"
+
+
+# ----------------------------------------------------------------------------- sidebar
+class SettingsPanel(pn.viewable.Viewer):
+    """Sidebar controls. Sliders set the state on release (``value_throttled``)."""
+
+    state = param.ClassSelector(class_=ExplorerState)
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        s = self.state
+        self.model_dir = pn.widgets.TextInput.from_param(s.param.model_dir, label="Model directory")
+        self.model_label = pn.pane.Markdown(sizing_mode="stretch_width", margin=(0, 10), styles={"font-size": "12px"})
+        self.dev = pn.widgets.Checkbox.from_param(
+            s.param.dev_sharpen_random, label="dev: sharpen random model (weights x15)")
+        self.example = pn.widgets.Select.from_param(s.param.example, label="Example prompt")
+        self.prompt = pn.widgets.TextAreaInput.from_param(
+            s.param.prompt, label="Prompt", height=170, sizing_mode="stretch_width",
+            styles={"font-family": MONO})
+        self.threshold = pn.widgets.FloatSlider.from_param(
+            s.param.threshold, label="Threshold", step=0.01, throttled=True, sizing_mode="stretch_width")
+        self.block_size = pn.widgets.DiscreteSlider.from_param(
+            s.param.block_size, label="Block size", throttled=True, sizing_mode="stretch_width")
+        self.policy = pn.widgets.Select.from_param(s.param.policy, label="Policy")
+        self.memory_mode = pn.widgets.RadioButtonGroup.from_param(
+            s.param.memory_mode, label="Memory", color="light", sizing_mode="stretch_width")
+        self.memory_note = pn.pane.Markdown("", margin=(0, 10), styles={"font-size": "11px", "color": "#64748b"})
+        self.max_new_tokens = pn.widgets.IntInput.from_param(s.param.max_new_tokens, label="Max new tokens", step=16)
+        self.repetition = pn.widgets.Checkbox.from_param(s.param.repetition_control, label="Repetition control")
+        self.repetition_penalty = pn.widgets.FloatInput.from_param(
+            s.param.repetition_penalty, label="penalty (logit)", step=0.5, width=120)
+        self.eos = pn.widgets.Checkbox.from_param(s.param.eos_bias, label="Progressive EOS bias")
+        self.eos_limit = pn.widgets.IntInput.from_param(s.param.eos_soft_limit, label="soft limit (tokens)", width=120)
+        # Text labels, no icons: icon fonts come from a CDN, which an offline machine cannot reach.
+        self.generate = pn.widgets.Button(label="Generate", color="primary", sizing_mode="stretch_width")
+        self.stop = pn.widgets.Button(label="Stop", color="danger", disabled=True, sizing_mode="stretch_width")
+        self.open = pn.widgets.FileInput(accept=".parquet,.pq,.arrow,.feather", multiple=False,
+                                         sizing_mode="stretch_width")
+        self.save = pn.widgets.FileDownload(callback=self._save, filename="clover-trace.parquet",
+                                            label="Save trace (.parquet)", color="default",
+                                            sizing_mode="stretch_width", embed=False)
+        self.generate.on_click(lambda _e: s.generate())
+        self.stop.on_click(lambda _e: s.stop())
+        self.open.param.watch(self._open, "value")
+        s.param.watch(self._sync, ["running", "model_label", "window_available"])
+        self._sync()
+
+    def _save(self) -> Any:
+        try:
+            return self.state.trace_bytes()
+        except ValueError as exc:
+            self.state.error = f"Nothing saved: {exc}"
+            return None
+
+    def _open(self, event: Any) -> None:
+        if event.new:
+            self.state.load_trace(event.new, name=self.open.filename or "")
+
+    def _sync(self, *_: Any) -> None:
+        s = self.state
+        self.stop.disabled = not s.running
+        self.generate.label = "Generate (restart)" if s.running else "Generate"
+        label = s.model_label or "(not loaded yet)"
+        warn = " ⚠" if "random" in label else ""
+        self.model_label.object = f"**Model:** {html.escape(label)}{warn}"
+        self.memory_mode.disabled = not s.window_available
+        self.memory_note.object = ("" if s.window_available else
+                                   "this model has no attention window: only `state` (Clover's mode) runs")
+
+    def __panel__(self) -> Any:
+        return pn.Column(
+            self.model_dir, self.model_label, self.dev,
+            self.example, self.prompt,
+            pn.Row(self.generate, self.stop, sizing_mode="stretch_width"),
+            pn.pane.Markdown("#### Decoding", margin=(10, 10, 0, 10)),
+            self.threshold, self.block_size, self.policy,
+            pn.pane.Markdown("Memory mode", margin=(4, 10, 0, 10)), self.memory_mode, self.memory_note,
+            self.max_new_tokens,
+            pn.Row(self.repetition, self.repetition_penalty),
+            pn.Row(self.eos, self.eos_limit),
+            pn.pane.Markdown("#### Traces", margin=(10, 10, 0, 10)),
+            pn.pane.Markdown("Open a saved trace to replay it without the model:", margin=(0, 10),
+                             styles={"font-size": "12px"}),
+            self.open, self.save,
+            sizing_mode="stretch_width",
+        )
+
+
+# ----------------------------------------------------------------------------- summary / playback
+class RunSummary(pn.viewable.Viewer):
+    """Status line, progress, errors and the headline numbers of the run on display.
+
+    The numbers sit in elements with stable class names (``clover-nfe`` ...) so
+    browser tests can read them.
+    """
+
+    state = param.ClassSelector(class_=ExplorerState)
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.error = pn.pane.Alert("", alert_type="danger", visible=False, sizing_mode="stretch_width",
+                                   margin=(0, 10))
+        self.progress = pn.indicators.Progress(value=0, max=100, visible=False, bar_color="primary",
+                                               sizing_mode="stretch_width", height=14, margin=(0, 10))
+        self.numbers = pn.pane.HTML("", sizing_mode="stretch_width", margin=(0, 10))
+        self._last_error = ""
+        s = self.state
+        s.param.watch(self._on_error, "error")
+        s.param.watch(self._refresh, ["trace", "trace_version", "running", "progress", "status", "previous"])
+        self._refresh()
+
+    def _on_error(self, event: Any) -> None:
+        msg = event.new
+        self.error.object = html.escape(msg)
+        self.error.visible = bool(msg)
+        if msg and msg != self._last_error and pn.state.notifications is not None:
+            pn.state.notifications.error(msg[:300], duration=6000)
+        self._last_error = msg
+
+    def _refresh(self, *_: Any) -> None:
+        s = self.state
+        self.progress.visible = s.running
+        self.progress.value = s.progress
+        st = run_stats(s.trace)
+        prev = run_stats(s.previous)
+
+        def cell(label: str, value: str, cls: str, was: str | None = None) -> str:
+            sub = f'<div class="was">prev {was}</div>' if was is not None else ""
+            return (f'<div class="stat"><div class="lbl">{label}</div>'
+                    f'<div class="val {cls}">{value}</div>{sub}</div>')
+
+        if st is None:
+            cells = '<div class="stat"><div class="lbl">no run yet</div><div class="val">press Generate</div></div>'
+        else:
+            p = prev or {}
+            has = prev is not None
+            cells = "".join([
+                cell("NFE (forwards)", str(st["nfe"]), "clover-nfe", str(p.get("nfe")) if has else None),
+                cell("tokens", str(st["n_tokens"]), "clover-tokens", str(p.get("n_tokens")) if has else None),
+                cell("tokens / forward", f"{st['tokens_per_forward']:.2f}", "clover-tpf",
+                     f"{p.get('tokens_per_forward', 0):.2f}" if has else None),
+                cell("forced fills", str(st["n_forced"]), "clover-forced", str(p.get("n_forced")) if has else None),
+                cell("tokens/s (measured, this machine)", _fmt(st["tok_per_s"]), "clover-tps",
+                     _fmt(p.get("tok_per_s")) if has else None),
+                cell("block · threshold", f"{st['block_size']} · {st['threshold']:.2f}"
+                     if st["threshold"] is not None else str(st["block_size"]), "clover-settings",
+                     (f"{p.get('block_size')} · {p.get('threshold'):.2f}" if has and p.get("threshold") is not None
+                      else None)),
+            ])
+        status = html.escape(s.status or "ready")
+        running = ' data-running="1"' if s.running else ' data-running="0"'
+        self.numbers.object = (
+            "<style>.clover-stats{display:flex;flex-wrap:wrap;gap:8px;font-family:Inter,Helvetica,Arial,sans-serif}"
+            ".clover-stats .stat{background:#f8fafc;border:1px solid #e2e8f0;border-radius:6px;padding:4px 10px;"
+            "min-width:92px}.clover-stats .lbl{font-size:11px;color:#64748b}.clover-stats .val{font-size:20px;"
+            "font-weight:600;color:#0f172a}.clover-stats .was{font-size:11px;color:#94a3b8}"
+            ".clover-status{font-size:13px;color:#334155;margin:2px 0 6px 0}</style>"
+            f'<div class="clover-status"{running}>{status}</div><div class="clover-stats">{cells}</div>'
+        )
+
+    def __panel__(self) -> Any:
+        return pn.Column(self.error, self.numbers, self.progress, sizing_mode="stretch_width")
+
+
+class PlaybackBar(pn.viewable.Viewer):
+    """Play / pause, step back / forward, speed and a scrub slider over every step of the run."""
+
+    state = param.ClassSelector(class_=ExplorerState)
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        s = self.state
+        b = dict(color="default", margin=(5, 2))
+        self.first = pn.widgets.Button(label="|◀", description="first step", width=48, **b)
+        self.back = pn.widgets.Button(label="◀ step", description="step back", width=70, **b)
+        self.play = pn.widgets.Button(label="▶ play", description="play / pause", width=84, **b)
+        self.forward = pn.widgets.Button(label="step ▶", description="step forward", width=70, **b)
+        self.last = pn.widgets.Button(label="▶|", description="last step", width=48, **b)
+        self.scrub = pn.widgets.IntSlider(label="step", start=0, end=1, value=0, disabled=True,
+                                          sizing_mode="stretch_width", margin=(5, 15))
+        self.speed = pn.widgets.FloatSlider.from_param(s.param.speed, label="speed (steps/s)", width=170)
+        self.first.on_click(lambda _e: s.seek(0) or s.pause())
+        self.back.on_click(lambda _e: s.step(-1))
+        self.play.on_click(lambda _e: s.toggle_play())
+        self.forward.on_click(lambda _e: s.step(1))
+        self.last.on_click(lambda _e: s.seek(s.n_steps - 1) or s.pause())
+        self.scrub.param.watch(lambda e: s.seek(e.new), "value")
+        s.param.watch(self._sync, ["position", "n_steps", "playing"])
+        self._sync()
+
+    def _sync(self, *_: Any) -> None:
+        s = self.state
+        n = s.n_steps
+        self.scrub.disabled = n < 2
+        self.scrub.end = max(n - 1, 1)
+        self.scrub.value = min(s.position, self.scrub.end)
+        self.scrub.label = f"step {s.position + 1 if n else 0} of {n}"
+        self.play.label = "▮▮ pause" if s.playing else "▶ play"  # geometric shapes: in every font
+
+    def __panel__(self) -> Any:
+        return pn.Row(self.first, self.back, self.play, self.forward, self.last, self.scrub, self.speed,
+                      sizing_mode="stretch_width", align="center")
+
+
+# ----------------------------------------------------------------------------- live views
+class BlockView(pn.viewable.Viewer):
+    """The current block at the playback position; the figure is made once per run and mutated."""
+
+    state = param.ClassSelector(class_=ExplorerState)
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.pane = pn.pane.Plotly(_placeholder("Block view", "press Generate to decode a prompt"),
+                                   sizing_mode="stretch_width", config={"displayModeBar": False})
+        self._fig = None
+        self._trace_id: int | None = None
+        self.state.param.watch(self._refresh, ["trace", "trace_version", "position"])
+        self._refresh()
+
+    def _refresh(self, *_: Any) -> None:
+        s = self.state
+        if s.trace is None or len(s.trace) == 0:
+            if self._fig is not None or s.trace is not None:
+                msg = "waiting for the first forward..." if s.running else "press Generate to decode a prompt"
+                self.pane.object = _placeholder("Block view", msg)
+                self._fig = None
+            return
+        pos = min(s.position, len(s.trace) - 1)
+        if self._fig is None or self._trace_id != id(s.trace):
+            self._fig = F.block_figure(s.trace, pos)
+            self._trace_id = id(s.trace)
+            self.pane.object = self._fig
+        else:
+            F.update_block_figure(self._fig, s.trace, pos)  # the pane forwards the in-place update
+
+    def __panel__(self) -> Any:
+        return self.pane
+
+
+class TextView(pn.viewable.Viewer):
+    """The text so far (prompt in grey), each generated token shaded by its confidence."""
+
+    state = param.ClassSelector(class_=ExplorerState)
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.pane = pn.pane.HTML("", sizing_mode="stretch_width", height=290,
+                                 styles={"overflow-y": "auto", "border": "1px solid #e2e8f0",
+                                         "border-radius": "6px", "padding": "6px", "background": "white"})
+        self.show_prompt = pn.widgets.Checkbox(label="show prompt", value=False, margin=(0, 10))
+        self.show_prompt.param.watch(self._refresh, "value")
+        self.state.param.watch(self._refresh, ["trace", "trace_version", "position"])
+        self._refresh()
+
+    def _refresh(self, *_: Any) -> None:
+        s = self.state
+        if s.trace is None or len(s.trace) == 0:
+            self.pane.object = '<div style="color:#94a3b8">the decoded text appears here</div>'
+            return
+        pos = min(s.position, len(s.trace) - 1)
+        self.pane.object = F.text_html(s.trace, pos, show_prompt=self.show_prompt.value)
+
+    def __panel__(self) -> Any:
+        return pn.Column(pn.Row(pn.pane.Markdown("**Text so far** (background = confidence; orange = forced)",
+                                                 margin=(0, 10)), self.show_prompt),
+                         self.pane, sizing_mode="stretch_width")
+
+
+class CompareView(pn.viewable.Viewer):
+    """This run beside the previous one: the numbers and the text difference."""
+
+    state = param.ClassSelector(class_=ExplorerState)
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.pane = pn.pane.HTML("", sizing_mode="stretch_width")
+
+    def refresh(self) -> None:
+        s = self.state
+        if s.previous is None or s.trace is None or len(s.trace) == 0:
+            self.pane.object = ('<div style="color:#64748b">No previous run yet. Generate again, or drag threshold '
+                                'or block size: the run before stays here for comparison.</div>')
+            return
+        cmp = F.compare_runs(s.previous, s.trace)
+        rows = []
+        for key, label in (("block_size", "block size"), ("threshold", "threshold"), ("nfe", "NFE"),
+                           ("n_tokens", "tokens"), ("tokens_per_forward", "tokens / forward"),
+                           ("n_forced", "forced fills"), ("wall_s", "wall time (s)")):
+            c = cmp[key]
+            d = c["delta"]
+            rows.append(f"<tr><td>{label}</td><td>{_fmt(c['a'])}</td><td>{_fmt(c['b'])}</td>"
+                        f"<td>{'' if d is None else ('+' if d > 0 else '') + _fmt(d)}</td></tr>")
+        t = cmp["text"]
+        verdict = ("identical text" if t["same"] else
+                   f"text differs after {t['common_prefix']} characters (similarity {t['similarity']:.2f})")
+        self.pane.object = (
+            "<style>.cmp td,.cmp th{padding:2px 12px;text-align:right}.cmp td:first-child,.cmp th:first-child"
+            "{text-align:left}.cmp{border-collapse:collapse;font-size:13px}.cmp tr{border-bottom:1px solid #e2e8f0}"
+            "</style><table class='cmp'><tr><th></th><th>previous</th><th>this run</th><th>change</th></tr>"
+            + "".join(rows) + f"</table><p style='font-size:13px;margin:8px 0 4px'><b>{verdict}</b> "
+            "(<del style='background:#fee2e2'>previous only</del> <ins style='background:#dcfce7;"
+            "text-decoration:none'>this run only</ins>)</p>"
+            "<div style='max-height:240px;overflow:auto;border:1px solid #e2e8f0;padding:6px;word-break:break-all'>"
+            f"{t['diff_html']}</div>"
+        )
+
+    def __panel__(self) -> Any:
+        return self.pane
+
+
+class CostView(pn.viewable.Viewer):
+    """Bytes per forward, tokens/s measured here vs projected on a device, and the roofline."""
+
+    state = param.ClassSelector(class_=ExplorerState)
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.device = pn.widgets.Select.from_param(self.state.param.device, label="Project onto device", width=180)
+        self.union = pn.widgets.Select.from_param(self.state.param.union_assumption, label="35B-A3B expert union",
+                                                  width=220)
+        self.headline = pn.pane.HTML("", sizing_mode="stretch_width")
+        self.cost = pn.pane.Plotly(_placeholder("Cost", "no run yet"), sizing_mode="stretch_width")
+        self.roofline = pn.pane.Plotly(F.roofline_figure(None, device=self.state.device),
+                                       sizing_mode="stretch_width")
+
+    def refresh(self) -> None:
+        s = self.state
+        if s.trace is None or len(s.trace) == 0:
+            self.headline.object = "<i>no run yet: the roofline shows the devices and the 35B-A3B AR step</i>"
+            self.cost.object = _placeholder("Cost", "no run yet")
+            self.roofline.object = F.roofline_figure(None, device=s.device)
+            return
+        try:
+            proj = s.cost_projection()
+        except (ValueError, TypeError) as exc:
+            proj = None
+            s.error = f"No cost projection: {exc}"
+        step = s.trace.step(min(s.position, len(s.trace) - 1))
+        parts = [f"bytes read by this forward: <b>{_fmt(step.bytes_read)}B</b>"]
+        if proj is not None:
+            parts.append(f"measured here: <b>{_fmt(proj.measured_tok_per_s)} tok/s</b>")
+            if proj.source is not None:
+                parts.append(f"projected {html.escape(proj.source.config_name)} on {proj.device}: "
+                             f"<b>{_fmt(proj.source.tok_per_s)} tok/s</b>")
+            parts.append(f"projected {html.escape(proj.target.config_name)} on {proj.device} at the same "
+                         f"tokens/forward ({proj.tokens_per_forward:.2f}, {proj.union_assumption} union): "
+                         f"<b>{_fmt(proj.target.tok_per_s)} tok/s</b>")
+            parts.append(f"mean bytes per forward: {_fmt(proj.source.bytes_read / proj.n_forwards if proj.source else None)}B")
+        self.headline.object = ("<div class='clover-cost' style='font-size:13px;line-height:1.6'>"
+                                + " · ".join(parts) + "<br><span style='color:#64748b'>projected = roofline "
+                                "max(bytes / bandwidth, FLOPs / peak) from engine.cost, not measured</span></div>")
+        self.cost.object = F.cost_figure(s.trace, device=s.device, union_assumption=s.union_assumption)
+        self.roofline.object = F.roofline_figure(s.trace, device=s.device, union_assumption=s.union_assumption)
+
+    def __panel__(self) -> Any:
+        return pn.Column(pn.Row(pn.Column(self.device, self.union, width=240), self.headline,
+                                sizing_mode="stretch_width"), self.cost, self.roofline,
+                         sizing_mode="stretch_width")
+
+
+class FigureTabs(pn.viewable.Viewer):
+    """The analysis figures in tabs; only the visible tab is redrawn (rate-limited while decoding)."""
+
+    state = param.ClassSelector(class_=ExplorerState)
+
+    TABS = ("Confidence", "Per forward", "Experts · state · memory", "Cost")
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        s = self.state
+        kw = dict(sizing_mode="stretch_width")
+        self.heatmap = pn.pane.Plotly(_placeholder("Confidence heatmap", "no run yet"), **kw)
+        self.tpf = pn.pane.Plotly(_placeholder("Tokens per forward", "no run yet"), **kw)
+        self.cumulative = pn.pane.Plotly(_placeholder("Cumulative tokens", "no run yet"), **kw)
+        self.experts = pn.pane.Plotly(_placeholder("Expert union", "no run yet"), **kw)
+        self.state_norm = pn.pane.Plotly(_placeholder("State norms", "no run yet"), **kw)
+        self.memory = pn.pane.Plotly(_placeholder("Memory share", "no run yet"), **kw)
+        self.cost = CostView(state=s)
+        self.tabs = pn.Tabs(
+            (self.TABS[0], self.heatmap),
+            (self.TABS[1], pn.Row(self.tpf, self.cumulative, **kw)),
+            (self.TABS[2], pn.Column(pn.Row(self.experts, self.state_norm, **kw), self.memory, **kw)),
+            (self.TABS[3], self.cost),
+            dynamic=True, **kw,
+        )
+        self._drawn: dict[int, tuple] = {}
+        self._last_draw = 0.0
+        self.tabs.param.watch(lambda *_e: self.refresh(), "active")
+        s.param.watch(lambda *_e: self.refresh(),
+                      ["trace", "trace_version", "position", "running", "device", "union_assumption"])
+        self.refresh()
+
+    def refresh(self, force: bool = False) -> None:
+        s = self.state
+        tab = self.tabs.active
+        key = (id(s.trace), s.trace_version, s.device, s.union_assumption,
+               s.position if tab in (0, 2, 3) else None)
+        if not force and self._drawn.get(tab) == key:
+            return
+        now = time.monotonic()
+        if s.running and not force and now - self._last_draw < LIVE_REDRAW_S:
+            return  # streaming: the next tick (or the end of the run) redraws
+        self._last_draw = now
+        self._drawn[tab] = key
+        trace = s.trace
+        empty = trace is None or len(trace) == 0
+        pos = 0 if empty else min(s.position, len(trace) - 1)
+        if tab == 0:
+            waiting = "waiting for the first forward..." if s.running else "no run yet"
+            self.heatmap.object = (_placeholder("Confidence heatmap", waiting) if empty
+                                   else F.confidence_heatmap(trace, step=pos))
+        elif tab == 1 and not empty:
+            self.tpf.object = F.tokens_per_forward_figure(trace)
+            self.cumulative.object = F.cumulative_tokens_figure(trace)
+        elif tab == 2 and not empty:
+            self.experts.object = F.expert_union_figure(trace)
+            self.state_norm.object = F.state_norm_figure(trace)
+            self.memory.object = F.memory_share_figure(trace, step=pos)
+        elif tab == 3:
+            self.cost.refresh()
+
+    def __panel__(self) -> Any:
+        return self.tabs
+
+
+# ----------------------------------------------------------------------------- the whole app
+class ExplorerApp(pn.viewable.Viewer):
+    """The explorer: ``sidebar`` (settings) and ``main`` (live views + figures) over one state.
+
+    Displayed on its own (a notebook cell) it is a Row of the two; `apps/explorer.py` puts
+    them into a template. Call `tick` periodically on the UI thread (the app does it with
+    a per-session periodic callback).
+    """
+
+    state = param.ClassSelector(class_=ExplorerState)
+
+    def __init__(self, **params: Any) -> None:
+        if "state" not in params:
+            params["state"] = ExplorerState()
+        super().__init__(**params)
+        s = self.state
+        self.settings = SettingsPanel(state=s)
+        self.summary = RunSummary(state=s)
+        self.playback = PlaybackBar(state=s)
+        self.block = BlockView(state=s)
+        self.text = TextView(state=s)
+        self.tabs = FigureTabs(state=s)
+        self.compare = CompareView(state=s)
+        s.param.watch(lambda *_e: self.compare.refresh(), ["trace", "previous", "running"])
+        self.compare.refresh()
+
+    def tick(self, dt: float = 0.1) -> None:
+        """Drain the decode's events and advance playback (call on the UI thread)."""
+        self.state.tick(dt)
+
+    @property
+    def sidebar(self) -> Any:
+        return self.settings
+
+    @property
+    def main(self) -> Any:
+        live = pn.Row(
+            pn.Column(self.block, sizing_mode="stretch_width", min_width=520),
+            pn.Column(self.text, sizing_mode="stretch_width", min_width=320, max_width=560),
+            sizing_mode="stretch_width",
+        )
+        return pn.Column(
+            self.summary, self.playback, live,
+            pn.Card(self.compare, title="Previous run vs this run", collapsed=False, sizing_mode="stretch_width",
+                    header_background="#f1f5f9"),
+            self.tabs,
+            sizing_mode="stretch_width",
+        )
+
+    def __panel__(self) -> Any:
+        return pn.Row(pn.Column(self.sidebar, width=340), self.main, sizing_mode="stretch_width")

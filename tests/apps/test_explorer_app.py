@@ -1,0 +1,302 @@
+"""The explorer without a browser: the app module imports without serving, and its
+`ExplorerState` drives real decodes of the random ``clover-test`` model in a worker thread.
+
+Run: ``.venv/bin/python -m pytest tests/apps/test_explorer_app.py -q``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("panel")
+
+from clover_viz.state import (  # noqa: E402
+    EXAMPLE_PROMPTS,
+    RANDOM_MODEL_LABEL,
+    ExplorerState,
+    LoadedModel,
+    ModelSpec,
+    load_model_cached,
+    resolve_model,
+    text_diff,
+)
+from engine.decoder import BlockDecoder, DecodeConfig  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 30.0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models on a shared 2-core machine: one thread avoids OpenMP threads fighting."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def run_to_end(state: ExplorerState, timeout: float = TIMEOUT_S) -> list[int]:
+    """Tick like the app's periodic callback until the decode ends; returns n_steps seen per tick."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while state.running:
+        assert time.monotonic() < deadline, f"decode did not finish in {timeout} s: {state.status}"
+        time.sleep(0.02)
+        state.tick(0.02)
+        seen.append(state.n_steps)
+    return seen
+
+
+@pytest.fixture
+def state():
+    s = ExplorerState(model_dir="clover-test", prompt="Hello, block diffusion", max_new_tokens=16, block_size=8)
+    yield s
+    s.close()
+    s.wait(5)
+
+
+def load_app_module():
+    spec = importlib.util.spec_from_file_location("clover_explorer_app_test", ROOT / "apps" / "explorer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_app_module_imports_without_serving_and_builds_a_session():
+    import panel as pn
+
+    module = load_app_module()
+    assert not pn.state.served
+    tpl = module.create_app(model_dir="clover-test", start_callbacks=False, max_new_tokens=8)
+    assert isinstance(tpl, pn.template.FastListTemplate)
+    app = tpl.explorer
+    assert app.state.model_label == "random clover-test"
+    assert set(EXAMPLE_PROMPTS) == {"agent tool call", "code completion", "long tool chain"}
+    for name in ("agent tool call", "long tool chain"):  # the chat layout of the bundled model
+        assert EXAMPLE_PROMPTS[name].startswith("<|im_start|>system\n")
+        assert EXAMPLE_PROMPTS[name].endswith("<|im_start|>assistant\n")
+
+
+def test_default_model_dir_falls_back_to_a_labelled_random_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no models/clover-tiny here...
+    monkeypatch.setattr("clover_viz.state.REPO_ROOT", tmp_path)  # ...nor in the "repository"
+    spec = resolve_model("models/clover-tiny")
+    assert spec == ModelSpec("random", fallback=True)
+    s = ExplorerState()
+    assert s.load_model() is not None and s.model_label == RANDOM_MODEL_LABEL
+    assert s.error == ""
+
+
+def test_state_decodes_in_a_worker_and_streams_events(state):
+    versions = []
+    state.param.watch(lambda e: versions.append(e.new), "trace_version")
+    assert state.generate()
+    assert state.running and state.trace is not None and len(state.trace) == 0
+    seen = run_to_end(state)
+    trace = state.trace
+    end = trace.decode_end
+    assert end is not None and end.stop_reason == "max_new_tokens"
+    assert len(trace.generated_tokens) == 16
+    assert state.n_steps == len(trace) == end.nfe > 0
+    assert state.position == state.n_steps - 1 and state.progress == 100
+    assert versions and state.status.startswith("done")
+    assert len(trace.block_starts) == len(trace.block_ends) >= 2
+    # Events arrive through the queue as produced: the first tick saw fewer steps than the end.
+    assert seen and min(seen) <= max(seen)
+    # Same tokens as the decoder called directly with the same model and settings.
+    loaded = state.loaded_model
+    ref = BlockDecoder(loaded.model, loaded.tokenizer).generate(
+        state.prompt, config=DecodeConfig(block_size=8, threshold=0.95, max_new_tokens=16), record_trace=False)
+    assert trace.generated_tokens.tolist() == ref.tokens and end.nfe == ref.nfe
+    # Block starts are copied at emit time: generation slots start as MASK.
+    mask_id = loaded.config.mask_token_id
+    for b in trace.block_starts:
+        assert np.all(b.tokens[~b.prefilled] == mask_id)
+
+
+def test_stop_cancels_promptly_and_keeps_what_was_written(state):
+    state.max_new_tokens = 2000
+    state.param.update(block_size=1)  # a new setting with no trace yet: no decode starts
+    assert state.trace is None
+    assert state.generate()
+    deadline = time.monotonic() + TIMEOUT_S
+    while state.n_steps < 5:
+        assert time.monotonic() < deadline, state.status
+        time.sleep(0.02)
+        state.tick(0.02)
+    t0 = time.monotonic()
+    state.stop()
+    assert state.wait(timeout=5.0), "the worker did not stop"
+    stop_s = time.monotonic() - t0
+    assert stop_s < 2.0, f"stop took {stop_s:.2f} s"
+    trace = state.trace
+    assert trace.decode_end.stop_reason == "cancelled"
+    kept = trace.generated_tokens
+    assert 5 <= len(kept) < 2000  # what was produced is kept (block size 1: one token per forward)
+    assert len(kept) == trace.decode_end.nfe == state.n_steps
+    assert state.status.startswith("stopped") and not state.running
+
+
+def test_threshold_change_redecodes_and_keeps_the_previous_run():
+    s = ExplorerState(model_dir="clover-test", dev_sharpen_random=True, prompt="Hello", max_new_tokens=32)
+    try:
+        assert s.generate()
+        run_to_end(s)
+        first = s.trace
+        s.threshold = 0.5  # what the slider does on release
+        assert s.running, "a threshold change re-decodes"
+        run_to_end(s)
+        assert s.previous is first and s.trace is not first
+        cmp = s.comparison()
+        assert cmp["previous"]["threshold"] == 0.95 and cmp["current"]["threshold"] == 0.5
+        assert cmp["previous"]["nfe"] != cmp["current"]["nfe"]  # sharpened weights: the threshold matters
+        s.block_size = 16
+        run_to_end(s)
+        assert s.previous.decode_config["block_size"] == 32 and s.trace.decode_config["block_size"] == 16
+    finally:
+        s.close()
+        s.wait(5)
+
+
+def test_a_new_generate_supersedes_a_running_one(state):
+    state.max_new_tokens = 2000
+    assert state.generate()
+    state.tick()
+    assert state.generate()  # e.g. a second slider release while the first decode runs
+    state.max_new_tokens = 16
+    assert state.generate()
+    run_to_end(state)
+    assert state.previous is None  # superseded partial runs are dropped, not compared
+    assert state.trace.decode_end.stop_reason == "max_new_tokens" and len(state.trace.generated_tokens) == 16
+    assert state.n_steps == len(state.trace)
+
+
+def test_bad_input_shows_an_error_and_keeps_the_runs(state):
+    assert state.generate()
+    run_to_end(state)
+    shown = state.trace
+    state.prompt = "   "
+    assert not state.generate()
+    assert "prompt is empty" in state.error and state.trace is shown and not state.running
+    state.prompt = "Hello"
+    state.model_dir = "no/such/model"
+    assert "no model directory" in state.error
+    assert not state.generate()
+    assert "no model directory" in state.error and state.trace is shown
+    state.model_dir = "clover-test"
+    assert state.error == ""
+    assert state.generate()
+    run_to_end(state)
+    assert state.previous is shown
+
+
+def test_window_mode_needs_a_model_with_a_window():
+    def loader(spec):
+        base = load_model_cached(ModelSpec("random"))
+        cfg = dataclasses.replace(base.model.config, attention_window=0)
+        from engine.model import CloverModel
+
+        torch.manual_seed(0)
+        return LoadedModel(spec, CloverModel(cfg).eval(), base.tokenizer, "no-window test model")
+
+    s = ExplorerState(loader=loader, model_dir="clover-test", memory_mode="state+window")
+    assert s.load_model() is not None
+    assert not s.window_available and s.memory_mode == "state"  # switched back
+    s.memory_mode = "state+window"
+    try:
+        assert not s.generate() and "state+window" in s.error
+    finally:
+        s.close()
+        s.wait(5)
+
+
+def test_save_load_and_playback(state, tmp_path):
+    with pytest.raises(ValueError, match="no run"):
+        state.trace_bytes()
+    assert state.generate()
+    run_to_end(state)
+    recorded = state.trace
+    data = state.trace_bytes().getvalue()
+    assert data[:4] == b"PAR1"
+
+    other = ExplorerState(model_dir="no/model/needed")  # replay needs no model
+    assert other.load_trace(data, name="run.parquet")
+    assert other.n_steps == len(recorded) and other.position == 0 and other.error == ""
+    assert other.trace.generated_tokens.tolist() == recorded.generated_tokens.tolist()
+    assert other.block_size == 8  # the settings show the trace's
+    assert not other.running  # loading a trace does not re-decode
+    other.speed = 10.0
+    other.play()
+    other.tick(0.25)  # 10 steps/s x 0.25 s
+    assert other.position == 2 and other.playing
+    other.step(-1)
+    assert other.position == 1 and not other.playing
+    other.step(-10)
+    assert other.position == 0
+    other.seek(10_000)
+    assert other.position == other.n_steps - 1
+    other.play()  # from the end: restarts at 0
+    assert other.position == 0
+    for _ in range(200):
+        other.tick(0.5)
+    assert other.position == other.n_steps - 1 and not other.playing
+
+    bad = tmp_path / "not-a-trace.parquet"
+    bad.write_bytes(b"hello")
+    assert not other.load_trace(bad) and "Trace not loaded" in other.error
+    assert other.n_steps == len(recorded)  # the trace on display is kept
+
+
+def test_close_cancels_and_refuses_new_work(state):
+    state.max_new_tokens = 2000
+    assert state.generate()
+    state.close()
+    assert state.wait(5.0)
+    assert not state.generate()
+
+
+def test_views_follow_the_state():
+    from clover_viz import figures as F
+    from clover_viz.panel_views import ExplorerApp
+
+    s = ExplorerState(model_dir="clover-test", prompt="Hi", max_new_tokens=12, block_size=4)
+    try:
+        app = ExplorerApp(state=s)
+        assert "press Generate" in app.summary.numbers.object
+        app.settings.generate.clicks += 1  # the Generate button
+        assert s.running and not app.settings.stop.disabled
+        run_to_end(s)
+        assert app.settings.stop.disabled
+        nfe = s.trace.nfe
+        assert f'clover-nfe">{nfe}<' in app.summary.numbers.object
+        fig = app.block.pane.object
+        assert F.BLOCK_TRACE in [t.name for t in fig.data]
+        s.seek(0)
+        assert app.block.pane.object is fig  # mutated in place, not rebuilt
+        assert "step 1/" in fig.layout.title.text
+        assert app.playback.scrub.value == 0 and app.playback.scrub.end == nfe - 1
+        app.playback.scrub.value = 2
+        assert s.position == 2
+        for tab in range(len(app.tabs.TABS)):
+            app.tabs.tabs.active = tab
+            app.tabs.refresh(force=True)
+        assert "projected" in app.tabs.cost.headline.object
+        s.prompt = ""
+        app.settings.generate.clicks += 1
+        assert app.summary.error.visible and "prompt is empty" in app.summary.error.object
+    finally:
+        s.close()
+        s.wait(5)
+
+
+def test_text_diff_marks_insertions_and_deletions():
+    ops = text_diff("abcdef", "abXdef")
+    assert ops == [("equal", "ab"), ("delete", "c"), ("insert", "X"), ("equal", "def")]
+    assert "".join(t for op, t in ops if op != "delete") == "abXdef"
