@@ -23,7 +23,8 @@ API (all return ``plotly.graph_objects.Figure`` unless noted):
 
 * `block_figure(trace, step)`, `update_block_figure(fig, trace, step)` (in place),
   `slot_states(trace, step)` -> ``np.ndarray[str]``
-* `confidence_heatmap(trace, block_index, step=None)` -- steps x slots
+* `confidence_heatmap(trace, block_index, step=None)` -- steps x slots;
+  `update_confidence_heatmap(fig, trace, block_index, step=None)` (in place)
 * `text_figure(trace, step=None)` (blocks x slots grid), `text_html(trace, step=None)` -> str
 * `tokens_per_forward_figure(trace)`, `cumulative_tokens_figure(trace)`,
   `expert_union_figure(trace)`, `state_norm_figure(trace)`, `memory_share_figure(trace, step=None)`
@@ -167,6 +168,14 @@ def _threshold(trace: Any) -> float | None:
 
 def _tok(trace: Any, token_id: int, max_chars: int = 8) -> str:
     return C.token_label(trace.token_str(int(token_id)), max_chars)
+
+
+def _json_list(a: Any) -> list:
+    """``a.tolist()`` with NaN / inf as None: widget messages must be strict JSON (NaN breaks a FigureWidget)."""
+    arr = np.asarray(a, dtype=np.float64)
+    out = arr.astype(object)
+    out[~np.isfinite(arr)] = None
+    return out.tolist()
 
 
 def _base_layout(title: str, **kw: Any) -> dict[str, Any]:
@@ -404,16 +413,8 @@ def refresh_figure(fig: go.Figure, new: go.Figure) -> None:
 
 
 # =============================================================================== confidence heatmap
-def confidence_heatmap(trace: Any, block_index: int | None = None, step: int | None = None) -> go.Figure:
-    """Confidence of every masked slot at every iteration of one block: rows = iterations, columns = slots.
-
-    Cells are the candidate's probability (blank where the slot was already
-    written or pre-filled). The colour scale breaks at the run's threshold
-    (grey-blue below, greens above, marked on the colour bar); accepted slots
-    get a dark ring, forced ones an orange cross, EOS-filled a violet
-    diamond. ``block_index=None`` takes the block of ``step`` (default the
-    last). ``step`` (optional) outlines that iteration's row.
-    """
+def _confidence_payload(trace: Any, block_index: int | None, step: int | None) -> tuple[dict, dict]:
+    """({trace name: properties}, layout properties) of the confidence heatmap."""
     idx = _index(trace)
     if len(trace) == 0:
         raise ValueError("the trace has no steps yet; decode (or load a trace) before drawing")
@@ -430,14 +431,53 @@ def confidence_heatmap(trace: Any, block_index: int | None = None, step: int | N
         ev = idx.steps[i]
         conf = np.asarray(ev.confidence, dtype=np.float64)
         z[r] = conf
-        for s in range(L):
-            if conf[s] == conf[s]:
-                hover[r, s] = (f"iteration {r} (step {i}) · slot {s}<br>candidate "
-                               f"{C.plotly_text(_tok(trace, int(ev.candidate[s]), 12))} conf {conf[s]:.3f}")
+        for s in np.flatnonzero(conf == conf).tolist():
+            hover[r, s] = (f"iteration {r} (step {i}) · slot {s}<br>candidate "
+                           f"{C.plotly_text(_tok(trace, int(ev.candidate[s]), 12))} conf {conf[s]:.3f}")
         for name, m in (("accepted", ev.accepted), ("forced", ev.forced), ("eos", ev.eos_filled)):
             for s in np.flatnonzero(np.asarray(m, dtype=bool)).tolist():
                 marks[name][0].append(s)
                 marks[name][1].append(r)
+    thr = _threshold(trace)
+    data = {
+        CONFIDENCE_TRACE: dict(z=_json_list(z), x=list(range(L)), y=list(range(len(rows))), customdata=hover.tolist()),
+        ACCEPTED_MARKS: dict(x=marks["accepted"][0], y=marks["accepted"][1]),
+        FORCED_MARKS: dict(x=marks["forced"][0], y=marks["forced"][1]),
+        EOS_MARKS: dict(x=marks["eos"][0], y=marks["eos"][1]),
+    }
+    cursor = dict(type="rect", x0=-0.5, x1=L - 0.5, y0=-0.5, y1=0.5, visible=False,
+                  line=dict(color=C.THRESHOLD_COLOR, width=2), name="current step")
+    if step is not None:
+        i = _resolve_step(trace, step)
+        if i in rows:
+            r = rows.index(i)
+            cursor.update(y0=r - 0.5, y1=r + 0.5, visible=True)
+    height = 130 + max(len(rows), 3) * (22 if L <= 32 else 16)
+    layout = dict(
+        title_text=(f"Confidence, block {block_index}: {len(rows)} iterations x {L} slots"
+                    + (f" (threshold {thr:g})" if thr is not None else "")),
+        height=min(height, 700),
+        xaxis=dict(title=dict(text="slot"), range=[-0.5, L - 0.5], showgrid=False, zeroline=False,
+                   dtick=1 if L <= 16 else 4),
+        yaxis=dict(title=dict(text="iteration"), range=[len(rows) - 0.5, -0.5], showgrid=False, zeroline=False,
+                   dtick=1 if len(rows) <= 20 else None),
+        shapes=[cursor],
+    )
+    return data, layout
+
+
+def confidence_heatmap(trace: Any, block_index: int | None = None, step: int | None = None) -> go.Figure:
+    """Confidence of every masked slot at every iteration of one block: rows = iterations, columns = slots.
+
+    Cells are the candidate's probability (blank where the slot was already
+    written or pre-filled). The colour scale breaks at the run's threshold
+    (grey-blue below, greens above, marked on the colour bar); accepted slots
+    get a dark ring, forced ones an orange cross, EOS-filled a violet
+    diamond. ``block_index=None`` takes the block of ``step`` (default the
+    last). ``step`` (optional) outlines that iteration's row (the layout's
+    first shape, hidden when ``step`` is not in the block).
+    """
+    data, layout = _confidence_payload(trace, block_index, step)
     thr = _threshold(trace)
     t = 0.95 if thr is None else min(max(thr, 1e-3), 1.0)
     eps = 1e-4
@@ -449,45 +489,45 @@ def confidence_heatmap(trace: Any, block_index: int | None = None, step: int | N
     fig = go.Figure()
     fig.add_trace(
         go.Heatmap(
-            name=CONFIDENCE_TRACE, z=z.tolist(), x=list(range(L)), y=list(range(len(rows))),
-            zmin=0.0, zmax=1.0, colorscale=scale, xgap=1, ygap=1,
-            customdata=hover.tolist(), hovertemplate="%{customdata}<extra></extra>", hoverongaps=False,
+            name=CONFIDENCE_TRACE, zmin=0.0, zmax=1.0, colorscale=scale, xgap=1, ygap=1,
+            hovertemplate="%{customdata}<extra></extra>", hoverongaps=False,
             colorbar=dict(
                 title=dict(text="confidence", side="right"), thickness=14, len=0.9,
                 tickvals=[0, 0.5, t, 1.0] if thr is not None else [0, 0.5, 1.0],
                 ticktext=["0", "0.5", f"<b>threshold {t:g}</b>", "1"] if thr is not None else ["0", "0.5", "1"],
             ),
+            **data[CONFIDENCE_TRACE],
         )
     )
     sty = {
-        "accepted": (ACCEPTED_MARKS, dict(symbol="circle-open", size=9, color=C.ACCEPTED_MARK, line=dict(width=2))),
-        "forced": (FORCED_MARKS, dict(symbol="x-thin-open", size=10, color=C.FORCED_MARK, line=dict(width=3))),
-        "eos": (EOS_MARKS, dict(symbol="diamond-open", size=9, color="#6d28d9", line=dict(width=2))),
+        ACCEPTED_MARKS: dict(symbol="circle-open", size=9, color=C.ACCEPTED_MARK, line=dict(width=2)),
+        FORCED_MARKS: dict(symbol="x-thin-open", size=10, color=C.FORCED_MARK, line=dict(width=3)),
+        EOS_MARKS: dict(symbol="diamond-open", size=9, color="#6d28d9", line=dict(width=2)),
     }
-    for key, (name, marker) in sty.items():
-        xs, ys = marks[key]
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=name, marker=marker, hoverinfo="skip",
-                                 showlegend=True))
-    height = 130 + max(len(rows), 3) * (22 if L <= 32 else 16)
+    for name, marker in sty.items():
+        fig.add_trace(go.Scatter(mode="markers", name=name, marker=marker, hoverinfo="skip", showlegend=True,
+                                 **data[name]))
     fig.update_layout(
-        **_base_layout(
-            f"Confidence, block {block_index}: {len(rows)} iterations x {L} slots"
-            + (f" (threshold {thr:g})" if thr is not None else "")
-        ),
-        height=min(height, 700),
-        xaxis=dict(title="slot", range=[-0.5, L - 0.5], showgrid=False, zeroline=False, dtick=1 if L <= 16 else 4),
-        yaxis=dict(title="iteration", range=[len(rows) - 0.5, -0.5], showgrid=False, zeroline=False,
-                   dtick=1 if len(rows) <= 20 else None),
+        **_base_layout(""),
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right", font=dict(size=11)),
         uirevision="confidence",
     )
-    if step is not None:
-        i = _resolve_step(trace, step)
-        if i in rows:
-            r = rows.index(i)
-            fig.add_shape(type="rect", x0=-0.5, x1=L - 0.5, y0=r - 0.5, y1=r + 0.5,
-                          line=dict(color=C.THRESHOLD_COLOR, width=2), name="current step")
+    fig.update_layout(**layout)
     return fig
+
+
+def update_confidence_heatmap(fig: go.Figure, trace: Any, block_index: int | None = None,
+                              step: int | None = None) -> None:
+    """Redraw ``fig`` (made by `confidence_heatmap`) for another block / step, in place, in one batch.
+
+    The result equals ``confidence_heatmap(trace, block_index, step)`` for the same trace
+    (the colour scale follows the trace's threshold, set when the figure was built).
+    """
+    data, layout = _confidence_payload(trace, block_index, step)
+    with fig.batch_update():
+        for name, props in data.items():
+            _find(fig, name).update(**props)
+        fig.update_layout(**layout)
 
 
 # =============================================================================== text
@@ -554,7 +594,7 @@ def text_figure(trace: Any, step: int | None = None, color_by: str = "step") -> 
     ylab = [f"block {c['block']}" for c in cells]
     fig = go.Figure()
     fig.add_trace(go.Heatmap(
-        name=TEXT_PROMPT_TRACE, z=zp.tolist(), text=text.tolist(), customdata=hover.tolist(),
+        name=TEXT_PROMPT_TRACE, z=_json_list(zp), text=text.tolist(), customdata=hover.tolist(),
         x=list(range(B)), y=list(range(R)), zmin=0, zmax=1, showscale=False, xgap=1, ygap=3,
         colorscale=[[0, C.STATE_COLORS["prompt"]], [1, C.STATE_COLORS["prompt"]]],
         texttemplate="%{text}", textfont=dict(family=C.MONO, size=10),
@@ -565,7 +605,7 @@ def text_figure(trace: Any, step: int | None = None, color_by: str = "step") -> 
     else:
         scale, zmax, cbar = [[0, "#fee2e2"], [0.5, "#fde68a"], [0.9, "#86efac"], [1, "#166534"]], 1.0, "confidence"
     fig.add_trace(go.Heatmap(
-        name=TEXT_TRACE, z=zg.tolist(), text=text.tolist(), customdata=hover.tolist(),
+        name=TEXT_TRACE, z=_json_list(zg), text=text.tolist(), customdata=hover.tolist(),
         x=list(range(B)), y=list(range(R)), zmin=0, zmax=zmax, colorscale=scale, xgap=1, ygap=3,
         texttemplate="%{text}", textfont=dict(family=C.MONO, size=10),
         colorbar=dict(title=dict(text=cbar, side="right"), thickness=12, len=0.9),
@@ -769,7 +809,7 @@ def expert_union_figure(trace: Any) -> go.Figure:
     if cfg is not None and getattr(cfg, "num_experts", 0):
         sub = f" (of {cfg.num_experts} experts, top-{cfg.num_experts_per_tok} per token)"
     fig = go.Figure(go.Heatmap(
-        name=EXPERT_TRACE, z=u.T.tolist(), x=list(range(1, S + 1)), y=_layer_labels(trace, N),
+        name=EXPERT_TRACE, z=_json_list(u.T), x=list(range(1, S + 1)), y=_layer_labels(trace, N),
         colorscale="Blues", zmin=0, zmax=float(cfg.num_experts) if cfg is not None and getattr(cfg, "num_experts", 0) else None,
         colorbar=dict(title=dict(text="experts", side="right"), thickness=12),
         hovertemplate="forward %{x} · %{y}<br>%{z:.0f} distinct experts<extra></extra>",
@@ -794,7 +834,7 @@ def state_norm_figure(trace: Any) -> go.Figure:
     for n in range(N):
         attn = "attn" in labels[n]
         fig.add_trace(go.Scatter(
-            x=blocks, y=norms[:, n], mode="lines+markers", name=labels[n],
+            x=blocks, y=_json_list(norms[:, n]), mode="lines+markers", name=labels[n],
             line=dict(color=palette[n % len(palette)], width=2.5 if attn else 1.5, dash="solid" if attn else None),
             marker=dict(size=5, symbol="diamond" if attn else "circle"),
             hovertemplate=f"{labels[n]}<br>block %{{x}} · ‖S‖ %{{y:.3g}}<extra></extra>",
@@ -833,7 +873,7 @@ def memory_share_figure(trace: Any, step: int | None = None) -> go.Figure:
         N, L = z.shape
         title = f"Memory share per layer and slot, step {i} (block {int(idx.block_of[i])})"
     fig = go.Figure(go.Heatmap(
-        name=MEMORY_TRACE, z=z.tolist(), x=list(range(z.shape[1])), y=_layer_labels(trace, z.shape[0]),
+        name=MEMORY_TRACE, z=_json_list(z), x=list(range(z.shape[1])), y=_layer_labels(trace, z.shape[0]),
         zmin=0, zmax=1, colorscale="Purples", xgap=1, ygap=1,
         colorbar=dict(title=dict(text="share on memory", side="right"), thickness=12),
         hovertemplate="%{y} · slot %{x}<br>memory share %{z:.3f}<extra></extra>",
@@ -897,10 +937,10 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
                         subplot_titles=("bytes read per forward (cost model)", f"tokens/s: measured vs projected ({device})"))
     if np.isfinite(bytes_read).any():
-        fig.add_trace(go.Bar(x=x, y=bytes_read / 1e6, name="MB per forward", marker_color="#93c5fd",
+        fig.add_trace(go.Bar(x=x, y=_json_list(bytes_read / 1e6), name="MB per forward", marker_color="#93c5fd",
                              hovertemplate="forward %{x}<br>%{y:.3f} MB<extra></extra>"), row=1, col=1)
         per_tok = np.where(written > 0, bytes_read / np.maximum(written, 1), np.nan) / 1e6
-        fig.add_trace(go.Scatter(x=x, y=per_tok, name="MB per token written", mode="lines+markers",
+        fig.add_trace(go.Scatter(x=x, y=_json_list(per_tok), name="MB per token written", mode="lines+markers",
                                  marker=dict(size=4), line=dict(color="#1d4ed8", width=1.5),
                                  hovertemplate="forward %{x}<br>%{y:.3f} MB / token<extra></extra>"), row=1, col=1)
     else:
@@ -909,7 +949,7 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
     cum_tok = np.cumsum(acc + frc)
     cum_wall = np.cumsum(wall)
     measured = np.where(cum_wall > 0, cum_tok / np.where(cum_wall > 0, cum_wall, 1), np.nan)
-    fig.add_trace(go.Scatter(x=x, y=measured, name="measured (this machine)", mode="lines",
+    fig.add_trace(go.Scatter(x=x, y=_json_list(measured), name="measured (this machine)", mode="lines",
                              line=dict(color=C.MEASURED_COLOR, width=3),
                              hovertemplate="after %{x} forwards: %{y:.3g} tok/s measured<extra></extra>"), row=1, col=2)
     try:
@@ -1130,7 +1170,8 @@ def compare_table(a: Any, b: Any, labels: tuple[str, str] = ("previous", "new"))
 __all__ = [
     "BLOCK_TRACE", "CONFIDENCE_TRACE", "TEXT_TRACE", "TEXT_PROMPT_TRACE", "EXPERT_TRACE", "MEMORY_TRACE",
     "ACCEPTED_MARKS", "FORCED_MARKS", "EOS_MARKS",
-    "slot_states", "block_figure", "update_block_figure", "confidence_heatmap", "text_figure", "text_html",
+    "slot_states", "block_figure", "update_block_figure", "confidence_heatmap", "update_confidence_heatmap",
+    "text_figure", "text_html",
     "tokens_per_forward_figure", "cumulative_tokens_figure", "expert_union_figure", "state_norm_figure",
     "memory_share_figure", "cost_figure", "roofline_figure", "compare_runs", "compare_table",
     "refresh_figure", "step_for",

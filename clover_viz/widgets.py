@@ -122,6 +122,7 @@ class Explorer:
         self._last_draw = 0.0
         self._busy = False
         self._quiet = False
+        self._conf_trace = None
         self._build()
 
     # ------------------------------------------------------------------ widgets
@@ -268,15 +269,18 @@ class Explorer:
         self._step = step
         F.update_block_figure(self.block_fig, t, step)
         block = int(t.step(step).block_index)
-        if block != self._block:
+        rows = F._index(t).steps_of[block]
+        key = (block, len(rows))  # a new block, or a block still growing while decoding
+        if self._conf_trace is not t:  # a new run (its threshold sets the colour scale): rebuild once
             F.refresh_figure(self.conf_fig, F.confidence_heatmap(t, block, step=step))
-            self._block = block
+            self._conf_trace, self._block = t, key
+        elif key != self._block:
+            F.update_confidence_heatmap(self.conf_fig, t, block, step=step)
+            self._block = key
         else:
-            rows = F._index(t).steps_of[block]
             r = rows.index(step)
-            if self.conf_fig.layout.shapes:
-                with self.conf_fig.batch_update():
-                    self.conf_fig.layout.shapes[0].update(y0=r - 0.5, y1=r + 0.5)
+            with self.conf_fig.batch_update():
+                self.conf_fig.layout.shapes[0].update(y0=r - 0.5, y1=r + 0.5, visible=True)
         self.text.value = F.text_html(t, step)
         if self.cum_fig.layout.shapes:
             with self.cum_fig.batch_update():

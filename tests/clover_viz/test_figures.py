@@ -147,6 +147,15 @@ def test_confidence_heatmap_is_steps_by_slots_with_marks_and_threshold(trace):
         assert "threshold 0.4" in fig.layout.title.text
 
 
+def test_update_confidence_heatmap_equals_a_fresh_figure(trace):
+    fig = F.confidence_heatmap(trace, 0, step=0)
+    for block, step in ((1, None), (2, F.step_for(trace, 2)), (0, 3)):
+        F.update_confidence_heatmap(fig, trace, block, step=step)
+        assert fig.to_json() == F.confidence_heatmap(trace, block, step=step).to_json()  # JSON: NaN-safe
+    cursor = fig.layout.shapes[0]
+    assert cursor.visible and (cursor.y0, cursor.y1) == (2.5, 3.5)
+
+
 # ------------------------------------------------------------------ text
 def test_text_views(trace):
     fig = F.text_figure(trace)
@@ -235,6 +244,29 @@ def test_drawing_never_calls_the_model(trace, monkeypatch):
     for fn in (F.tokens_per_forward_figure, F.cumulative_tokens_figure, F.expert_union_figure,
                F.state_norm_figure, F.memory_share_figure, F.cost_figure, F.roofline_figure):
         fn(fresh)
+
+
+def _non_finite(obj, path="fig") -> list[str]:
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return [path]
+    if isinstance(obj, np.ndarray) and obj.dtype.kind == "f" and obj.ndim > 1 and not np.isfinite(obj).all():
+        return [path]  # 1-D float arrays travel as binary buffers (NaN fine); others as JSON lists
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in _non_finite(v, f"{path}.{k}")]
+    if isinstance(obj, (list, tuple)):
+        return [p for i, v in enumerate(obj) for p in _non_finite(v, f"{path}[{i}]")][:3]
+    return []
+
+
+def test_figures_hold_strict_json(trace):
+    """No NaN/inf in figure data: a FigureWidget's messages must be strict JSON or the widget stays blank."""
+    figs = [F.block_figure(trace, 3), F.confidence_heatmap(trace, 1), F.text_figure(trace), F.text_figure(trace, 5),
+            F.tokens_per_forward_figure(trace), F.cumulative_tokens_figure(trace), F.expert_union_figure(trace),
+            F.state_norm_figure(trace), F.memory_share_figure(trace), F.memory_share_figure(trace, 4),
+            F.cost_figure(trace), F.roofline_figure(trace)]
+    for fig in figs:
+        bad = _non_finite(fig.to_plotly_json())
+        assert not bad, (fig.layout.title.text, bad)
 
 
 def test_errors_name_what_was_expected(trace):

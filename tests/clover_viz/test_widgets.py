@@ -73,7 +73,7 @@ def test_decode_streams_into_the_same_figures_and_redecode_compares(monkeypatch)
     from engine.tokenizer import byte_tokenizer
 
     monkeypatch.setattr(Wmod, "_LIVE_MIN_INTERVAL_S", 0.0)  # draw on every event
-    ex = Explorer(loud_clover_test(), byte_tokenizer(), DecodeConfig(block_size=4, threshold=0.4, max_new_tokens=8))
+    ex = Explorer(loud_clover_test(), byte_tokenizer(), DecodeConfig(block_size=4, threshold=0.4, max_new_tokens=4))
     assert not ex.threshold.disabled
     drawn = []
     real = ex.show_step
