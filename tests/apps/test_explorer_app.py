@@ -296,6 +296,22 @@ def test_views_follow_the_state():
         s.wait(5)
 
 
+def test_sliders_set_the_state_on_release_only():
+    import param
+
+    from clover_viz.panel_views import SettingsPanel
+
+    s = ExplorerState(model_dir="clover-test", auto_redecode=False)
+    panel = SettingsPanel(state=s)
+    panel.threshold.value = 0.7  # dragging
+    panel.block_size.value = 8
+    assert (s.threshold, s.block_size) == (0.95, 32)
+    with param.edit_constant(panel.threshold), param.edit_constant(panel.block_size):
+        panel.threshold.value_throttled = 0.7  # released
+        panel.block_size.value_throttled = 8
+    assert (s.threshold, s.block_size) == (0.7, 8)
+
+
 def test_text_diff_marks_insertions_and_deletions():
     ops = text_diff("abcdef", "abXdef")
     assert ops == [("equal", "ab"), ("delete", "c"), ("insert", "X"), ("equal", "def")]
