@@ -38,6 +38,7 @@ from torch import nn
 
 from engine.config import CloverConfig
 from kernels.gated_delta_rule import gated_delta_rule
+from kernels.gated_delta_rule.chunk import chunk_states
 from kernels.gated_delta_rule.naive import l2norm
 
 MEMORY_MODES = ("state", "state+window")
@@ -194,7 +195,8 @@ def block_attention(
     scores = [(q @ k.transpose(-1, -2)).float() * scale]  # [B, H, L, L]
     if extra_k is not None:
         sw = (q @ extra_k.transpose(-1, -2)).float() * scale  # [B, H, L, W]
-        scores.append(sw.masked_fill(~extra_valid.view(1, 1, 1, -1), float("-inf")))
+        keep = extra_valid.view(1, 1, 1, -1) if extra_valid.dim() == 1 else extra_valid[:, None, None, :]
+        scores.append(sw.masked_fill(~keep, float("-inf")))
     scores.append(mem_logit.float()[..., None])
     a = torch.softmax(torch.cat(scores, -1), dim=-1)
     L = k.shape[-2]
@@ -229,6 +231,20 @@ def _schedule(ctx: _Ctx, T: int) -> list[tuple[list[tuple[int, int]], tuple[int,
     steps = [([(s, min(s + ctx.chunk, ctx.n_commit))], (s, min(s + ctx.chunk, ctx.n_commit)), ctx.start + s)
              for s in range(0, ctx.n_commit, ctx.chunk)]
     return steps + [([(ctx.n_commit, T)], None, ctx.start + ctx.n_commit)]
+
+
+def _to_blocks(t: torch.Tensor, L: int) -> torch.Tensor:
+    """[B, H, n, ...] -> [B * n/L, H, L, ...]: one batch row per block."""
+    B, H, n = t.shape[:3]
+    t = t.reshape(B, H, n // L, L, *t.shape[3:]).transpose(1, 2)
+    return t.reshape(B * (n // L), H, L, *t.shape[4:])
+
+
+def _from_blocks(t: torch.Tensor, B: int) -> torch.Tensor:
+    """Inverse of `_to_blocks`: [B * nb, H, L, ...] -> [B, H, nb * L, ...]."""
+    nb, H, L = t.shape[0] // B, t.shape[1], t.shape[2]
+    t = t.reshape(B, nb, H, L, *t.shape[3:]).transpose(1, 2)
+    return t.reshape(B, H, nb * L, *t.shape[4:])
 
 
 def _delta_update(S, k, v, g, beta, reference: bool):
@@ -325,6 +341,22 @@ class GatedDeltaNet(nn.Module):
         mem_logit = mem_logit + self.mem_b.view(1, -1, 1)
         q_read = qh * self.K**-0.5
 
+        if ctx.train:  # all blocks at once: states at every clean block boundary, then batched blocks
+            n, L = ctx.n_commit, ctx.chunk
+            S_b, _ = chunk_states(k[:, :n], v[:, :n], g[:, :n], beta[:, :n], st.S, L)  # [B, Hv, nb, K, V]
+            S_b = S_b.transpose(1, 2).reshape(-1, self.Hv, self.K, self.V)  # [B*nb, Hv, K, V]
+            halves = []
+            for h0 in (0, n):
+                sl = slice(h0, h0 + n)
+                m = _to_blocks(q_read[:, :, sl], L) @ S_b  # [B*nb, Hv, L, V]
+                o, _ = block_attention(_to_blocks(q_rot[:, :, sl], L), _to_blocks(k_rot[:, :, sl], L),
+                                       _to_blocks(vh[:, :, sl], L), self.block_temperature, m,
+                                       _to_blocks(mem_logit[:, :, sl], L))
+                halves.append(_from_blocks(o, B))
+            o = torch.cat(halves, 2).transpose(1, 2)  # [B, T, Hv, V]
+            z = self.in_proj_z(x).reshape(B, T, self.Hv, self.V)
+            return self.out_proj(self.norm(o, z).to(x.dtype).reshape(B, T, self.Hv * self.V))
+
         S = st.S
         outs = []
         for reads, update, _ in _schedule(ctx, T):
@@ -403,7 +435,9 @@ class GatedAttention(nn.Module):
         mem_logit = mem_logit + self.mem_b_logit.view(1, -1, 1)
         q_read = l2norm(qh.float()) * scale  # [B, Hq, T, D]
 
-        explicit = ctx.reference or ctx.train
+        if ctx.train:
+            return self._forward_train(x, ctx, st, q_rot, k_rot, vh, k, v, g, beta, q_read, mem_logit, gate, scale)
+        explicit = ctx.reference
         W = ctx.window if explicit else (st.win_k.shape[2] if st.win_k is not None else 0)
         S = st.S
         outs = []
@@ -438,6 +472,35 @@ class GatedAttention(nn.Module):
         o = o * torch.sigmoid(gate)
         return self.o_proj(o.reshape(B, T, self.Hq * self.D))
 
+    def _forward_train(self, x, ctx, st, q_rot, k_rot, vh, k, v, g, beta, q_read, mem_logit, gate, scale):
+        """Training: every clean and noisy block at once (see `CloverModel.forward_train`)."""
+        B, T, _ = x.shape
+        n, L, W = ctx.n_commit, ctx.chunk, ctx.window
+        nb, rep = n // L, self.Hq // self.Hkv
+        S_b, _ = chunk_states(k[:, :n].float(), v[:, :n].float(), g[:, :n], beta[:, :n], st.S, L)
+        S_b = S_b.repeat_interleave(rep, 1).transpose(1, 2).reshape(B * nb, self.Hq, self.D, self.D)
+        ek = ev = valid = None
+        if W:  # block b sees clean K/V at positions [bL - W, bL)
+            pad = k_rot.new_zeros(B, self.Hkv, W, self.D)
+            kp = torch.cat([pad, k_rot[:, :, :n]], 2).unfold(2, W, L)[:, :, :nb]  # [B, Hkv, nb, D, W]
+            vp = torch.cat([pad.to(vh.dtype), vh[:, :, :n]], 2).unfold(2, W, L)[:, :, :nb]
+            ek = kp.permute(0, 2, 1, 4, 3).reshape(B * nb, self.Hkv, W, self.D).repeat_interleave(rep, 1)
+            ev = vp.permute(0, 2, 1, 4, 3).reshape(B * nb, self.Hkv, W, self.D).repeat_interleave(rep, 1)
+            j = torch.arange(W, device=x.device)
+            start = torch.arange(nb, device=x.device) * L
+            valid = (j[None, :] >= (W - start)[:, None]).repeat(B, 1)  # [B*nb, W]
+        halves = []
+        for h0 in (0, n):
+            sl = slice(h0, h0 + n)
+            m = (_to_blocks(q_read[:, :, sl], L) @ S_b).to(vh.dtype)  # [B*nb, Hq, L, D]
+            o, _ = block_attention(
+                _to_blocks(q_rot[:, :, sl], L), _to_blocks(k_rot[:, :, sl], L).repeat_interleave(rep, 1),
+                _to_blocks(vh[:, :, sl], L).repeat_interleave(rep, 1), scale, m,
+                _to_blocks(mem_logit[:, :, sl], L), ek, ev, valid)
+            halves.append(_from_blocks(o, B))
+        o = torch.cat(halves, 2).transpose(1, 2) * torch.sigmoid(gate)  # [B, T, Hq, D]
+        return self.o_proj(o.reshape(B, T, self.Hq * self.D))
+
     def _window(self, st, ctx, seg_pos, W, k_rot, vh):
         """Window keys/values visible to a segment starting at absolute `seg_pos`.
 
@@ -445,7 +508,7 @@ class GatedAttention(nn.Module):
         with position in [seg_pos - W, seg_pos) has been written. Reference and
         training: an explicit slice of the committed (clean) K/V of this pass.
         """
-        if ctx.reference or ctx.train:
+        if ctx.reference:
             hk, hv = k_rot[:, :, : ctx.n_commit], vh[:, :, : ctx.n_commit]
             lo = max(0, seg_pos - ctx.start - W)
             hi = seg_pos - ctx.start
@@ -497,17 +560,26 @@ class SparseMoE(nn.Module):
             E = probs.shape[-1]
             f = torch.zeros(E, device=x.device).index_add_(0, idx.reshape(-1), torch.ones(idx.numel(), device=x.device))
             self.aux_loss = E * (f / idx.numel() * probs.mean(0)).sum()
-        out = torch.zeros_like(x)
-        hit = torch.unique(idx).tolist()
-        for e in hit:
-            rows, which = (idx == e).nonzero(as_tuple=True)
-            h = x[rows] @ self.gate_up_proj[e].t()  # [n, 2F]
-            gte, up = h.chunk(2, -1)
-            y = (F.silu(gte) * up) @ self.down_proj[e].t()  # [n, D]
-            out.index_add_(0, rows, y * w[rows, which, None].to(y.dtype))
+        # group the T*k (token, expert) pairs by expert; run each hit expert once on its rows
+        flat = idx.reshape(-1)  # [T*k]
+        order = flat.argsort(stable=True)
+        counts = torch.bincount(flat, minlength=probs.shape[-1]).tolist()
+        xs = x[order // self.top_k]  # [T*k, D]
+        ys, start, hit = [], 0, 0
+        for e, n in enumerate(counts):
+            if n:
+                h = xs[start:start + n] @ self.gate_up_proj[e].t()  # [n, 2F]
+                gte, up = h.chunk(2, -1)
+                ys.append((F.silu(gte) * up) @ self.down_proj[e].t())  # [n, D]
+                start += n
+                hit += 1
+        y = torch.cat(ys) * w.reshape(-1)[order, None].to(x.dtype)
+        y_pairs = torch.empty_like(y)
+        y_pairs[order] = y  # back to (token, slot) order
+        out = y_pairs.view(-1, self.top_k, x.shape[-1]).sum(1)  # [T, D]
         gte, up = self.shared_gate_up(x).chunk(2, -1)
         shared = self.shared_down(F.silu(gte) * up) * torch.sigmoid(self.shared_expert_gate(x))
-        return (out + shared).reshape(shape), len(hit)
+        return (out + shared).reshape(shape), hit
 
 
 # ---------------------------------------------------------------------------- layers

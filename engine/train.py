@@ -1,0 +1,293 @@
+"""Block-diffusion training of a small Clover model on the CPU (DESIGN.md section 7).
+
+    python -m engine.train --out models/clover-tiny --minutes 100            # fresh run
+    python -m engine.train --out models/clover-tiny --minutes 100 --resume   # continue
+
+Objective, per row of T tokens: sample a block size L (mixed, weighted toward
+32, so every block_size of the explorer -- 1 included -- is in distribution);
+split the row into blocks of L; per block sample a mask ratio t ~ U(0.05, 1)
+and mask each slot with probability t (with probability 0.25 the block keeps a
+clean prefix, like a prompt-prefilled first block); one pass over the clean row
+gives every block-boundary state and the noisy blocks read them
+(`CloverModel.forward_train`); loss = cross-entropy on masked slots + 0.01 x
+MoE load balancing. The attention window (``state+window`` mode) is dropped on
+a share of batches so that the model decodes in both memory modes.
+
+Data: synthetic tool-call conversations (`engine.data.agent`, seeds <
+10,000,000) packed into rows, and Python standard-library sources
+(`engine.data.stdlib`, train split). The learning rate follows a cosine over
+the *time* budget (``--minutes``), so a resumed run continues the same
+schedule. Writes ``train_log.jsonl`` (loss, tokens/s, held-out metrics) and,
+every ``--save-every-min`` minutes and at the end, the checkpoint
+(``config.json``, ``model.safetensors``, ``tokenizer.json``) plus
+``train_state.pt`` (optimizer and progress; loaded with ``weights_only=True``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from engine.checkpoint import load_model, save_model
+from engine.config import CloverConfig
+from engine.model import CloverModel
+
+# Block sizes and their sampling weights, and the row length / batch used for each.
+BLOCK_SIZES = {1: 0.04, 2: 0.04, 4: 0.08, 8: 0.1, 16: 0.14, 32: 0.4, 64: 0.2}
+ROW_SHAPE = {1: (192, 2), 2: (256, 2), 4: (512, 4), 8: (1024, 4), 16: (1024, 4), 32: (1024, 4), 64: (1024, 4)}
+AGENT_SHARE = 0.8  # rows of agent conversations vs stdlib code
+WINDOW_DROP = 0.35  # share of batches trained in `state` mode (window W = 0)
+EPS = 0.05
+
+
+def tiny_config(vocab_size: int = 4096) -> CloverConfig:
+    """`clover-tiny`: 4 layers (GDN, attention) x 2, 8 experts top-2, window 512; ~6.2M parameters
+    (25 MB fp32). Sized so that a run fits a CPU session: attention layers every other layer so the
+    window can copy, hidden 192 as in the pilot of NOTES.md."""
+    return CloverConfig(
+        name="clover-tiny", vocab_size=vocab_size, hidden_size=192, num_hidden_layers=4,
+        full_attention_interval=2, linear_num_key_heads=4, linear_num_value_heads=4,
+        linear_key_head_dim=24, linear_value_head_dim=48, linear_conv_kernel_dim=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=48, partial_rotary_factor=0.5,
+        rope_theta=10000.0, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=192,
+        shared_expert_intermediate_size=192, max_position_embeddings=65536, attention_window=512,
+        mask_token_id=1, eos_token_id=3,
+    )
+
+
+# ----------------------------------------------------------------------------- data
+class RowSource:
+    """Infinite source of [T] token rows: packed agent conversations or stdlib windows."""
+
+    def __init__(self, tokenizer, seed: int):
+        from engine.data.agent import iter_conversations
+        from engine.data.stdlib import iter_stdlib_text
+
+        self.tok = tokenizer
+        self.rng = random.Random(seed)
+        self.eot = tokenizer.token_to_id("<|endoftext|>")
+        self._convs = iter_conversations(seed * 1_000_000 % 9_000_000, None, max_rounds=8)
+        ids = []
+        for text in iter_stdlib_text("train", seed):
+            ids.extend(tokenizer.encode(text).ids)
+        self.code = np.asarray(ids, dtype=np.int64)
+        self._buf: list[int] = []
+
+    def agent_row(self, T: int) -> list[int]:
+        while len(self._buf) < T:
+            conv = next(self._convs)
+            self._buf += self.tok.encode(conv.text).ids + [self.eot]
+        row, self._buf = self._buf[:T], self._buf[T:]
+        if self.rng.random() < 0.5:  # start the next row at a conversation boundary half the time
+            self._buf = []
+        return row
+
+    def code_row(self, T: int) -> list[int]:
+        s = self.rng.randrange(0, len(self.code) - T)
+        return self.code[s: s + T].tolist()
+
+    def batch(self, B: int, T: int) -> torch.Tensor:
+        rows = [self.agent_row(T) if self.rng.random() < AGENT_SHARE else self.code_row(T) for _ in range(B)]
+        return torch.tensor(rows, dtype=torch.long)
+
+
+def mask_blocks(clean: torch.Tensor, L: int, mask_id: int, gen: torch.Generator) -> torch.Tensor:
+    """Per block of L slots: t ~ U(EPS, 1), mask each slot w.p. t; 25 % of blocks keep a clean
+    random-length prefix (as a prompt-prefilled block does). At least one slot per block masked."""
+    B, T = clean.shape
+    nb = T // L
+    t = EPS + (1 - EPS) * torch.rand(B, nb, 1, generator=gen)
+    m = torch.rand(B, nb, L, generator=gen) < t
+    prefix = torch.randint(0, L, (B, nb, 1), generator=gen)
+    keep_prefix = (torch.rand(B, nb, 1, generator=gen) < 0.25) & (torch.arange(L).view(1, 1, L) < prefix)
+    m &= ~keep_prefix
+    none = ~m.any(-1)  # force one masked slot (the last) where none is
+    m[..., -1] |= none
+    noisy = clean.clone().view(B, nb, L)
+    noisy[m] = mask_id
+    return noisy.view(B, T)
+
+
+# ----------------------------------------------------------------------- evaluation
+@torch.no_grad()
+def heldout_loss(model: CloverModel, batches: list[tuple[torch.Tensor, torch.Tensor, int]], use_window: bool) -> float:
+    """Mean masked-slot cross-entropy (nats) on fixed held-out batches."""
+    model.eval()
+    tot, n = 0.0, 0
+    for clean, noisy, L in batches:
+        h, _ = model.forward_train(clean, noisy, L, use_window)
+        msk = noisy == model.config.mask_token_id
+        tot += float(F.cross_entropy(model.lm_head(h[msk]).float(), clean[msk], reduction="sum"))
+        n += int(msk.sum())
+    model.train()
+    return tot / max(n, 1)
+
+
+@torch.no_grad()
+def quick_agent_eval(model, tokenizer, n: int, memory_mode: str) -> dict:
+    """Exact match / value accuracy of tool calls at block 32 / 0.95 on `n` held-out tasks."""
+    from engine.data.agent import eval_tasks, score_call
+    from engine.decoder import BlockDecoder, DecodeConfig
+
+    model.eval()
+    dec = BlockDecoder(model, tokenizer, DecodeConfig(block_size=32, threshold=0.95, max_new_tokens=96,
+                                                      memory_mode=memory_mode))
+    em = fields = fields_ok = nfe = toks = 0
+    for task in eval_tasks(n=n):
+        r = dec.generate(task.prompt, record_trace=False)
+        s = score_call(r.text, task)
+        em += s["exact_match"]
+        fields += len(s["fields"])
+        fields_ok += sum(f["correct"] for f in s["fields"])
+        nfe += r.nfe
+        toks += len(r.tokens)
+    model.train()
+    n = max(n, 1)
+    return {"exact_match": em / n, "field_acc": fields_ok / max(fields, 1), "tokens_per_forward": toks / max(nfe, 1)}
+
+
+# --------------------------------------------------------------------------- train
+@dataclass
+class Progress:
+    step: int = 0
+    elapsed_s: float = 0.0
+    tokens: int = 0
+
+
+def lr_at(frac: float, base: float, warmup_frac: float = 0.02) -> float:
+    """Linear warm-up then cosine to 10 % of `base`, over the fraction of the time budget."""
+    if frac < warmup_frac:
+        return base * frac / warmup_frac
+    p = min(1.0, (frac - warmup_frac) / (1 - warmup_frac))
+    return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine.train", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("models/clover-tiny"))
+    ap.add_argument("--tokenizer", type=Path, default=Path("models/clover-tiny/tokenizer.json"))
+    ap.add_argument("--minutes", type=float, default=100.0, help="total training time budget (all resumes)")
+    ap.add_argument("--stop-after-min", type=float, default=None, help="stop this invocation early (resume later)")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--save-every-min", type=float, default=10.0)
+    ap.add_argument("--eval-every-min", type=float, default=15.0)
+    ap.add_argument("--eval-tasks", type=int, default=24)
+    ap.add_argument("--resume", action="store_true")
+    args = ap.parse_args(argv)
+
+    from tokenizers import Tokenizer
+
+    torch.set_num_threads(args.threads)
+    if not args.tokenizer.is_file():
+        raise SystemExit(f"no tokenizer at {args.tokenizer}; build it: python -m engine.data.tokenizer --out {args.tokenizer}")
+    tokenizer = Tokenizer.from_file(str(args.tokenizer))
+    args.out.mkdir(parents=True, exist_ok=True)
+    state_path = args.out / "train_state.pt"
+    prog = Progress()
+    if args.resume:
+        if not state_path.is_file():
+            raise SystemExit(f"--resume: no {state_path}; start without --resume")
+        model = load_model(args.out)
+        saved = torch.load(state_path, weights_only=True)
+        prog = Progress(**saved["progress"])
+    else:
+        torch.manual_seed(args.seed)
+        model = CloverModel(tiny_config(tokenizer.get_vocab_size()))
+    cfg = model.config
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95))
+    if args.resume:
+        opt.load_state_dict(saved["optimizer"])
+    print(f"clover-tiny: {sum(p.numel() for p in model.parameters()):,} parameters; step {prog.step}, "
+          f"{prog.elapsed_s / 60:.1f} of {args.minutes} min done", flush=True)
+
+    src = RowSource(tokenizer, args.seed + prog.step)
+    gen = torch.Generator().manual_seed(args.seed * 7919 + prog.step)
+    rng = random.Random(args.seed * 31 + prog.step)
+    # fixed held-out batches: eval conversations (seeds >= 10M) and held-out stdlib
+    from engine.data.agent import EVAL_SEED_START, iter_conversations
+
+    hgen = torch.Generator().manual_seed(123)
+    convs = [tokenizer.encode(c.text).ids for c in iter_conversations(EVAL_SEED_START + 50_000, 12)]
+    stream = [t for ids in convs for t in ids + [0]]
+    held_agent = torch.tensor([stream[i * 512:(i + 1) * 512] for i in range(4)])
+    held = [(held_agent, mask_blocks(held_agent, 32, cfg.mask_token_id, hgen), 32),
+            (held_agent[:, :256], mask_blocks(held_agent[:, :256], 4, cfg.mask_token_id, hgen), 4)]
+
+    log_path = args.out / "train_log.jsonl"
+    log = log_path.open("a")
+    budget_s = args.minutes * 60
+    stop_s = budget_s if args.stop_after_min is None else min(budget_s, prog.elapsed_s + args.stop_after_min * 60)
+    t_start = time.perf_counter() - prog.elapsed_s
+    last_save = last_eval = time.perf_counter()
+    ema = None
+    bar = tqdm(total=int(budget_s), initial=int(prog.elapsed_s), unit="s", desc="train", mininterval=5)
+
+    def save():
+        save_model(model, args.out, tokenizer=tokenizer)
+        torch.save({"optimizer": opt.state_dict(), "progress": prog.__dict__}, state_path)
+
+    while prog.elapsed_s < stop_s:
+        L = rng.choices(list(BLOCK_SIZES), weights=list(BLOCK_SIZES.values()))[0]
+        T, B = ROW_SHAPE[L]
+        clean = src.batch(B, T)
+        noisy = mask_blocks(clean, L, cfg.mask_token_id, gen)
+        use_window = rng.random() >= WINDOW_DROP
+        for gparam in opt.param_groups:
+            gparam["lr"] = lr_at(prog.elapsed_s / budget_s, args.lr)
+        h, aux = model.forward_train(clean, noisy, L, use_window)
+        msk = noisy == cfg.mask_token_id
+        loss = F.cross_entropy(model.lm_head(h[msk]).float(), clean[msk])
+        opt.zero_grad(set_to_none=True)
+        (loss + 0.01 * aux).backward()
+        gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        opt.step()
+        prog.step += 1
+        prog.tokens += B * T
+        now = time.perf_counter()
+        prog.elapsed_s = now - t_start
+        loss_f = float(loss.detach())
+        ema = loss_f if ema is None else 0.95 * ema + 0.05 * loss_f
+        bar.n = int(prog.elapsed_s)
+        bar.set_postfix(step=prog.step, loss=f"{ema:.3f}", L=L, tok_s=f"{prog.tokens / prog.elapsed_s:.0f}")
+        rec = {"step": prog.step, "elapsed_s": round(prog.elapsed_s, 1), "loss": round(loss_f, 4),
+               "block_size": L, "window": use_window, "grad_norm": round(gnorm, 3),
+               "lr": opt.param_groups[0]["lr"], "tokens": prog.tokens}
+        if now - last_eval > args.eval_every_min * 60 or prog.elapsed_s >= stop_s:
+            t_eval = time.perf_counter()
+            rec["heldout_loss_window"] = round(heldout_loss(model, held, True), 4)
+            rec["heldout_loss_state"] = round(heldout_loss(model, held, False), 4)
+            if args.eval_tasks:
+                rec["agent_window"] = quick_agent_eval(model, tokenizer, args.eval_tasks, "state+window")
+                rec["agent_state"] = quick_agent_eval(model, tokenizer, max(1, args.eval_tasks // 2), "state")
+            tqdm.write(json.dumps({k: rec[k] for k in rec if k.startswith(("step", "heldout", "agent"))}))
+            last_eval = time.perf_counter()
+            t_start += last_eval - t_eval  # evaluation time does not count toward the training budget
+        log.write(json.dumps(rec) + "\n")
+        log.flush()
+        if now - last_save > args.save_every_min * 60:
+            save()
+            last_save = time.perf_counter()
+    save()
+    bar.close()
+    print(f"saved {args.out} at step {prog.step} ({prog.elapsed_s / 60:.1f} min, {prog.tokens:,} tokens)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
