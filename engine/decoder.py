@@ -325,7 +325,8 @@ class BlockDecoder:
             prefilled[: len(head)] = True
             masked = ~prefilled
             if observe:
-                emit(BlockStart(block_index, pos0, B, L, prefilled.cpu().numpy(), block[0].cpu().numpy()))
+                emit(BlockStart(block_index, pos0, B, L, prefilled.cpu().numpy().copy(),
+                                block[0].cpu().numpy().copy()))  # copies: the block is filled in place
             step = 0
             cancelled = False
             while bool(masked.any()):
@@ -380,7 +381,7 @@ class BlockDecoder:
             final = block[0].tolist()
             if observe:
                 hit = eos_id in final[len(head):]
-                emit(BlockEnd(block_index, pos0, block[0].cpu().numpy(), step, hit))
+                emit(BlockEnd(block_index, pos0, block[0].cpu().numpy().copy(), step, hit))
             gen_part = final[len(head):]
             if cancelled and mask_id in gen_part:
                 gen_part = gen_part[: gen_part.index(mask_id)]  # keep the written prefix
@@ -423,7 +424,7 @@ class BlockDecoder:
         top_probs = np.where(mb[:, None], tp.float().cpu().numpy(), np.nan).astype(np.float32)
         return StepEvent(
             block_index=block_index, step_index=step, position_start=pos0,
-            tokens=tokens.cpu().numpy().astype(np.int64), masked_before=mb, confidence=confidence,
+            tokens=np.array(tokens.cpu().numpy(), dtype=np.int64), masked_before=mb.copy(), confidence=confidence,
             candidate=candidate, top_tokens=top_tokens, top_probs=top_probs,
             accepted=accepted.cpu().numpy(), forced=forced.cpu().numpy(),
             eos_filled=eos_filled.cpu().numpy(), expert_union=out.expert_union.cpu().numpy(),

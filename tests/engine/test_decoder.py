@@ -432,3 +432,14 @@ def test_state_memory_constant_in_context(mode):
         assert st.position == n  # the whole prompt went into the state
         sizes.append(st.nbytes())
     assert sizes[0] == sizes[1] > 0
+
+
+def test_events_own_their_arrays():
+    """Block contents change in place during decoding; events must hold copies."""
+    script = lambda call, blk: [(100 + call, 20.0 if i == call else 0.0) for i in range(len(blk))]
+    ev = []
+    run(script, ev, block_size=4, threshold=0.9, max_new_tokens=4)
+    start = next(e for e in ev if isinstance(e, BlockStart))
+    assert start.tokens.tolist() == [MASK] * 4
+    s = steps_of(ev)
+    assert [int((st.tokens != MASK).sum()) for st in s] == [1, 2, 3, 4]
