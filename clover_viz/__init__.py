@@ -18,6 +18,7 @@ from clover_viz.figures import (
     cumulative_tokens_figure,
     expert_union_figure,
     memory_share_figure,
+    refresh_figure,
     roofline_figure,
     slot_states,
     state_norm_figure,
@@ -25,11 +26,13 @@ from clover_viz.figures import (
     text_html,
     tokens_per_forward_figure,
     update_block_figure,
+    update_confidence_heatmap,
 )
 
 __all__ = [
     "figures", "Explorer",
-    "block_figure", "update_block_figure", "slot_states", "confidence_heatmap", "text_figure", "text_html",
+    "block_figure", "update_block_figure", "slot_states", "confidence_heatmap", "update_confidence_heatmap",
+    "refresh_figure", "text_figure", "text_html",
     "tokens_per_forward_figure", "cumulative_tokens_figure", "expert_union_figure", "state_norm_figure",
     "memory_share_figure", "cost_figure", "roofline_figure", "compare_runs", "compare_table",
 ]

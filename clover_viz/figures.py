@@ -391,13 +391,31 @@ def _find(fig: go.Figure, name: str) -> Any:
                      "build it with the matching clover_viz.figures function")
 
 
+def _missing_paths(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted property paths set in ``old`` but not in ``new`` (template and ids excluded)."""
+    out: list[str] = []
+    for key, value in old.items():
+        if key in ("template", "type", "uid"):
+            continue
+        if key not in new:
+            out.append(prefix + key)
+        elif isinstance(value, Mapping) and isinstance(new[key], Mapping):
+            out += _missing_paths(value, new[key], f"{prefix}{key}.")
+    return out
+
+
 def refresh_figure(fig: go.Figure, new: go.Figure) -> None:
     """Make ``fig`` show ``new`` without replacing the object (keeps a FigureWidget alive).
 
     Trace properties are updated in place when both figures have the same
     traces (same count and types, the usual case when a figure is redrawn
-    for a longer trace); otherwise the data is swapped. Layout is replaced.
+    for a longer trace); otherwise the data is swapped. Properties that
+    ``fig`` has and ``new`` lacks are cleared explicitly: a FigureWidget's
+    relayout / restyle messages only *set* values, so an annotation of the old
+    figure would otherwise stay on screen. Afterwards
+    ``fig.to_dict() == new.to_dict()``.
     """
+    new_layout = new.layout.to_plotly_json()
     with fig.batch_update():
         same = len(fig.data) == len(new.data) and all(
             a.type == b.type for a, b in zip(fig.data, new.data))
@@ -405,11 +423,15 @@ def refresh_figure(fig: go.Figure, new: go.Figure) -> None:
             for old_tr, new_tr in zip(fig.data, new.data):
                 props = new_tr.to_plotly_json()
                 props.pop("type", None)
+                for path in _missing_paths(old_tr.to_plotly_json(), props):
+                    old_tr[path] = None
                 old_tr.update(props, overwrite=True)
         else:
             fig.data = []
             fig.add_traces(list(new.data))
-        fig.layout = new.layout
+        for path in _missing_paths(fig.layout.to_plotly_json(), new_layout):
+            fig.layout[path] = None
+        fig.update_layout(new_layout, overwrite=True)
 
 
 # =============================================================================== confidence heatmap
@@ -486,6 +508,9 @@ def confidence_heatmap(trace: Any, block_index: int | None = None, step: int | N
         scale += [[t, "#bbf7d0"], [1.0, "#15803d"]]
     else:
         scale[-1] = [1.0, "#64748b"]
+    ticks = [(0.0, "0"), (0.5, "0.5"), (1.0, "1")]
+    if thr is not None:  # the threshold label, without plain ticks crowding it
+        ticks = [(v, lab) for v, lab in ticks if abs(v - t) > 0.1] + [(t, f"<b>threshold {t:g}</b>")]
     fig = go.Figure()
     fig.add_trace(
         go.Heatmap(
@@ -493,8 +518,7 @@ def confidence_heatmap(trace: Any, block_index: int | None = None, step: int | N
             hovertemplate="%{customdata}<extra></extra>", hoverongaps=False,
             colorbar=dict(
                 title=dict(text="confidence", side="right"), thickness=14, len=0.9,
-                tickvals=[0, 0.5, t, 1.0] if thr is not None else [0, 0.5, 1.0],
-                ticktext=["0", "0.5", f"<b>threshold {t:g}</b>", "1"] if thr is not None else ["0", "0.5", "1"],
+                tickvals=[v for v, _ in ticks], ticktext=[label for _, label in ticks],
             ),
             **data[CONFIDENCE_TRACE],
         )

@@ -156,7 +156,10 @@ class Explorer:
                                            padding="4px"))
         self.compare = W.HTML()
 
-        placeholder = F._empty_figure("", "decode a prompt to see the block fill in")
+        # Placeholders carry only a title: a FigureWidget's front end merges later updates into its
+        # state and does not reliably drop properties (an annotation, hidden axes) the new figure lacks.
+        placeholder = go.Figure(layout=dict(title=dict(text="decode a prompt to see the block fill in", x=0.01),
+                                            height=260, template="plotly_white"))
         self.block_fig = go.FigureWidget(placeholder)
         self.conf_fig = go.FigureWidget(placeholder)
         self.cum_fig = go.FigureWidget(placeholder)
@@ -188,7 +191,8 @@ class Explorer:
             W.VBox([self.prompt_box, settings]) if has_model else W.HTML(""),
             controls,
             self.status,
-            W.HBox([self.block_fig, self.conf_fig]),
+            self.block_fig,
+            self.conf_fig,
             self.text,
             tabs,
         ])

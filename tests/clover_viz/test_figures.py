@@ -105,6 +105,26 @@ def test_update_block_figure_equals_a_fresh_figure(trace):
         assert fig.to_dict() == F.block_figure(trace, i).to_dict()
 
 
+def _norm(obj):
+    """Figure JSON without empty containers (a cleared annotation list is () in a widget, absent in a fresh figure)."""
+    if isinstance(obj, dict):
+        return {k: _norm(v) for k, v in obj.items() if v not in ([], {}, None)}
+    if isinstance(obj, list):
+        return [_norm(v) for v in obj]
+    return obj
+
+
+def test_refresh_figure_clears_what_the_new_figure_lacks(trace):
+    import json
+
+    fig = go.FigureWidget(F._empty_figure("", "placeholder"))  # a widget, as the Explorer holds
+    for new in (F.block_figure(trace, 3), F.confidence_heatmap(trace, 1), F.confidence_heatmap(trace, 2, step=14),
+                F._empty_figure("x", "no steps yet"), F.cost_figure(trace), F.block_figure(trace, 0)):
+        F.refresh_figure(fig, new)
+        assert _norm(json.loads(fig.to_json())) == _norm(json.loads(new.to_json()))
+    assert not fig.layout.annotations  # the placeholder's message is gone
+
+
 @pytest.mark.parametrize("block_size,lengths,rows,cols", [
     (1, [1, 1, 1], 1, 1),
     (64, [64], 8, 8),
