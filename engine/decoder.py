@@ -289,7 +289,7 @@ class BlockDecoder:
 
             tok_text = (lambda i: self.tokenizer.decode([i], skip_special_tokens=False)) if self.tokenizer else None
             trace = Trace(decode_config=dc.to_dict(), model_id=getattr(self.model, "model_id", cfg.name),
-                          token_text=tok_text, prompt_ids=ids)
+                          token_text=tok_text, prompt_ids=ids, meta={"model_config": cfg.to_dict()})
             observers.append(trace)
         observe = bool(observers)
 

@@ -96,6 +96,7 @@ class _Ctx:
     reference: bool  # naive recurrence + explicit window (forward_reference)
     train: bool = False  # x = [clean T ++ noisy T]; noisy block b reads the state before clean block b
     window: int = 0  # W of the explicit window (reference / training); the fast path uses the ring
+    prefill: bool = False  # fast path, fresh state, several commit chunks: commit all chunks at once
     memory_share: list = field(default_factory=list)  # per layer [B, L]
     state_norm: list = field(default_factory=list)  # per layer scalar
     expert_union: list = field(default_factory=list)  # per layer int
@@ -357,7 +358,29 @@ class GatedDeltaNet(nn.Module):
             z = self.in_proj_z(x).reshape(B, T, self.Hv, self.V)
             return self.out_proj(self.norm(o, z).to(x.dtype).reshape(B, T, self.Hv * self.V))
 
-        S = st.S
+        if ctx.prefill:  # a whole prompt: every commit chunk at once, then the block on the final state
+            n, L = ctx.n_commit, ctx.chunk
+            S_b, S = chunk_states(k[:, :n], v[:, :n], g[:, :n], beta[:, :n], st.S, L)
+            S_b = S_b.transpose(1, 2).reshape(-1, self.Hv, self.K, self.V)  # [B*nb, Hv, K, V]
+            o_c, _ = block_attention(_to_blocks(q_rot[:, :, :n], L), _to_blocks(k_rot[:, :, :n], L),
+                                     _to_blocks(vh[:, :, :n], L), self.block_temperature,
+                                     _to_blocks(q_read[:, :, :n], L) @ S_b, _to_blocks(mem_logit[:, :, :n], L))
+            o_b, share = block_attention(q_rot[:, :, n:], k_rot[:, :, n:], vh[:, :, n:], self.block_temperature,
+                                         q_read[:, :, n:] @ S, mem_logit[:, :, n:])
+            outs = [(0, _from_blocks(o_c, B)), (n, o_b)]
+        else:
+            S, outs, share = self._scheduled(ctx, T, st.S, q_read, q_rot, k_rot, vh, mem_logit, k, v, g, beta)
+        st.S.copy_(S)
+        if ctx.observe:
+            ctx.memory_share.append(share.mean(1).detach())  # [B, L]
+            ctx.state_norm.append(S.detach().norm())
+        o = torch.cat([o for _, o in sorted(outs, key=lambda t: t[0])], 2).transpose(1, 2)  # [B, T, Hv, V]
+        z = self.in_proj_z(x).reshape(B, T, self.Hv, self.V)
+        o = self.norm(o, z).to(x.dtype).reshape(B, T, self.Hv * self.V)
+        return self.out_proj(o)
+
+    def _scheduled(self, ctx, T, S, q_read, q_rot, k_rot, vh, mem_logit, k, v, g, beta):
+        """Chunk by chunk (decode steps and the reference path): see `_schedule`."""
         outs = []
         for reads, update, _ in _schedule(ctx, T):
             for s, e in reads:
@@ -368,15 +391,7 @@ class GatedDeltaNet(nn.Module):
             if update is not None:  # a committed chunk: fold it into the state
                 s, e = update
                 S = _delta_update(S, k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], ctx.reference)
-        if not ctx.train:
-            st.S.copy_(S)
-        if ctx.observe:
-            ctx.memory_share.append(share.mean(1).detach())  # [B, L]
-            ctx.state_norm.append(S.detach().norm())
-        o = torch.cat([o for _, o in sorted(outs, key=lambda t: t[0])], 2).transpose(1, 2)  # [B, T, Hv, V]
-        z = self.in_proj_z(x).reshape(B, T, self.Hv, self.V)
-        o = self.norm(o, z).to(x.dtype).reshape(B, T, self.Hv * self.V)
-        return self.out_proj(o)
+        return S, outs, share
 
 
 class GatedAttention(nn.Module):
@@ -435,8 +450,8 @@ class GatedAttention(nn.Module):
         mem_logit = mem_logit + self.mem_b_logit.view(1, -1, 1)
         q_read = l2norm(qh.float()) * scale  # [B, Hq, T, D]
 
-        if ctx.train:
-            return self._forward_train(x, ctx, st, q_rot, k_rot, vh, k, v, g, beta, q_read, mem_logit, gate, scale)
+        if ctx.train or ctx.prefill:
+            return self._forward_blocks(x, ctx, st, q_rot, k_rot, vh, k, v, g, beta, q_read, mem_logit, gate, scale)
         explicit = ctx.reference
         W = ctx.window if explicit else (st.win_k.shape[2] if st.win_k is not None else 0)
         S = st.S
@@ -472,33 +487,61 @@ class GatedAttention(nn.Module):
         o = o * torch.sigmoid(gate)
         return self.o_proj(o.reshape(B, T, self.Hq * self.D))
 
-    def _forward_train(self, x, ctx, st, q_rot, k_rot, vh, k, v, g, beta, q_read, mem_logit, gate, scale):
-        """Training: every clean and noisy block at once (see `CloverModel.forward_train`)."""
+    def _forward_blocks(self, x, ctx, st, q_rot, k_rot, vh, k, v, g, beta, q_read, mem_logit, gate, scale):
+        """Every committed chunk at once. Training: the clean and the noisy half both read the
+        states at the clean block boundaries (see `CloverModel.forward_train`). Prefill: the
+        commit chunks read those states, the block reads the final one, the state and the
+        ring buffer are written."""
         B, T, _ = x.shape
-        n, L, W = ctx.n_commit, ctx.chunk, ctx.window
+        n, L = ctx.n_commit, ctx.chunk
+        W = ctx.window if ctx.train else (st.win_k.shape[2] if st.win_k is not None else 0)
         nb, rep = n // L, self.Hq // self.Hkv
-        S_b, _ = chunk_states(k[:, :n].float(), v[:, :n].float(), g[:, :n], beta[:, :n], st.S, L)
+        S_b, S = chunk_states(k[:, :n].float(), v[:, :n].float(), g[:, :n], beta[:, :n], st.S, L)
         S_b = S_b.repeat_interleave(rep, 1).transpose(1, 2).reshape(B * nb, self.Hq, self.D, self.D)
-        ek = ev = valid = None
-        if W:  # block b sees clean K/V at positions [bL - W, bL)
+        wk = wv = valid = None
+        if W:  # block b sees the committed K/V at positions [bL - W, bL); window nb = the final block's
             pad = k_rot.new_zeros(B, self.Hkv, W, self.D)
-            kp = torch.cat([pad, k_rot[:, :, :n]], 2).unfold(2, W, L)[:, :, :nb]  # [B, Hkv, nb, D, W]
-            vp = torch.cat([pad.to(vh.dtype), vh[:, :, :n]], 2).unfold(2, W, L)[:, :, :nb]
-            ek = kp.permute(0, 2, 1, 4, 3).reshape(B * nb, self.Hkv, W, self.D).repeat_interleave(rep, 1)
-            ev = vp.permute(0, 2, 1, 4, 3).reshape(B * nb, self.Hkv, W, self.D).repeat_interleave(rep, 1)
+            kp = torch.cat([pad, k_rot[:, :, :n]], 2).unfold(2, W, L)  # [B, Hkv, nb+1, D, W]
+            vp = torch.cat([pad.to(vh.dtype), vh[:, :, :n]], 2).unfold(2, W, L)
+            wk = kp.permute(0, 2, 1, 4, 3).repeat_interleave(rep, 2)  # [B, nb+1, Hq, W, D]
+            wv = vp.permute(0, 2, 1, 4, 3).repeat_interleave(rep, 2)
             j = torch.arange(W, device=x.device)
-            start = torch.arange(nb, device=x.device) * L
-            valid = (j[None, :] >= (W - start)[:, None]).repeat(B, 1)  # [B*nb, W]
-        halves = []
-        for h0 in (0, n):
-            sl = slice(h0, h0 + n)
+            starts = torch.arange(nb + 1, device=x.device) * L
+            valid = j[None, :] >= (W - starts)[:, None]  # [nb+1, W]
+
+        def run_blocks(sl):  # all nb blocks of the half `sl`, reading S_b (and windows 0..nb-1)
+            ek = ev = vv = None
+            if W:
+                ek = wk[:, :nb].reshape(B * nb, self.Hq, W, self.D)
+                ev = wv[:, :nb].reshape(B * nb, self.Hq, W, self.D)
+                vv = valid[:nb].repeat(B, 1)  # [B*nb, W]
             m = (_to_blocks(q_read[:, :, sl], L) @ S_b).to(vh.dtype)  # [B*nb, Hq, L, D]
             o, _ = block_attention(
                 _to_blocks(q_rot[:, :, sl], L), _to_blocks(k_rot[:, :, sl], L).repeat_interleave(rep, 1),
                 _to_blocks(vh[:, :, sl], L).repeat_interleave(rep, 1), scale, m,
-                _to_blocks(mem_logit[:, :, sl], L), ek, ev, valid)
-            halves.append(_from_blocks(o, B))
-        o = torch.cat(halves, 2).transpose(1, 2) * torch.sigmoid(gate)  # [B, T, Hq, D]
+                _to_blocks(mem_logit[:, :, sl], L), ek, ev, vv)
+            return _from_blocks(o, B)
+
+        if ctx.train:
+            o = torch.cat([run_blocks(slice(0, n)), run_blocks(slice(n, 2 * n))], 2)
+        else:
+            S_q = S.repeat_interleave(rep, 1)
+            m = (q_read[:, :, n:] @ S_q).to(vh.dtype)
+            o_b, share = block_attention(
+                q_rot[:, :, n:], k_rot[:, :, n:].repeat_interleave(rep, 1), vh[:, :, n:].repeat_interleave(rep, 1),
+                scale, m, mem_logit[:, :, n:], wk[:, nb] if W else None, wv[:, nb] if W else None,
+                valid[nb] if W else None)
+            o = torch.cat([run_blocks(slice(0, n)), o_b], 2)
+            st.S.copy_(S)
+            if W:  # the ring holds the last <= W committed tokens at slot position % W
+                t0 = max(0, n - W)
+                slots = torch.arange(t0, n, device=x.device) % W
+                st.win_k[:, :, slots] = k_rot[:, :, t0:n].to(st.win_k.dtype)
+                st.win_v[:, :, slots] = vh[:, :, t0:n].to(st.win_v.dtype)
+            if ctx.observe:
+                ctx.memory_share.append(share.mean(1).detach())
+                ctx.state_norm.append(S.detach().norm())
+        o = o.transpose(1, 2) * torch.sigmoid(gate)  # [B, T, Hq, D]
         return self.o_proj(o.reshape(B, T, self.Hq * self.D))
 
     def _window(self, st, ctx, seg_pos, W, k_rot, vh):
@@ -768,7 +811,7 @@ class CloverModel(nn.Module):
             )
         pos = torch.arange(start, start + T, device=ids.device)
         ctx = _Ctx(n_commit=C, chunk=chunk, pos=pos, start=start, observe=observe, reference=reference,
-                   window=state.window)
+                   window=state.window, prefill=(not reference and start == 0 and C > chunk))
         x = self.embed_tokens(ids)  # [B, T, D]
         for layer, st in zip(self.layers, state.layers):
             x = layer(x, ctx, st)

@@ -178,9 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", type=Path, default=Path("models/clover-tiny/tokenizer.json"))
     ap.add_argument("--minutes", type=float, default=100.0, help="total training time budget (all resumes)")
     ap.add_argument("--stop-after-min", type=float, default=None, help="stop this invocation early (resume later)")
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads; 1 is fastest when other processes share the 2 cores")
     ap.add_argument("--save-every-min", type=float, default=10.0)
     ap.add_argument("--eval-every-min", type=float, default=15.0)
     ap.add_argument("--eval-tasks", type=int, default=24)
@@ -256,7 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         opt.zero_grad(set_to_none=True)
         (loss + 0.01 * aux).backward()
         gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
-        opt.step()
+        if math.isfinite(gnorm) and math.isfinite(float(loss.detach())):
+            opt.step()
+        else:  # never let one bad batch poison the weights
+            tqdm.write(f"step {prog.step + 1}: non-finite loss/gradient (L={L}); update skipped")
         prog.step += 1
         prog.tokens += B * T
         now = time.perf_counter()

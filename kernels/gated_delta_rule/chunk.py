@@ -16,9 +16,13 @@ Rule over Sequence Length", NeurIPS 2024, and "Gated Delta Networks", ICLR
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from kernels.gated_delta_rule.naive import l2norm
+
+MAX_SUBCHUNK = 16  # longest run handled by one (I + A)^-1 in `chunk_states`
 
 
 def gated_delta_rule(
@@ -121,9 +125,12 @@ def chunk_states(
     """
     B, T, Hk, K = k.shape
     Hv, V = v.shape[-2:]
-    C = chunk_size
-    if T % C:
-        raise ValueError(f"T={T} is not a multiple of chunk_size={C}")
+    if T % chunk_size:
+        raise ValueError(f"T={T} is not a multiple of chunk_size={chunk_size}")
+    # Work in sub-chunks of at most 16 tokens: the entries of (I + A)^-1 can grow with the
+    # chunk length, and fp32 cancellation then loses the update (seen as NaN at chunk 64).
+    C = math.gcd(chunk_size, MAX_SUBCHUNK)
+    every = chunk_size // C
     nc = T // C
     k, v, g, beta = (x.float() for x in (k, v, g, beta))
     if use_qk_l2norm_in_kernel:
@@ -147,7 +154,8 @@ def chunk_states(
          else initial_state.float())
     before = []
     for c in range(nc):
-        before.append(S)
+        if c % every == 0:
+            before.append(S)
         U = U0[:, :, c] - Wm[:, :, c] @ S  # [B, H, C, V]
         S = last[:, :, c, :, None].exp() * S + kd[:, :, c].transpose(-1, -2) @ U
     return torch.stack(before, 2), S
