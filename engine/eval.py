@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             "masked_slot_acc_by_index": [round(sum(r["slot_correct"][i] for r in code_rows) / n, 4) for i in range(32)],
             "first_block_nfe_mean": sum(r["nfe"] for r in code_rows) / n,
         }
+    report["exact_tasks"] = {s: sorted(r["task"] for r in rows[s] if r["exact_match"]) for s in settings}
     report["examples"] = {s: [{"task": r["task"], "text": r["text"], "exact_match": r["exact_match"]}
                               for r in sorted(rows[s], key=lambda r: r["task"])[:5]] for s in settings}
     out_path.write_text(json.dumps(report, indent=2) + "\n")
