@@ -13,24 +13,25 @@ algorithms (as thresholds); Factor -- Fast-dLLM v1's factor rule.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 
-class Policy:
-    """Base class. Subclasses implement `select`.
+class Policy(Protocol):
+    """What the decoder needs of a policy.
 
     ``select`` args: confidence [L] fp32 (probability of the argmax candidate),
     masked [L] bool (slots still MASK), probs [L, V] fp32 (post-processor
     distribution). Returns accepted [L] bool, a subset of `masked`.
     """
 
-    name = "policy"
+    name: str
 
-    def select(self, confidence: torch.Tensor, masked: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+    def select(self, confidence: torch.Tensor, masked: torch.Tensor, probs: torch.Tensor) -> torch.Tensor: ...
 
 
-class LowConfidence(Policy):
+class LowConfidence:
     """Write every masked slot with confidence >= `threshold` (equality accepted)."""
 
     name = "low_confidence"
@@ -42,7 +43,7 @@ class LowConfidence(Policy):
         return masked & (confidence >= self.threshold)
 
 
-class TopK(Policy):
+class TopK:
     """Write the `k` most confident masked slots every step (LLaDA-style fixed quota)."""
 
     name = "top_k"
@@ -58,7 +59,7 @@ class TopK(Policy):
         return accepted & masked
 
 
-class Margin(Policy):
+class Margin:
     """Write masked slots whose top1 - top2 probability margin is >= `threshold`."""
 
     name = "margin"
@@ -71,7 +72,7 @@ class Margin(Policy):
         return masked & ((top2[:, 0] - top2[:, 1]) >= self.threshold)
 
 
-class Entropy(Policy):
+class Entropy:
     """Write masked slots whose predictive entropy (nats) is <= `max_entropy`."""
 
     name = "entropy"
@@ -84,7 +85,7 @@ class Entropy(Policy):
         return masked & (ent <= self.max_entropy)
 
 
-class Factor(Policy):
+class Factor:
     """Fast-dLLM v1 factor rule: sort masked confidences descending and write the
     longest prefix whose n-th entry (0-based) satisfies ``(n + 1) * (1 - c_n) < factor``."""
 
