@@ -12,14 +12,7 @@ from engine.model import CloverModel
 CFG = CloverConfig.from_name("clover-test")
 
 
-def loud(seed=0):
-    torch.manual_seed(seed)
-    m = CloverModel(CFG)
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() >= 2:
-                p.mul_(15)
-    return m.eval()
+from test_decoder import loud_model as loud  # noqa: E402  (same directory; pytest's rootdir import)
 
 
 @pytest.mark.parametrize("use_window", [False, True], ids=["state", "state+window"])
