@@ -1010,7 +1010,7 @@ def project_trace(
     trace_like: Any,
     device: Device | str = DEFAULT_DEVICE,
     target_config: CloverConfig | str | None = None,
-    union_assumption: str | int | float = "measured_fraction",
+    union_assumption: str | int | float = "measured_vs_independent",
     *,
     source_config: CloverConfig | str | None = None,
     weight_bytes: float = 2,
@@ -1192,7 +1192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--trace", default=None, help="a recorded run (Parquet/Arrow): measured vs projected")
     ap.add_argument("--trace-config", default=None,
                     help="config of the model that recorded --trace, if the trace does not name a preset")
-    ap.add_argument("--union-assumption", default="measured_fraction",
+    ap.add_argument("--union-assumption", default="measured_vs_independent",
                     help=f"35B union for --trace: {', '.join(UNION_ASSUMPTIONS)} or a number")
     args = ap.parse_args(argv)
 
