@@ -26,16 +26,27 @@ Public API::
     forward_cost, DEVICES                            (engine.cost)
 """
 
-from engine.checkpoint import load_model, load_tokenizer, save_model
 from engine.config import CloverConfig
-from engine.cost import DEVICES, forward_cost
-from engine.decoder import BlockDecoder, DecodeConfig, DecodeResult
-from engine.events import BlockEnd, BlockStart, DecodeEnd, ProcessorFiring, StepEvent
-from engine.model import CloverModel, CloverState
-from engine.trace import Trace
 
-__all__ = [
-    "CloverConfig", "CloverModel", "CloverState", "BlockDecoder", "DecodeConfig", "DecodeResult",
-    "BlockStart", "StepEvent", "BlockEnd", "DecodeEnd", "ProcessorFiring", "Trace",
-    "load_model", "save_model", "load_tokenizer", "forward_cost", "DEVICES",
-]
+# The rest is imported on first use (PEP 562), so `python -m engine.cost` / `engine.checkpoint`
+# do not import their own module twice.
+_LAZY = {
+    "load_model": "engine.checkpoint", "save_model": "engine.checkpoint", "load_tokenizer": "engine.checkpoint",
+    "DEVICES": "engine.cost", "forward_cost": "engine.cost",
+    "BlockDecoder": "engine.decoder", "DecodeConfig": "engine.decoder", "DecodeResult": "engine.decoder",
+    "BlockEnd": "engine.events", "BlockStart": "engine.events", "DecodeEnd": "engine.events",
+    "ProcessorFiring": "engine.events", "StepEvent": "engine.events",
+    "CloverModel": "engine.model", "CloverState": "engine.model",
+    "Trace": "engine.trace",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")
+
+
+__all__ = ["CloverConfig", *_LAZY]

@@ -1014,7 +1014,7 @@ def project_trace(
     *,
     source_config: CloverConfig | str | None = None,
     weight_bytes: float = 2,
-    memory_mode: str = "state",
+    memory_mode: str | None = None,
     window: int = 0,
 ) -> TraceProjection:
     """Measured vs projected tokens/s for a recorded run (issue 5, part 4).
@@ -1056,6 +1056,15 @@ def project_trace(
 
     fields = [_row_fields(r) for r in rows]
     written = sum(f[4] for f in fields)
+    # Prefer the decode's own count of generated tokens (up to the first EOS): slots
+    # EOS-filled or written after an EOS are finalised but are not answer tokens.
+    summary = _get(trace_like, "summary") if not isinstance(trace_like, Sequence) else None
+    summary = summary() if callable(summary) else summary
+    n_generated = _get(summary, "n_tokens") if summary is not None else None
+    if n_generated:
+        written = int(n_generated)
+    if memory_mode is None:
+        memory_mode = (_get(decode_config, "memory_mode") if decode_config else None) or "state"
     kw: dict[str, Any] = {"memory_mode": memory_mode, "window": window}
     src_proj = None
     if source is not None:
