@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from kernels.gated_delta_rule.naive import l2norm
+from kernels.gated_delta_rule.naive import l2norm, prepare
 
 MAX_SUBCHUNK = 16  # longest run handled by one (I + A)^-1 in `chunk_states`
 
@@ -42,27 +42,12 @@ def gated_delta_rule(
     Args:
         chunk_size: tokens per chunk (the block size when committing a block).
     """
-    B, T, Hk, K = k.shape
-    Hv, V = v.shape[-2:]
-    if Hv % Hk:
-        raise ValueError(f"H_v={Hv} must be a multiple of H_k={Hk}")
     out_dtype = v.dtype
-    scale = K**-0.5 if scale is None else scale
-    q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
-    if use_qk_l2norm_in_kernel:
-        q, k = l2norm(q), l2norm(k)
-    if Hv != Hk:
-        q = q.repeat_interleave(Hv // Hk, dim=2)
-        k = k.repeat_interleave(Hv // Hk, dim=2)
-    q = q * scale
+    q, k, v, g, beta, S = prepare(q, k, v, g, beta, initial_state, use_qk_l2norm_in_kernel, scale)
+    B, T, Hv, V = v.shape
     # [B, H, T, D] layout for batched matmuls
     q, k, v = (x.transpose(1, 2) for x in (q, k, v))
     g, beta = g.transpose(1, 2), beta.transpose(1, 2)  # [B, H, T]
-    S = (
-        torch.zeros(B, Hv, K, V, dtype=torch.float32, device=v.device)
-        if initial_state is None
-        else initial_state.float().clone()
-    )
     o = torch.empty(B, Hv, T, V, dtype=torch.float32, device=v.device)
     for c0 in range(0, T, chunk_size):
         c1 = min(c0 + chunk_size, T)

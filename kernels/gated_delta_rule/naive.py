@@ -24,6 +24,36 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
+def prepare(q, k, v, g, beta, initial_state, use_qk_l2norm_in_kernel, scale):
+    """Shared input preparation of every implementation: check grouped heads, cast to fp32,
+    optionally L2-normalise q/k, expand q/k to the H_v value heads, scale q, and copy
+    (or zero-initialise) the state.
+
+    Returns:
+        q, k: [B, T, H_v, K]; v: [B, T, H_v, V]; g, beta: [B, T, H_v]; S: [B, H_v, K, V] (all fp32).
+
+    Raises:
+        ValueError: if H_v is not a multiple of H_k.
+    """
+    B, T, Hk, K = k.shape
+    Hv, V = v.shape[-2:]
+    if Hv % Hk:
+        raise ValueError(f"H_v={Hv} must be a multiple of H_k={Hk}")
+    scale = K**-0.5 if scale is None else scale
+    q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
+    if use_qk_l2norm_in_kernel:
+        q, k = l2norm(q), l2norm(k)
+    if Hv != Hk:
+        q = q.repeat_interleave(Hv // Hk, dim=2)  # [B, T, H_v, K]
+        k = k.repeat_interleave(Hv // Hk, dim=2)
+    S = (
+        torch.zeros(B, Hv, K, V, dtype=torch.float32, device=v.device)
+        if initial_state is None
+        else initial_state.float().clone()
+    )
+    return q * scale, k, v, g, beta, S
+
+
 def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -49,24 +79,9 @@ def gated_delta_rule(
     Returns:
         o: [B, T, H_v, V] in v's dtype; final state [B, H_v, K, V] fp32 (or None).
     """
-    B, T, Hk, K = k.shape
-    Hv, V = v.shape[-2:]
-    if Hv % Hk:
-        raise ValueError(f"H_v={Hv} must be a multiple of H_k={Hk}")
     out_dtype = v.dtype
-    scale = K**-0.5 if scale is None else scale
-    q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
-    if use_qk_l2norm_in_kernel:
-        q, k = l2norm(q), l2norm(k)
-    if Hv != Hk:
-        q = q.repeat_interleave(Hv // Hk, dim=2)  # [B, T, H_v, K]
-        k = k.repeat_interleave(Hv // Hk, dim=2)
-    q = q * scale
-    S = (
-        torch.zeros(B, Hv, K, V, dtype=torch.float32, device=v.device)
-        if initial_state is None
-        else initial_state.float().clone()
-    )
+    q, k, v, g, beta, S = prepare(q, k, v, g, beta, initial_state, use_qk_l2norm_in_kernel, scale)
+    B, T, Hv, V = v.shape
     o = torch.empty(B, T, Hv, V, dtype=torch.float32, device=v.device)
     for t in range(T):
         S = S * g[:, t].exp()[..., None, None]  # [B, H, K, V]
