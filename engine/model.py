@@ -209,6 +209,10 @@ def block_attention(
     return o, share
 
 
+_BAND_MAX_BLOCK = 8
+"""Training with a window: blocks of at most this many slots use `GatedAttention._band_blocks`."""
+
+
 def _dt_bias_init(n: int, dt_min: float = 1e-3, dt_max: float = 0.1) -> torch.Tensor:
     """flash-linear-attention's GatedDeltaNet init: softplus(dt_bias) log-uniform in
     [dt_min, dt_max], so the initial decay per token is exp(-A * dt) ~ 0.9-1.0."""
@@ -499,7 +503,7 @@ class GatedAttention(nn.Module):
         S_b, S = chunk_states(k[:, :n].float(), v[:, :n].float(), g[:, :n], beta[:, :n], st.S, L)
         S_b = S_b.repeat_interleave(rep, 1).transpose(1, 2).reshape(B * nb, self.Hq, self.D, self.D)
         wk = wv = valid = None
-        if W:  # block b sees the committed K/V at positions [bL - W, bL); window nb = the final block's
+        if W and not (ctx.train and L <= _BAND_MAX_BLOCK):  # block b sees the committed K/V at positions [bL - W, bL); window nb = the final block's
             pad = k_rot.new_zeros(B, self.Hkv, W, self.D)
             kp = torch.cat([pad, k_rot[:, :, :n]], 2).unfold(2, W, L)  # [B, Hkv, nb+1, D, W]
             vp = torch.cat([pad.to(vh.dtype), vh[:, :, :n]], 2).unfold(2, W, L)
@@ -510,6 +514,9 @@ class GatedAttention(nn.Module):
             valid = j[None, :] >= (W - starts)[:, None]  # [nb+1, W]
 
         def run_blocks(sl):  # all nb blocks of the half `sl`, reading S_b (and windows 0..nb-1)
+            if ctx.train and W and L <= _BAND_MAX_BLOCK:
+                return self._band_blocks(q_rot[:, :, sl], k_rot[:, :, sl], vh[:, :, sl], k_rot[:, :, :n],
+                                         vh[:, :, :n], q_read[:, :, sl], S_b, mem_logit[:, :, sl], L, W, scale)
             ek = ev = vv = None
             if W:
                 ek = wk[:, :nb].reshape(B * nb, self.Hq, W, self.D)
@@ -543,6 +550,39 @@ class GatedAttention(nn.Module):
                 ctx.state_norm.append(S.detach().norm())
         o = o.transpose(1, 2) * torch.sigmoid(gate)  # [B, T, Hq, D]
         return self.o_proj(o.reshape(B, T, self.Hq * self.D))
+
+    def _band_blocks(self, q, k, v, k_clean, v_clean, q_read, S_b, mem_logit, L, W, scale):
+        """Training, small blocks: every block of one half at once as a [n, n] banded attention.
+
+        Same result as `block_attention` per block with the clean window, without building
+        nb copies of the W-token window (for L <= 8 those copies cost ~4x the step).
+        Query i (block b = i // L) sees keys j of its own half with j // L == b, the clean
+        keys with bL - W <= j < bL, and its memory unit.
+
+        Args:
+            q: [B, Hq, n, D]; k, v: [B, Hkv, n, D] this half's keys/values; k_clean, v_clean:
+                [B, Hkv, n, D] the clean half's; q_read: [B, Hq, n, D]; S_b: [B*nb, Hq, D, D];
+                mem_logit: [B, Hq, n]; L: block size; W: window.
+
+        Returns:
+            [B, Hq, n, D].
+        """
+        B, Hq, n, D = q.shape
+        rep = Hq // k.shape[1]
+        blk = torch.arange(n, device=q.device) // L
+        j = torch.arange(n, device=q.device)
+        in_blk = blk[:, None] == blk[None, :]  # [n, n]
+        start = (blk * L)[:, None]
+        in_win = (j[None, :] < start) & (j[None, :] >= start - W)
+        s_in = (q @ k.repeat_interleave(rep, 1).transpose(-1, -2)).float() * scale
+        s_w = (q @ k_clean.repeat_interleave(rep, 1).transpose(-1, -2)).float() * scale
+        scores = torch.cat([s_in.masked_fill(~in_blk, float("-inf")), s_w.masked_fill(~in_win, float("-inf")),
+                            mem_logit.float()[..., None]], -1)
+        a = torch.softmax(scores, -1)
+        m = _from_blocks(_to_blocks(q_read, L) @ S_b, B).to(v.dtype)  # [B, Hq, n, D]
+        o = a[..., :n].to(v.dtype) @ v.repeat_interleave(rep, 1)
+        o = o + a[..., n:2 * n].to(v.dtype) @ v_clean.repeat_interleave(rep, 1)
+        return o + a[..., -1:].to(v.dtype) * m
 
     def _window(self, st, ctx, seg_pos, W, k_rot, vh):
         """Window keys/values visible to a segment starting at absolute `seg_pos`.

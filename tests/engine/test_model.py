@@ -16,7 +16,7 @@ from test_decoder import loud_model as loud  # noqa: E402  (same directory; pyte
 
 
 @pytest.mark.parametrize("use_window", [False, True], ids=["state", "state+window"])
-@pytest.mark.parametrize("L, T", [(1, 6), (4, 16), (8, 40)], ids=["L1", "L4", "L8"])
+@pytest.mark.parametrize("L, T", [(1, 6), (4, 16), (8, 40), (16, 48)], ids=["L1", "L4", "L8", "L16"])
 def test_training_forward_equals_reference_per_block(L, T, use_window):
     """Noisy block b in the training pass == decoding block b after clean history [0, b*L)."""
     m = loud()

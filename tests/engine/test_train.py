@@ -54,3 +54,34 @@ def test_schedule_and_shapes():
     assert lr_at(0.0, 1.0) == 0.0 and abs(lr_at(0.02, 1.0) - 1.0) < 1e-9 and abs(lr_at(1.0, 1.0) - 0.1) < 1e-9
     cfg = tiny_config()
     assert cfg.attention_window > 0 and cfg.mask_token_id == 1 and cfg.eos_token_id == 3
+
+
+def test_focus_masking_masks_only_assistant_tokens_in_their_blocks():
+    g = torch.Generator().manual_seed(3)
+    clean = torch.randint(2, 100, (2, 64), generator=g)
+    focus = torch.zeros(2, 64, dtype=torch.bool)
+    focus[:, 20:40] = True  # an assistant turn across blocks 0..1 at L = 32
+    for _ in range(20):
+        noisy = mask_blocks(clean, 32, 1, g, focus)
+        masked = noisy == 1
+        assert not (masked & ~focus).any()  # non-assistant tokens of assistant blocks stay clean
+        assert masked[:, 20:40].any()
+    # blocks without focus tokens are masked only sometimes (OTHER_BLOCK_RATE), never all of them
+    focus2 = torch.zeros(8, 64, dtype=torch.bool)
+    hits = sum(int(((mask_blocks(clean.repeat(4, 1), 32, 1, g, focus2) == 1).view(8, 2, 32).any(-1)).sum())
+               for _ in range(20))
+    assert 0 < hits < 8 * 2 * 20
+
+
+def test_packed_rows_start_at_a_conversation_and_flag_assistant_turns():
+    from engine.checkpoint import load_tokenizer
+    from engine.data.agent import iter_conversations
+    from engine.train import pack_conversations
+
+    tok = load_tokenizer("models/clover-tiny")
+    ids, focus = pack_conversations(iter_conversations(5, None), tok, 0, 1024)
+    assert len(ids) == len(focus) == 1024
+    assert tok.decode(ids[:4], skip_special_tokens=False).startswith("<|im_start|>system")
+    flagged = tok.decode([t for t, f in zip(ids, focus) if f], skip_special_tokens=False)
+    assert flagged.startswith("<tool_call>{\"name\": ")
+    assert "<|im_start|>" not in flagged and "<tool_response>" not in flagged
