@@ -58,6 +58,7 @@ ROW_SHAPE = {1: (640, 1), 2: (640, 1), 4: (1024, 1), 8: (1024, 2), 16: (1024, 2)
 AGENT_SHARE = 0.9  # rows of agent conversations vs stdlib code
 WINDOW_DROP = 0.35  # share of batches trained in `state` mode (window W = 0)
 EPS = 0.05
+EASY_SHARE = 0.0  # agent rows of short curriculum conversations (--easy-share; see `easy_conversations`)
 OTHER_BLOCK_RATE = 0.15  # agent rows: share of blocks outside assistant turns that are masked at all
 
 
@@ -88,6 +89,7 @@ class RowSource:
         self.rng = random.Random(seed)
         self.eot = tokenizer.token_to_id("<|endoftext|>")
         self._convs = iter_conversations(seed * 1_000_000 % 9_000_000, None, max_rounds=8)
+        self._easy = easy_conversations((seed * 1_000_000 + 500_000) % 9_000_000)
         ids = []
         for text in iter_stdlib_text("train", seed):
             ids.extend(tokenizer.encode(text).ids)
@@ -99,7 +101,8 @@ class RowSource:
         so every assistant turn in it has its request and tool responses in view). Returns the
         ids and the focus flags: True on assistant-turn tokens (the calls, the answer and their
         ``<|im_end|>``), the tokens a decoder generates."""
-        return pack_conversations(self._convs, self.tok, self.eot, T)
+        easy = self.rng.random() < EASY_SHARE
+        return pack_conversations(self._easy if easy else self._convs, self.tok, self.eot, T)
 
     def code_row(self, T: int) -> tuple[list[int], list[bool]]:
         s = self.rng.randrange(0, len(self.code) - T)
@@ -110,6 +113,19 @@ class RowSource:
         rows = [self.agent_row(T) if self.rng.random() < AGENT_SHARE else self.code_row(T) for _ in range(B)]
         return (torch.tensor([r[0] for r in rows], dtype=torch.long),
                 torch.tensor([r[1] for r in rows], dtype=torch.bool))
+
+
+def easy_conversations(seed: int):
+    """Curriculum stream: 1-2 tools listed, 1-2 calls, so a 1024-token row holds ~6x more calls
+    whose values sit a few dozen tokens back -- the copy (induction) circuit forms on these and
+    carries over to the long multi-call conversations. Training seeds only."""
+    from engine.data.agent import EVAL_SEED_START, generate_conversation
+
+    i = seed
+    while True:
+        rng = random.Random(i)
+        yield generate_conversation(rng, n_rounds=rng.choice((1, 1, 2)), n_tools=rng.choice((1, 2)))
+        i = i + 1 if i + 1 < EVAL_SEED_START else 0
 
 
 def pack_conversations(convs, tokenizer, eot: int, T: int) -> tuple[list[int], list[bool]]:
@@ -237,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save-every-min", type=float, default=10.0)
     ap.add_argument("--eval-every-min", type=float, default=15.0)
     ap.add_argument("--eval-tasks", type=int, default=24)
+    ap.add_argument("--easy-share", type=float, default=0.0,
+                    help="share of agent rows drawn from the short curriculum conversations (0..1)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="start from this checkpoint's weights with a fresh optimizer and schedule "
@@ -246,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     from tokenizers import Tokenizer
 
     torch.set_num_threads(args.threads)
+    if not 0.0 <= args.easy_share <= 1.0:
+        raise SystemExit(f"--easy-share must be in [0, 1], got {args.easy_share}")
+    global EASY_SHARE
+    EASY_SHARE = args.easy_share
     if not args.tokenizer.is_file():
         raise SystemExit(f"no tokenizer at {args.tokenizer}; build it: python -m engine.data.tokenizer --out {args.tokenizer}")
     tokenizer = Tokenizer.from_file(str(args.tokenizer))
@@ -345,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
             for mode, win in (("window", True), ("state", False)):
                 loss_c, acc_c = heldout_loss(model, held_call, win, with_accuracy=True)
                 rec[f"heldout_call_loss_{mode}"], rec[f"heldout_call_acc_{mode}"] = round(loss_c, 4), round(acc_c, 4)
+            from engine.eval import value_probe
+
+            rec["value_probe"] = value_probe(model, tokenizer, n_tasks=40)
             if args.eval_tasks:
                 rec["agent_window"] = quick_agent_eval(model, tokenizer, args.eval_tasks, "state+window")
                 rec["agent_state"] = quick_agent_eval(model, tokenizer, max(1, args.eval_tasks // 2), "state")

@@ -322,13 +322,16 @@ def _turn(role: str, content: str) -> str:
     return f"{IM_START}{role}\n{content}{IM_END}\n"
 
 
-def generate_conversation(rng: random.Random, n_rounds: int | None = None, max_rounds: int = 8) -> Conversation:
+def generate_conversation(rng: random.Random, n_rounds: int | None = None, max_rounds: int = 8,
+                          n_tools: int | None = None) -> Conversation:
     """One conversation with `n_rounds` tool calls (1..50); None draws from the default mix.
 
     Args:
         rng: the only source of randomness (same state -> same bytes).
         n_rounds: number of tool calls, 1..50; None draws 1..`max_rounds`, mostly 1-4.
         max_rounds: upper bound of the default draw.
+        n_tools: tools listed in the system turn (1..len(TOOLS)); None draws 3..5. Fewer tools
+            and rounds make the short conversations of the training curriculum.
 
     Returns:
         `Conversation` with text and one `CallTurn` per call.
@@ -337,7 +340,9 @@ def generate_conversation(rng: random.Random, n_rounds: int | None = None, max_r
         n_rounds = _default_rounds(rng, max_rounds)
     if not isinstance(n_rounds, int) or not 1 <= n_rounds <= 50:
         raise ValueError(f"n_rounds must be an int in 1..50, got {n_rounds!r}")
-    toolset = _pick_toolset(rng, rng.randint(3, 5))
+    if n_tools is not None and not (isinstance(n_tools, int) and 1 <= n_tools <= len(TOOLS)):
+        raise ValueError(f"n_tools must be an int in 1..{len(TOOLS)}, got {n_tools!r}")
+    toolset = _pick_toolset(rng, rng.randint(3, 5) if n_tools is None else n_tools)
     sep = rng.choice(_SEPS)
 
     # Plan the calls first (the request refers to them), then write the text.
