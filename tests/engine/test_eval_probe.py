@@ -1,0 +1,47 @@
+"""The value-copy probe masks exactly the call's values and scores them.
+
+Run: .venv/bin/python -m pytest tests/engine/test_eval_probe.py -q
+"""
+
+import torch
+import torch.nn.functional as F
+
+from engine.checkpoint import load_tokenizer
+from engine.config import CloverConfig
+from engine.eval import value_probe
+
+TOK = load_tokenizer("models/clover-tiny")
+
+
+class Oracle(torch.nn.Module):
+    """forward_train returns one-hot rows of `clean` (predicts every slot right) or of `noisy`
+    (predicts MASK on masked slots); lm_head is the identity. Records the masked tokens."""
+
+    def __init__(self, cheat: bool):
+        super().__init__()
+        self.config = CloverConfig(**{**CloverConfig.from_name("clover-test").to_dict(), "vocab_size": 4096,
+                                      "mask_token_id": 1, "eos_token_id": 3})
+        self.cheat, self.masked = cheat, []
+        self.lm_head = torch.nn.Identity()
+
+    def forward_train(self, clean, noisy, L, use_window):
+        assert clean.shape[1] % L == 0
+        self.masked.append(TOK.decode(clean[noisy == 1].tolist()))
+        return F.one_hot(clean if self.cheat else noisy, 4096).float(), None
+
+
+def test_probe_scores_one_when_right_and_zero_when_it_predicts_mask():
+    right = value_probe(Oracle(True), TOK, n_tasks=4)
+    assert set(right) == {"window", "state"}
+    assert all(v == 1.0 for mode in right.values() for v in mode.values())
+    assert {"name", "request"} <= set(right["window"])
+    wrong = Oracle(False)
+    out = value_probe(wrong, TOK, n_tasks=4)
+    assert all(v == 0.0 for mode in out.values() for v in mode.values())
+    # what was masked is the values and the name, nothing of the JSON around them
+    from engine.data.agent import eval_tasks
+
+    t = eval_tasks(n=1)[0]
+    masked = wrong.masked[0].replace(" ", "")
+    assert t.name.replace("_", "") in masked.replace("_", "")
+    assert '"' not in masked and "{" not in masked and "arguments" not in masked
