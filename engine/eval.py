@@ -12,6 +12,9 @@ earlier tool response), tokens per forward, NFE, forced-fill rate, wall time
 and tokens/s. All settings run in the same process pool on the same prompts,
 so the tokens/s ratio block-diffusion / block_size 1 is measured side by side.
 
+Value-copy probe (`value_probe`): the true call in place with its values masked, one
+forward -- copying measured apart from the call's structure.
+
 Stdlib (held-out split by file): after a real 256-token prefix, (a) token
 accuracy of the first decoded block (32 / 0.95) against the file's next 32
 tokens, (b) with the block fully masked, one forward: argmax accuracy by slot
@@ -194,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settings", default=",".join(SETTINGS), help=f"comma list of {list(SETTINGS)}")
     ap.add_argument("--stdlib-files", type=int, default=30, help="held-out files for the code metrics (0 = skip)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--probe-tasks", type=int, default=100, help="tasks for the value-copy probe (0 = skip)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None, help="JSON output (default MODEL/eval.json)")
@@ -246,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
             "masked_slot_acc_by_index": [round(sum(r["slot_correct"][i] for r in code_rows) / n, 4) for i in range(32)],
             "first_block_nfe_mean": sum(r["nfe"] for r in code_rows) / n,
         }
+    if args.probe_tasks:
+        from engine.checkpoint import load_model, load_tokenizer
+
+        torch.set_num_threads(args.threads)
+        report["value_probe"] = value_probe(load_model(args.model), load_tokenizer(args.model), args.probe_tasks)
+        report["value_probe_tasks"] = args.probe_tasks
     report["exact_tasks"] = {s: sorted(r["task"] for r in rows[s] if r["exact_match"]) for s in settings}
     report["examples"] = {s: [{"task": r["task"], "text": r["text"], "exact_match": r["exact_match"]}
                               for r in sorted(rows[s], key=lambda r: r["task"])[:5]] for s in settings}
@@ -277,6 +287,9 @@ def format_table(report: dict) -> str:
         if k in report:
             mode = k.rsplit("_", 1)[1]
             lines.append(f"{k}: {report[k]:.2f}x (same {report['speedup_common_tasks_' + mode]} prompts, same run)")
+    for mode, accs in report.get("value_probe", {}).items():
+        lines.append(f"value-copy probe ({mode}, {report['value_probe_tasks']} tasks, values masked, call in place): "
+                     + ", ".join(f"{k} {v:.3f}" for k, v in accs.items()))
     if "stdlib" in report:
         s = report["stdlib"]
         acc = s["masked_slot_acc_by_index"]

@@ -45,3 +45,20 @@ def test_probe_scores_one_when_right_and_zero_when_it_predicts_mask():
     masked = wrong.masked[0].replace(" ", "")
     assert t.name.replace("_", "") in masked.replace("_", "")
     assert '"' not in masked and "{" not in masked and "arguments" not in masked
+
+
+def test_eval_cli_writes_every_setting_and_the_probe(tmp_path):
+    import json
+
+    from engine.eval import main
+
+    out = tmp_path / "eval.json"
+    assert main(["--model", "models/clover-tiny", "--tasks", "2", "--ar-tasks", "1", "--stdlib-files", "1",
+                 "--probe-tasks", "2", "--workers", "1", "--max-new-tokens", "40", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert set(r["agent"]) == {"bd32-window", "ar1-window", "bd32-state", "ar1-state"}
+    assert r["agent"]["bd32-window"]["n_tasks"] == 2 and r["agent"]["ar1-state"]["n_tasks"] == 1
+    for s in r["agent"].values():
+        assert 0 <= s["exact_match"] <= s["json_valid"] <= 1 and s["tokens_per_forward"] > 0
+    assert r["speedup_common_tasks_window"] == 1 and r["speedup_tokens_per_s_bd32_vs_ar1_window"] > 0
+    assert set(r["value_probe"]) == {"window", "state"} and len(r["stdlib"]["masked_slot_acc_by_index"]) == 32
