@@ -2,10 +2,10 @@
 
 Run: .venv/bin/python -m pytest tests/engine/test_bundled_model.py -q
 
-`models/clover-tiny` is a first, short training run (see its README): it has
-learned the tool-call layout but not yet to copy values, so this checks the
-structure of the call (valid JSON inside <tool_call>, stop at <|im_end|>), not
-its values.
+`models/clover-tiny` is a short training run (see its README): it has learned
+the tool-call layout and mostly picks the right tool, but does not yet copy
+argument values (exact match 0), so this checks the structure of the call (valid
+JSON inside <tool_call>, stop at <|im_end|>) and the tool name, not its values.
 """
 
 from pathlib import Path
@@ -33,6 +33,8 @@ def test_bundled_model_loads_with_its_card_and_decodes_a_tool_call():
         assert res.text.startswith('<tool_call>{"name": "')
         assert res.stop_reason == "eos" and res.text.endswith("</tool_call>")
         assert tok.token_to_id("<|mask|>") not in res.tokens
-        calls.append(parse_call(res.text))
-    # eval.json: 55 % of calls are valid JSON at 32 / 0.95; at least one of six here
-    assert any(c is not None and set(c) == {"name", "arguments"} for c in calls)
+        calls.append((task, parse_call(res.text)))
+    # eval.json: 84 % valid JSON and 67 % right tool at 32 / 0.95; here 4 of these 6 name the right
+    # tool with exactly its argument keys (values are not copied yet); ask for 3
+    right = [c is not None and c["name"] == t.name and set(c["arguments"]) == set(t.arguments) for t, c in calls]
+    assert sum(right) >= 3, [(t.name, c) for t, c in calls]
