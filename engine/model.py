@@ -502,8 +502,9 @@ class GatedAttention(nn.Module):
         nb, rep = n // L, self.Hq // self.Hkv
         S_b, S = chunk_states(k[:, :n].float(), v[:, :n].float(), g[:, :n], beta[:, :n], st.S, L)
         S_b = S_b.repeat_interleave(rep, 1).transpose(1, 2).reshape(B * nb, self.Hq, self.D, self.D)
+        band = ctx.train and W and L <= _BAND_MAX_BLOCK  # small training blocks: `_band_blocks`
         wk = wv = valid = None
-        if W and not (ctx.train and L <= _BAND_MAX_BLOCK):  # block b sees the committed K/V at positions [bL - W, bL); window nb = the final block's
+        if W and not band:  # block b sees the committed K/V at [bL - W, bL); window nb = the final block's
             pad = k_rot.new_zeros(B, self.Hkv, W, self.D)
             kp = torch.cat([pad, k_rot[:, :, :n]], 2).unfold(2, W, L)  # [B, Hkv, nb+1, D, W]
             vp = torch.cat([pad.to(vh.dtype), vh[:, :, :n]], 2).unfold(2, W, L)
@@ -514,7 +515,7 @@ class GatedAttention(nn.Module):
             valid = j[None, :] >= (W - starts)[:, None]  # [nb+1, W]
 
         def run_blocks(sl):  # all nb blocks of the half `sl`, reading S_b (and windows 0..nb-1)
-            if ctx.train and W and L <= _BAND_MAX_BLOCK:
+            if band:
                 return self._band_blocks(q_rot[:, :, sl], k_rot[:, :, sl], vh[:, :, sl], k_rot[:, :, :n],
                                          vh[:, :, :n], q_read[:, :, sl], S_b, mem_logit[:, :, sl], L, W, scale)
             ek = ev = vv = None
