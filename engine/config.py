@@ -60,6 +60,11 @@ class CloverConfig:
     head_dim: int = 256
     partial_rotary_factor: float = 0.25
     rope_theta: float = 10_000_000.0
+    # Short causal depthwise conv on the attention layers' q/k/v projections
+    # (Primer, So et al. 2021, arXiv:2109.08668, kernel 3; no activation).
+    # Gives keys and queries the previous tokens' features that induction /
+    # copying needs. 0 = none (Qwen3.5 has none).
+    attention_conv_kernel_dim: int = 0
 
     # Mixture of experts.
     num_experts: int = 256
@@ -128,6 +133,8 @@ class CloverConfig:
             )
         if not 0.0 <= self.partial_rotary_factor <= 1.0:
             raise ValueError(f"partial_rotary_factor must be in [0, 1], got {self.partial_rotary_factor}")
+        if self.attention_conv_kernel_dim < 0:
+            raise ValueError(f"attention_conv_kernel_dim must be >= 0 (0 = no conv), got {self.attention_conv_kernel_dim}")
         if self.attention_window < 0:
             raise ValueError(f"attention_window must be >= 0, got {self.attention_window}")
         for name in ("mask_token_id", "eos_token_id"):

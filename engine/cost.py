@@ -172,8 +172,10 @@ def param_counts(config: CloverConfig | str) -> dict[str, int]:
         ``gdn_mixer`` / ``attention_mixer``: one layer's mixer without its
         RMSNorm weights; ``gdn_matmul`` / ``attention_matmul``: the projection
         weights among them (the FLOP-carrying part); ``conv``: GDN conv1d
-        weights; ``norms``: all RMSNorm weights of the model; ``router``,
-        ``expert``, ``shared_expert`` (gate row included): one layer's;
+        weights; ``attention_conv``: the optional attention q/k/v conv1d
+        weights (``attention_conv_kernel_dim``); ``norms``: all RMSNorm weights
+        of the model; ``router``, ``expert``, ``shared_expert`` (gate row
+        included): one layer's;
         ``embedding``, ``lm_head``; ``total``: every parameter.
     """
     cfg = _as_config(config)
@@ -191,6 +193,8 @@ def param_counts(config: CloverConfig | str) -> dict[str, int]:
     attn_matmul = 2 * Hq * hd * H + 2 * Hkv * hd * H + H * Hq * hd + 2 * Hkv * H
     # mem_A_log, mem_dt_bias, w_mem, b_mem.
     attn_small = Hkv + Hkv + Hq * hd + Hq
+    # Optional Primer-style depthwise conv on q/k/v (config.attention_conv_kernel_dim, 0 = none).
+    attn_conv = (Hq + 2 * Hkv) * hd * cfg.attention_conv_kernel_dim
     norms = (
         2 * H * cfg.num_hidden_layers  # input + post-attention RMSNorm
         + H  # final norm
@@ -205,7 +209,8 @@ def param_counts(config: CloverConfig | str) -> dict[str, int]:
         "conv": conv,
         "gdn_mixer": gdn_matmul + conv + gdn_small,
         "attention_matmul": attn_matmul,
-        "attention_mixer": attn_matmul + attn_small,
+        "attention_conv": attn_conv,
+        "attention_mixer": attn_matmul + attn_conv + attn_small,
         "norms": norms,
         "router": router,
         "expert": expert,
@@ -416,7 +421,7 @@ def forward_cost(
     b["gdn_mixers"] = n_gdn * c["gdn_mixer"] * wb
     f["gdn_mixers"] = n_gdn * T * (2 * c["gdn_matmul"] + 2 * c["conv"])
     b["attention_mixers"] = n_attn * c["attention_mixer"] * wb
-    f["attention_mixers"] = n_attn * T * 2 * c["attention_matmul"]
+    f["attention_mixers"] = n_attn * T * (2 * c["attention_matmul"] + 2 * c["attention_conv"])
     final_norm = H if L else 0
     b["norms"] = (c["norms"] - H + final_norm) * wb
     normed_per_token = (
@@ -437,6 +442,8 @@ def forward_cost(
     if include_state:
         gdn_state = Hv * Dk * Dv * state_bytes + (cfg.linear_conv_kernel_dim - 1) * channels * act_bytes
         attn_state = Hkv * hd * hd * state_bytes
+        if cfg.attention_conv_kernel_dim:
+            attn_state += (cfg.attention_conv_kernel_dim - 1) * (Hq + 2 * Hkv) * hd * act_bytes
         state_bytes_total = n_gdn * gdn_state + n_attn * attn_state
         b["state_read"] = state_bytes_total
         f["state_read"] = T * (n_gdn * 2 * Hv * Dk * Dv + n_attn * 2 * Hq * hd * hd)

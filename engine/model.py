@@ -51,7 +51,8 @@ class LayerState:
 
     Attributes:
         S: [B, H, K, V] fp32 delta-rule state (H = H_v for GDN, H_kv for attention).
-        conv: [B, kernel-1, channels] conv tail (GDN layers only).
+        conv: [B, kernel-1, channels] conv tail (GDN layers, and attention layers
+            with ``attention_conv_kernel_dim > 0``).
         win_k, win_v: [B, H_kv, W, D] ring buffer of RoPE'd keys / values
             (attention layers in ``state+window`` mode only).
     """
@@ -263,6 +264,42 @@ def _delta_update(S, k, v, g, beta, reference: bool):
     return S_new
 
 
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, ctx: _Ctx, st: LayerState) -> torch.Tensor:
+    """Causal depthwise conv over time, carrying its tail across forwards (no activation).
+
+    Inference: over ``[tail ++ commit ++ block]``; the tail becomes the last
+    (kernel-1) inputs of ``[tail ++ commit]`` (never the block). Training: the
+    clean half from a zero tail; each noisy block b sees the clean inputs just
+    before clean block b as its tail -- what the decoder sees when it decodes block b.
+
+    Args:
+        x: [B, T, channels] projections; weight: [channels, 1, kernel] (``nn.Conv1d``
+            depthwise weight); st.conv: [B, kernel-1, channels] tail, updated in place
+            (inference only).
+
+    Returns:
+        [B, T, channels], dtype of x.
+    """
+    k1 = weight.shape[-1] - 1
+    channels = x.shape[-1]
+    if not ctx.train:
+        conv_in = torch.cat([st.conv.to(x.dtype), x], 1)  # [B, k-1+T, channels]
+        out = F.conv1d(conv_in.transpose(1, 2), weight, groups=channels).transpose(1, 2)
+        tail = conv_in[:, : k1 + ctx.n_commit]
+        st.conv.copy_(tail[:, tail.shape[1] - k1:].detach().to(st.conv.dtype))
+        return out
+    B, n, L = x.shape[0], ctx.n_commit, ctx.chunk
+    nb = n // L
+    clean_in = torch.cat([x.new_zeros(B, k1, channels), x[:, :n]], 1)  # [B, k-1+n, ch]
+    clean = F.conv1d(clean_in.transpose(1, 2), weight, groups=channels).transpose(1, 2)
+    idx = (torch.arange(nb, device=x.device) * L)[:, None] + torch.arange(k1, device=x.device)
+    tails = clean_in[:, idx]  # [B, nb, k-1, ch]
+    noisy_in = torch.cat([tails, x[:, n:].reshape(B, nb, L, channels)], 2)
+    noisy = F.conv1d(noisy_in.reshape(B * nb, k1 + L, channels).transpose(1, 2), weight,
+                     groups=channels).transpose(1, 2).reshape(B, n, channels)
+    return torch.cat([clean, noisy], 1)
+
+
 # --------------------------------------------------------------------------- mixers
 class GatedDeltaNet(nn.Module):
     """Gated DeltaNet mixer (Qwen3.5 layout: separate in_proj_qkv / z / b / a).
@@ -302,33 +339,9 @@ class GatedDeltaNet(nn.Module):
             conv=torch.zeros(batch, k - 1, self.channels, dtype=dtype, device=device),
         )
 
-    def _conv(self, qkv: torch.Tensor, ctx: _Ctx, st: LayerState) -> torch.Tensor:
-        """Causal depthwise conv + SiLU. Inference: over [tail ++ commit ++ block], and the
-        tail becomes the last (kernel-1) inputs of [tail ++ commit] (never the block).
-        Training: the clean half from a zero tail; each noisy block b sees the clean
-        inputs just before clean block b as its tail."""
-        k1 = self.cfg.linear_conv_kernel_dim - 1
-        w = self.conv1d.weight  # [channels, 1, kernel]
-        if not ctx.train:
-            conv_in = torch.cat([st.conv.to(qkv.dtype), qkv], 1)  # [B, k-1+T, channels]
-            out = F.conv1d(conv_in.transpose(1, 2), w, groups=self.channels).transpose(1, 2)
-            tail = conv_in[:, : k1 + ctx.n_commit]
-            st.conv.copy_(tail[:, tail.shape[1] - k1:].detach().to(st.conv.dtype))
-            return F.silu(out)
-        B, n, L = qkv.shape[0], ctx.n_commit, ctx.chunk
-        nb = n // L
-        clean_in = torch.cat([qkv.new_zeros(B, k1, self.channels), qkv[:, :n]], 1)  # [B, k-1+n, ch]
-        clean = F.conv1d(clean_in.transpose(1, 2), w, groups=self.channels).transpose(1, 2)
-        idx = (torch.arange(nb, device=qkv.device) * L)[:, None] + torch.arange(k1, device=qkv.device)
-        tails = clean_in[:, idx]  # [B, nb, k-1, ch]
-        noisy_in = torch.cat([tails, qkv[:, n:].reshape(B, nb, L, self.channels)], 2)
-        noisy = F.conv1d(noisy_in.reshape(B * nb, k1 + L, self.channels).transpose(1, 2), w,
-                         groups=self.channels).transpose(1, 2).reshape(B, n, self.channels)
-        return F.silu(torch.cat([clean, noisy], 1))
-
     def forward(self, x: torch.Tensor, ctx: _Ctx, st: LayerState) -> torch.Tensor:
         B, T, _ = x.shape
-        qkv = self._conv(self.in_proj_qkv(x), ctx, st)  # [B, T, channels]
+        qkv = F.silu(causal_conv(self.in_proj_qkv(x), self.conv1d.weight, ctx, st))  # [B, T, channels]
         q, k, v = torch.split(qkv, [self.Hk * self.K, self.Hk * self.K, self.Hv * self.V], -1)
         q = l2norm(q.reshape(B, T, self.Hk, self.K).float())  # [B, T, Hk, K]
         k = l2norm(k.reshape(B, T, self.Hk, self.K).float())
@@ -419,6 +432,14 @@ class GatedAttention(nn.Module):
         self.o_proj = nn.Linear(self.Hq * self.D, Dm, bias=False)
         self.q_norm = RMSNorm(self.D, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.D, cfg.rms_norm_eps)
+        self.conv1d = None
+        if cfg.attention_conv_kernel_dim:  # Primer-style short conv on q/k/v, initialised to identity
+            self.conv_channels = (self.Hq + 2 * self.Hkv) * self.D
+            self.conv1d = nn.Conv1d(self.conv_channels, self.conv_channels, cfg.attention_conv_kernel_dim,
+                                    groups=self.conv_channels, bias=False)
+            with torch.no_grad():
+                self.conv1d.weight.zero_()
+                self.conv1d.weight[..., -1] = 1.0
         # memory state gates and memory unit
         self.mem_a = nn.Linear(Dm, self.Hkv, bias=False)
         self.mem_b = nn.Linear(Dm, self.Hkv, bias=False)
@@ -429,6 +450,9 @@ class GatedAttention(nn.Module):
 
     def init_state(self, batch: int, device, dtype, window: int) -> LayerState:
         st = LayerState(S=torch.zeros(batch, self.Hkv, self.D, self.D, dtype=torch.float32, device=device))
+        if self.conv1d is not None:
+            st.conv = torch.zeros(batch, self.cfg.attention_conv_kernel_dim - 1, self.conv_channels,
+                                  dtype=dtype, device=device)
         if window:
             st.win_k = torch.zeros(batch, self.Hkv, window, self.D, dtype=dtype, device=device)
             st.win_v = torch.zeros(batch, self.Hkv, window, self.D, dtype=dtype, device=device)
@@ -439,9 +463,13 @@ class GatedAttention(nn.Module):
         rep = self.Hq // self.Hkv
         qg = self.q_proj(x).reshape(B, T, self.Hq, 2 * self.D)
         q, gate = qg[..., : self.D], qg[..., self.D:]
-        q = self.q_norm(q)  # [B, T, Hq, D]
-        k = self.k_norm(self.k_proj(x).reshape(B, T, self.Hkv, self.D))
-        v = self.v_proj(x).reshape(B, T, self.Hkv, self.D)
+        k, v = self.k_proj(x), self.v_proj(x)
+        if self.conv1d is not None:
+            qkv = causal_conv(torch.cat([q.reshape(B, T, -1), k, v], -1), self.conv1d.weight, ctx, st)
+            q, k, v = torch.split(qkv, [self.Hq * self.D, self.Hkv * self.D, self.Hkv * self.D], -1)
+        q = self.q_norm(q.reshape(B, T, self.Hq, self.D))  # [B, T, Hq, D]
+        k = self.k_norm(k.reshape(B, T, self.Hkv, self.D))
+        v = v.reshape(B, T, self.Hkv, self.D)
         beta = torch.sigmoid(self.mem_b(x).float())  # [B, T, Hkv]
         g = -self.mem_A_log.float().exp() * F.softplus(self.mem_a(x).float() + self.mem_dt_bias)
 

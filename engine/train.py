@@ -33,6 +33,7 @@ every ``--save-every-min`` minutes and at the end, the checkpoint
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -72,8 +73,31 @@ def tiny_config(vocab_size: int = 4096) -> CloverConfig:
         num_attention_heads=4, num_key_value_heads=2, head_dim=48, partial_rotary_factor=0.5,
         rope_theta=10000.0, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=192,
         shared_expert_intermediate_size=192, max_position_embeddings=65536, attention_window=512,
-        mask_token_id=1, eos_token_id=3,
+        attention_conv_kernel_dim=3, mask_token_id=1, eos_token_id=3,
     )
+
+
+def with_attention_conv(model: CloverModel, kernel: int) -> CloverModel:
+    """A copy of `model` with a `kernel`-tap causal conv on its attention layers' q/k/v
+    (``config.attention_conv_kernel_dim``), initialised to the identity so that the new
+    model computes exactly what `model` did; every other weight is carried over.
+
+    Raises:
+        ValueError: `model` already has an attention conv of another size, or `kernel` < 1.
+    """
+    if kernel < 1:
+        raise ValueError(f"attention conv kernel must be >= 1, got {kernel}")
+    old = model.config.attention_conv_kernel_dim
+    if old == kernel:
+        return model
+    if old:
+        raise ValueError(f"model already has an attention conv of {old} taps; cannot resize it to {kernel}")
+    new = CloverModel(dataclasses.replace(model.config, attention_conv_kernel_dim=kernel))
+    missing, unexpected = new.load_state_dict(model.state_dict(), strict=False)
+    stray = [k for k in missing if not k.endswith("self_attn.conv1d.weight")]
+    if stray or unexpected:
+        raise ValueError(f"weights do not fit the new model: missing {stray}, unexpected {unexpected}")
+    return new
 
 
 # ----------------------------------------------------------------------------- data
@@ -256,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-tasks", type=int, default=24)
     ap.add_argument("--easy-share", type=float, default=0.0,
                     help="share of agent rows drawn from the short curriculum conversations (0..1)")
+    ap.add_argument("--attention-conv", type=int, default=0,
+                    help="with --init-from: add a causal conv of this many taps on the attention "
+                         "layers' q/k/v (identity-initialised; 0 = keep the checkpoint's layout)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="start from this checkpoint's weights with a fresh optimizer and schedule "
@@ -282,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.init_from is not None:
         torch.manual_seed(args.seed)
         model = load_model(args.init_from)
+        if args.attention_conv:
+            model = with_attention_conv(model, args.attention_conv)
     else:
         torch.manual_seed(args.seed)
         model = CloverModel(tiny_config(tokenizer.get_vocab_size()))

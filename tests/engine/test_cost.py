@@ -279,3 +279,20 @@ def test_cli_prints_breakdown_and_devices(capsys):
     assert all(name in out for name in DEVICES)
     assert cost.main(["--config", "clover-test", "--union", "99"]) == 2
     assert "outside" in capsys.readouterr().err
+
+
+
+@pytest.mark.parametrize("kernel", [0, 3])
+def test_param_counts_and_state_bytes_with_and_without_attention_conv(kernel):
+    import dataclasses
+
+    from engine.model import CloverModel
+
+    cfg = dataclasses.replace(TINY, attention_conv_kernel_dim=kernel)
+    assert cost.param_counts(cfg)["total"] == sum(p.numel() for p in CloverModel(cfg).parameters())
+    channels = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    assert cost.param_counts(cfg)["attention_conv"] == channels * kernel
+    # the conv tail ((kernel-1) x channels activations per attention layer) is read as state
+    extra = cost.forward_cost(cfg, 32, 8).bytes_by_component["state_read"] - \
+        cost.forward_cost(TINY, 32, 8).bytes_by_component["state_read"]
+    assert extra == max(kernel - 1, 0) * channels * 2 * cfg.num_full_layers

@@ -5,6 +5,7 @@ Run: .venv/bin/python -m pytest tests/engine/test_decoder.py -q
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -336,14 +337,22 @@ def test_bad_prompts():
 
 
 # --------------------------------------------------------- real model: fast == reference
-def loud_model(seed=0) -> CloverModel:
-    """clover-test with weights scaled up so that logits are peaked and history matters."""
+CFG_CONV = dataclasses.replace(CFG, name="clover-test-conv", attention_conv_kernel_dim=3)
+"""clover-test plus the Primer-style short conv on the attention layers' q/k/v."""
+
+
+def loud_model(seed=0, cfg=CFG) -> CloverModel:
+    """clover-test with weights scaled up so that logits are peaked and history matters
+    (the attention convs, if any, get random taps so that they mix neighbours)."""
     torch.manual_seed(seed)
-    m = CloverModel(CFG)
+    m = CloverModel(cfg)
     with torch.no_grad():
         for p in m.parameters():
             if p.dim() >= 2:
                 p.mul_(15)
+        for layer in m.layers:
+            if layer.layer_type == "full_attention" and layer.self_attn.conv1d is not None:
+                layer.self_attn.conv1d.weight.normal_(0.0, 0.7)
     return m.eval()
 
 
@@ -379,8 +388,9 @@ class ReferenceDriven(torch.nn.Module):
 @pytest.mark.parametrize("mode", ["state", "state+window"])
 @pytest.mark.parametrize("block_size, prompt_len", [(1, 5), (4, 8), (4, 10), (32, 32), (32, 45)],
                          ids=["bs1", "bs4-aligned", "bs4-partial", "bs32-aligned", "bs32-partial"])
-def test_fast_path_equals_reference(block_size, prompt_len, mode):
-    model = loud_model()
+@pytest.mark.parametrize("cfg", [CFG, CFG_CONV], ids=["base", "attn-conv"])
+def test_fast_path_equals_reference(block_size, prompt_len, mode, cfg):
+    model = loud_model(cfg=cfg)
     prompt = torch.randint(0, 256, (prompt_len,), generator=torch.Generator().manual_seed(1)).tolist()
     dc = DecodeConfig(block_size=block_size, threshold=0.3, max_new_tokens=40 if block_size < 32 else 64,
                       memory_mode=mode)

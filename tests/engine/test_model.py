@@ -12,14 +12,16 @@ from engine.model import CloverModel
 CFG = CloverConfig.from_name("clover-test")
 
 
-from test_decoder import loud_model as loud  # noqa: E402  (same directory; pytest's rootdir import)
+from test_decoder import CFG_CONV  # noqa: E402  (same directory; pytest's rootdir import)
+from test_decoder import loud_model as loud  # noqa: E402
 
 
+@pytest.mark.parametrize("cfg", [CFG, CFG_CONV], ids=["base", "attn-conv"])
 @pytest.mark.parametrize("use_window", [False, True], ids=["state", "state+window"])
 @pytest.mark.parametrize("L, T", [(1, 6), (4, 16), (8, 40), (16, 48)], ids=["L1", "L4", "L8", "L16"])
-def test_training_forward_equals_reference_per_block(L, T, use_window):
+def test_training_forward_equals_reference_per_block(L, T, use_window, cfg):
     """Noisy block b in the training pass == decoding block b after clean history [0, b*L)."""
-    m = loud()
+    m = loud(cfg=cfg)
     g = torch.Generator().manual_seed(2)
     clean = torch.randint(0, 256, (2, T), generator=g)
     noisy = clean.clone()

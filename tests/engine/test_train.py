@@ -85,3 +85,28 @@ def test_packed_rows_start_at_a_conversation_and_flag_assistant_turns():
     flagged = tok.decode([t for t, f in zip(ids, focus) if f], skip_special_tokens=False)
     assert flagged.startswith("<tool_call>{\"name\": ")
     assert "<|im_start|>" not in flagged and "<tool_response>" not in flagged
+
+
+def test_with_attention_conv_keeps_the_function_and_refuses_a_resize():
+    import dataclasses
+
+    import pytest
+
+    from engine.train import with_attention_conv
+
+    torch.manual_seed(0)
+    base = CloverModel(CloverConfig.from_name("clover-test")).eval()
+    conv = with_attention_conv(base, 3).eval()
+    assert conv.config.attention_conv_kernel_dim == 3
+    hist = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(1))
+    blk = torch.full((1, 8), base.config.mask_token_id)
+    for mode in ("state", "state+window"):
+        torch.testing.assert_close(conv.forward_reference(hist, blk, 8, mode).logits,
+                                   base.forward_reference(hist, blk, 8, mode).logits)
+    assert with_attention_conv(conv, 3) is conv
+    with pytest.raises(ValueError, match="cannot resize"):
+        with_attention_conv(conv, 4)
+    with pytest.raises(ValueError, match=">= 1"):
+        with_attention_conv(base, 0)
+    with pytest.raises(ValueError, match="attention_conv_kernel_dim"):
+        dataclasses.replace(base.config, attention_conv_kernel_dim=-1)
