@@ -13,7 +13,11 @@ and tokens/s. All settings run in the same process pool on the same prompts,
 so the tokens/s ratio block-diffusion / block_size 1 is measured side by side.
 
 Value-copy probe (`value_probe`): the true call in place with its values masked, one
-forward -- copying measured apart from the call's structure.
+forward -- copying measured apart from the call's structure. Run twice: in blocks of 32
+(every value slot masked at once: one-shot recall, what a block-diffusion forward faces
+first) and in blocks of 1 (teacher-forced: each value token with every earlier token
+clean, what autoregressive decoding faces when it has been right so far; it needs the
+induction / previous-token match that copying a multi-token value rests on).
 
 Stdlib (held-out split by file): after a real 256-token prefix, (a) token
 accuracy of the first decoded block (32 / 0.95) against the file's next 32
@@ -113,7 +117,8 @@ def value_probe(model, tokenizer, n_tasks: int = 60, block_size: int = 32) -> di
 
     Args:
         model: a `CloverModel`; tokenizer: its `tokenizers.Tokenizer`; n_tasks: held-out tasks
-            (`eval_tasks`, seeds >= 10,000,000); block_size: blocks of the forward.
+            (`eval_tasks`, seeds >= 10,000,000); block_size: blocks of the forward (1 =
+            teacher-forced: each masked token sees every earlier token clean).
 
     Returns:
         ``{"window": {source: acc}, "state": {source: acc}}`` (accuracies in [0, 1]).
@@ -254,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         from engine.checkpoint import load_model, load_tokenizer
 
         torch.set_num_threads(args.threads)
-        report["value_probe"] = value_probe(load_model(args.model), load_tokenizer(args.model), args.probe_tasks)
+        model, tok = load_model(args.model), load_tokenizer(args.model)
+        report["value_probe"] = value_probe(model, tok, args.probe_tasks)
+        report["value_probe_teacher_forced"] = value_probe(model, tok, args.probe_tasks, block_size=1)
         report["value_probe_tasks"] = args.probe_tasks
     report["exact_tasks"] = {s: sorted(r["task"] for r in rows[s] if r["exact_match"]) for s in settings}
     report["examples"] = {s: [{"task": r["task"], "text": r["text"], "exact_match": r["exact_match"]}
@@ -287,9 +294,11 @@ def format_table(report: dict) -> str:
         if k in report:
             mode = k.rsplit("_", 1)[1]
             lines.append(f"{k}: {report[k]:.2f}x (same {report['speedup_common_tasks_' + mode]} prompts, same run)")
-    for mode, accs in report.get("value_probe", {}).items():
-        lines.append(f"value-copy probe ({mode}, {report['value_probe_tasks']} tasks, values masked, call in place): "
-                     + ", ".join(f"{k} {v:.3f}" for k, v in accs.items()))
+    for key, how in (("value_probe", "blocks of 32, all values masked"),
+                     ("value_probe_teacher_forced", "blocks of 1, teacher-forced")):
+        for mode, accs in report.get(key, {}).items():
+            lines.append(f"value-copy probe ({mode}, {report['value_probe_tasks']} tasks, {how}): "
+                         + ", ".join(f"{k} {v:.3f}" for k, v in accs.items()))
     if "stdlib" in report:
         s = report["stdlib"]
         acc = s["masked_slot_acc_by_index"]

@@ -34,6 +34,7 @@ def test_probe_scores_one_when_right_and_zero_when_it_predicts_mask():
     right = value_probe(Oracle(True), TOK, n_tasks=4)
     assert set(right) == {"window", "state"}
     assert all(v == 1.0 for mode in right.values() for v in mode.values())
+    assert value_probe(Oracle(True), TOK, n_tasks=2, block_size=1) == value_probe(Oracle(True), TOK, n_tasks=2)
     assert {"name", "request"} <= set(right["window"])
     wrong = Oracle(False)
     out = value_probe(wrong, TOK, n_tasks=4)
@@ -61,4 +62,5 @@ def test_eval_cli_writes_every_setting_and_the_probe(tmp_path):
     for s in r["agent"].values():
         assert 0 <= s["exact_match"] <= s["json_valid"] <= 1 and s["tokens_per_forward"] > 0
     assert r["speedup_common_tasks_window"] == 1 and r["speedup_tokens_per_s_bd32_vs_ar1_window"] > 0
-    assert set(r["value_probe"]) == {"window", "state"} and len(r["stdlib"]["masked_slot_acc_by_index"]) == 32
+    assert set(r["value_probe"]) == set(r["value_probe_teacher_forced"]) == {"window", "state"}
+    assert len(r["stdlib"]["masked_slot_acc_by_index"]) == 32
