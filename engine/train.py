@@ -283,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attention-conv", type=int, default=0,
                     help="with --init-from: add a causal conv of this many taps on the attention "
                          "layers' q/k/v (identity-initialised; 0 = keep the checkpoint's layout)")
+    ap.add_argument("--conv-lr-mult", type=float, default=1.0,
+                    help="learning-rate multiplier of the attention conv taps (e.g. 10 when they were just "
+                         "added identity-initialised by --attention-conv and must move fast)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="start from this checkpoint's weights with a fresh optimizer and schedule "
@@ -316,10 +319,15 @@ def main(argv: list[str] | None = None) -> int:
         model = CloverModel(tiny_config(tokenizer.get_vocab_size()))
     cfg = model.config
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    is_conv = lambda n: n.endswith("self_attn.conv1d.weight")  # noqa: E731
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not is_conv(n)]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95))
+    groups = [{"params": decay, "weight_decay": 0.01, "lr_mult": 1.0},
+              {"params": no_decay, "weight_decay": 0.0, "lr_mult": 1.0}]
+    conv = [p for n, p in model.named_parameters() if is_conv(n)]
+    if conv:  # a few taps per channel: no decay, their own learning-rate multiplier
+        groups.append({"params": conv, "weight_decay": 0.0, "lr_mult": args.conv_lr_mult})
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
     if args.resume:
         opt.load_state_dict(saved["optimizer"])
     print(f"clover-tiny: {sum(p.numel() for p in model.parameters()):,} parameters; step {prog.step}, "
@@ -366,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             continue  # nothing to predict in this batch (rare: short rows without assistant turns)
         use_window = rng.random() >= WINDOW_DROP
         for gparam in opt.param_groups:
-            gparam["lr"] = lr_at(prog.elapsed_s / budget_s, args.lr)
+            gparam["lr"] = lr_at(prog.elapsed_s / budget_s, args.lr) * gparam.get("lr_mult", 1.0)
         h, aux = model.forward_train(clean, noisy, L, use_window)
         msk = noisy == cfg.mask_token_id
         loss = F.cross_entropy(model.lm_head(h[msk]).float(), clean[msk])
