@@ -119,23 +119,25 @@ class RowSource:
             ids.extend(tokenizer.encode(text).ids)
         self.code = np.asarray(ids, dtype=np.int64)
 
-    def agent_row(self, T: int) -> tuple[list[int], list[bool]]:
+    def agent_row(self, T: int) -> tuple[list[int], list[bool], list[bool]]:
         """Conversations packed from a conversation start (a row never begins mid-conversation,
         so every assistant turn in it has its request and tool responses in view). Returns the
         ids and the focus flags: True on assistant-turn tokens (the calls, the answer and their
-        ``<|im_end|>``), the tokens a decoder generates."""
+        ``<|im_end|>``), the tokens a decoder generates; and the copied-value flags."""
         easy = self.rng.random() < self.easy_share
         return pack_conversations(self._easy if easy else self._convs, self.tok, self.eot, T)
 
-    def code_row(self, T: int) -> tuple[list[int], list[bool]]:
+    def code_row(self, T: int) -> tuple[list[int], list[bool], list[bool]]:
         s = self.rng.randrange(0, len(self.code) - T)
-        return self.code[s: s + T].tolist(), [True] * T
+        return self.code[s: s + T].tolist(), [True] * T, [False] * T
 
-    def batch(self, B: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, T] int64 ids and [B, T] bool focus (see `agent_row`; all True on code rows)."""
+    def batch(self, B: int, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[B, T] int64 ids, [B, T] bool focus (see `agent_row`; all True on code rows) and
+        [B, T] bool copied-value flags."""
         rows = [self.agent_row(T) if self.rng.random() < AGENT_SHARE else self.code_row(T) for _ in range(B)]
         return (torch.tensor([r[0] for r in rows], dtype=torch.long),
-                torch.tensor([r[1] for r in rows], dtype=torch.bool))
+                torch.tensor([r[1] for r in rows], dtype=torch.bool),
+                torch.tensor([r[2] for r in rows], dtype=torch.bool))
 
 
 def easy_conversations(seed: int):
@@ -153,21 +155,45 @@ def easy_conversations(seed: int):
         i = i + 1 if i + 1 < EVAL_SEED_START else 0
 
 
-def pack_conversations(convs, tokenizer, eot: int, T: int) -> tuple[list[int], list[bool]]:
+def pack_conversations(convs, tokenizer, eot: int, T: int) -> tuple[list[int], list[bool], list[bool]]:
     """Pack conversations from the iterator `convs` into one row of T ids (each followed by
-    `eot`), the last one cut; and per token, whether it lies in an assistant turn (content
-    and its closing ``<|im_end|>``)."""
+    `eot`), the last one cut. Returns the ids and, per token, whether it lies in an assistant
+    turn (content and its closing ``<|im_end|>``) and whether it is part of a copied argument
+    value of a tool call (`value_spans`; the tokens `--copy-weight` up-weights)."""
     ids: list[int] = []
     focus: list[bool] = []
+    value: list[bool] = []
     while len(ids) < T:
         conv = next(convs)
         enc = tokenizer.encode(conv.text)
         spans = [(m.start(1), m.end()) for m in _ASSISTANT.finditer(conv.text)]
+        vspans = value_spans(conv)
         ids += enc.ids + [eot]
         focus += [any(a <= o[0] < b for a, b in spans) for o in enc.offsets] + [False]
-    return ids[:T], focus[:T]
+        value += [any(o[0] < b and o[1] > a for a, b in vspans) for o in enc.offsets] + [False]
+    return ids[:T], focus[:T], value[:T]
 
 
+def value_spans(conv) -> list[tuple[int, int]]:
+    """Character spans ``[a, b)`` in ``conv.text`` of every argument value of every tool call
+    (string values without their quotes), from the ground truth ``conv.calls`` (one per
+    ``<tool_call>``, in order): the tokens that must be copied from the request or an earlier
+    tool response."""
+    from engine.data.agent import dumps
+
+    out = []
+    for call, m in zip(conv.calls, _TOOL_CALL.finditer(conv.text)):
+        cur = conv.text.index('"arguments"', m.start())
+        for f in call.fields:
+            js, key = dumps(f.value), f'"{f.key}": '
+            i = conv.text.index(key, cur, m.end()) + len(key)
+            cur = i
+            q = 1 if js.startswith('"') else 0
+            out.append((i + q, i + len(js) - q))
+    return out
+
+
+_TOOL_CALL = re.compile(r"<tool_call>.*?</tool_call>", re.S)
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", re.S)
 
 
@@ -286,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conv-lr-mult", type=float, default=1.0,
                     help="learning-rate multiplier of the attention conv taps (e.g. 10 when they were just "
                          "added identity-initialised by --attention-conv and must move fast)")
+    ap.add_argument("--copy-weight", type=float, default=1.0,
+                    help="loss weight of masked tokens that are copied argument values of tool calls "
+                         "(1 = plain mean over masked slots)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="start from this checkpoint's weights with a fresh optimizer and schedule "
@@ -349,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     hconvs = iter_conversations(EVAL_SEED_START + 60_000, None)
     rows = [pack_conversations(hconvs, tokenizer, 0, 1024) for _ in range(4)]
     held_call_clean = torch.tensor([r[0] for r in rows])
-    held_call_focus = torch.tensor([r[1] for r in rows])
+    held_call_focus = torch.tensor([r[1] for r in rows])  # r[2]: value flags, unused here
     held_call = [(held_call_clean, held_call_clean.masked_fill(held_call_focus, cfg.mask_token_id), 32)]
 
     log_path = args.out / "train_log.jsonl"
@@ -368,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     while prog.elapsed_s < stop_s:
         L = rng.choices(list(BLOCK_SIZES), weights=list(BLOCK_SIZES.values()))[0]
         T, B = ROW_SHAPE[L]
-        clean, focus = src.batch(B, T)
+        clean, focus, value = src.batch(B, T)
         noisy = mask_blocks(clean, L, cfg.mask_token_id, gen, focus)
         if not bool((noisy == cfg.mask_token_id).any()):
             continue  # nothing to predict in this batch (rare: short rows without assistant turns)
@@ -377,9 +406,11 @@ def main(argv: list[str] | None = None) -> int:
             gparam["lr"] = lr_at(prog.elapsed_s / budget_s, args.lr) * gparam.get("lr_mult", 1.0)
         h, aux = model.forward_train(clean, noisy, L, use_window)
         msk = noisy == cfg.mask_token_id
-        loss = F.cross_entropy(model.lm_head(h[msk]).float(), clean[msk])
+        ce = F.cross_entropy(model.lm_head(h[msk]).float(), clean[msk], reduction="none")
+        loss = ce.mean()  # logged: the plain masked-slot loss
+        w = 1.0 + (args.copy_weight - 1.0) * value[msk].float()  # up-weight copied argument values
         opt.zero_grad(set_to_none=True)
-        (loss + 0.01 * aux).backward()
+        ((ce * w).sum() / w.sum() + 0.01 * aux).backward()
         gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
         if math.isfinite(gnorm) and math.isfinite(float(loss.detach())):
             opt.step()

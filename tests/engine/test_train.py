@@ -79,12 +79,20 @@ def test_packed_rows_start_at_a_conversation_and_flag_assistant_turns():
     from engine.train import pack_conversations
 
     tok = load_tokenizer("models/clover-tiny")
-    ids, focus = pack_conversations(iter_conversations(5, None), tok, 0, 1024)
-    assert len(ids) == len(focus) == 1024
+    ids, focus, value = pack_conversations(iter_conversations(5, None), tok, 0, 1024)
+    assert len(ids) == len(focus) == len(value) == 1024
     assert tok.decode(ids[:4], skip_special_tokens=False).startswith("<|im_start|>system")
     flagged = tok.decode([t for t, f in zip(ids, focus) if f], skip_special_tokens=False)
     assert flagged.startswith("<tool_call>{\"name\": ")
     assert "<|im_start|>" not in flagged and "<tool_response>" not in flagged
+    # copied values: inside assistant turns, exactly the argument values of the calls
+    assert all(f for f, v in zip(focus, value) if v) and any(value)
+    convs = iter_conversations(5, None)
+    first = next(convs)
+    n = len(tok.encode(first.text).ids)
+    got = tok.decode([t for t, v in zip(ids[:n], value[:n]) if v], skip_special_tokens=False).replace(" ", "")
+    want = "".join(str(f.value) for c in first.calls for f in c.fields).replace(" ", "")
+    assert got == want, (got, want)
 
 
 def test_with_attention_conv_keeps_the_function_and_refuses_a_resize():
