@@ -21,6 +21,11 @@ What differs from an autoregressive Qwen3.5 (DESIGN.md section 3):
   reads the new state.
 * ``state+window`` mode (a labelled non-Clover variant): attention layers also
   keep the K/V of the last W committed tokens (a ring buffer) as extra keys.
+* Optional (``config.attention_conv_kernel_dim > 0``, off in Qwen3.5 and the
+  clover-35b-a3b preset): a causal depthwise conv on the attention layers' q/k/v
+  projections, as Primer (arXiv:2109.08668) does, carrying its tail across
+  forwards like the GDN conv; keys then hold the previous tokens' features that
+  a copy (induction) match needs.
 
 `CloverModel.forward` is the fast, incremental path. `CloverModel.forward_reference`
 recomputes every state from scratch with the token-loop recurrence and an

@@ -18,7 +18,13 @@ them (the prompt part of such a block stays clean, as at decode time), and the
 other blocks only with probability `OTHER_BLOCK_RATE`: the loss goes to the
 tool calls, where values must be copied, not to re-predicting system prompts.
 The first run without focus (70 min) learned the call template but ignored the
-request: it emitted plausible tool names not in the tool list.
+request: it emitted plausible tool names not in the tool list. ``--copy-weight``
+further up-weights the masked tokens that are copied argument values.
+
+Later stages: ``--init-from DIR`` starts from a checkpoint's weights with a fresh
+optimizer and schedule; ``--attention-conv K`` adds the attention q/k/v conv to
+such a checkpoint (identity-initialised) and ``--conv-lr-mult`` lets its taps move
+faster than the rest.
 
 Data: synthetic tool-call conversations (`engine.data.agent`, seeds <
 10,000,000) packed into rows that start at a conversation start, and Python
@@ -63,8 +69,8 @@ OTHER_BLOCK_RATE = 0.15  # agent rows: share of blocks outside assistant turns t
 
 
 def tiny_config(vocab_size: int = 4096) -> CloverConfig:
-    """`clover-tiny`: 4 layers (GDN, attention) x 2, 8 experts top-2, window 512; ~6.2M parameters
-    (25 MB fp32). Sized so that a run fits a CPU session: attention layers every other layer so the
+    """`clover-tiny`: 4 layers (GDN, attention) x 2, 8 experts top-2, window 512, a 3-tap conv on the
+    attention q/k/v (the shipped model got a 4-tap one in stage 3); ~6.2M parameters (25 MB fp32). Sized so that a run fits a CPU session: attention layers every other layer so the
     window can copy, hidden 192 as in the pilot of NOTES.md."""
     return CloverConfig(
         name="clover-tiny", vocab_size=vocab_size, hidden_size=192, num_hidden_layers=4,
