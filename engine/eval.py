@@ -123,7 +123,7 @@ def value_probe(model, tokenizer, n_tasks: int = 60, block_size: int = 32) -> di
     Returns:
         ``{"window": {source: acc}, "state": {source: acc}}`` (accuracies in [0, 1]).
     """
-    from engine.data.agent import dumps, eval_tasks
+    from engine.data.agent import argument_spans, eval_tasks
 
     was_training = model.training
     model.eval()
@@ -134,13 +134,8 @@ def value_probe(model, tokenizer, n_tasks: int = 60, block_size: int = 32) -> di
         p0, tgt = len(t.prompt), t.target
         at = tgt.index('"name": "') + len('"name": "')
         spans = [("name", p0 + at, p0 + at + len(t.name))]
-        cur = tgt.index('"arguments"')
-        for f in t.fields:
-            js, key = dumps(f.value), f'"{f.key}": '
-            i = tgt.index(key, cur) + len(key)
-            cur = i
-            q = 1 if js.startswith('"') else 0
-            spans.append(("repeat" if f.is_repeat_of_earlier_field else f.source, p0 + i + q, p0 + i + len(js) - q))
+        for f, a, b in argument_spans(tgt, t.fields):
+            spans.append(("repeat" if f.is_repeat_of_earlier_field else f.source, p0 + a, p0 + b))
         ids = enc.ids + [model.config.eos_token_id] * (-len(enc.ids) % block_size)
         clean = torch.tensor([ids])
         noisy = clean.clone()

@@ -70,8 +70,9 @@ OTHER_BLOCK_RATE = 0.15  # agent rows: share of blocks outside assistant turns t
 
 def tiny_config(vocab_size: int = 4096) -> CloverConfig:
     """`clover-tiny`: 4 layers (GDN, attention) x 2, 8 experts top-2, window 512, a 3-tap conv on the
-    attention q/k/v (the shipped model got a 4-tap one in stage 3); ~6.2M parameters (25 MB fp32). Sized so that a run fits a CPU session: attention layers every other layer so the
-    window can copy, hidden 192 as in the pilot of NOTES.md."""
+    attention q/k/v (the shipped model got a 4-tap one in stage 3); ~6.2M parameters (25 MB fp32).
+    Sized so that a run fits a CPU session: attention layers every other layer so the window can
+    copy, hidden 192 as in the pilot of NOTES.md."""
     return CloverConfig(
         name="clover-tiny", vocab_size=vocab_size, hidden_size=192, num_hidden_layers=4,
         full_attention_interval=2, linear_num_key_heads=4, linear_num_value_heads=4,
@@ -185,18 +186,10 @@ def value_spans(conv) -> list[tuple[int, int]]:
     (string values without their quotes), from the ground truth ``conv.calls`` (one per
     ``<tool_call>``, in order): the tokens that must be copied from the request or an earlier
     tool response."""
-    from engine.data.agent import dumps
+    from engine.data.agent import argument_spans
 
-    out = []
-    for call, m in zip(conv.calls, _TOOL_CALL.finditer(conv.text)):
-        cur = conv.text.index('"arguments"', m.start())
-        for f in call.fields:
-            js, key = dumps(f.value), f'"{f.key}": '
-            i = conv.text.index(key, cur, m.end()) + len(key)
-            cur = i
-            q = 1 if js.startswith('"') else 0
-            out.append((i + q, i + len(js) - q))
-    return out
+    return [(a, b) for call, m in zip(conv.calls, _TOOL_CALL.finditer(conv.text))
+            for _, a, b in argument_spans(conv.text, call.fields, m.start(), m.end())]
 
 
 _TOOL_CALL = re.compile(r"<tool_call>.*?</tool_call>", re.S)

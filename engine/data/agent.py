@@ -491,6 +491,34 @@ def eval_tasks(seed: int = EVAL_SEED_START, n: int = 300, max_rounds: int = 8) -
 _CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
 
+def argument_spans(text: str, fields: list[FieldInfo], start: int = 0,
+                   end: int | None = None) -> list[tuple[FieldInfo, int, int]]:
+    """Where each argument value of one serialised call sits in `text`.
+
+    Args:
+        text: text holding the call's ``"arguments": {...}`` (a conversation or a target);
+        fields: the call's `FieldInfo` list, in argument order; start, end: the call's
+            character range in `text` (search window).
+
+    Returns:
+        ``(field, a, b)`` per field: character span ``[a, b)`` of its value, string values
+        without their quotes.
+
+    Raises:
+        ValueError: a field's ``"key": value`` is not in the range (text and ground truth disagree).
+    """
+    end = len(text) if end is None else end
+    cur = text.index('"arguments"', start, end)
+    out = []
+    for f in fields:
+        js, key = dumps(f.value), f'"{f.key}": '
+        i = text.index(key, cur, end) + len(key)
+        cur = i
+        q = 1 if js.startswith('"') else 0
+        out.append((f, i + q, i + len(js) - q))
+    return out
+
+
 def parse_call(text: str) -> dict | None:
     """``<tool_call>{json}</tool_call>...`` -> ``{"name": str, "arguments": dict}``, else None.
 
