@@ -84,6 +84,10 @@ def tiny_config(vocab_size: int = 4096) -> CloverConfig:
     )
 
 
+ATTENTION_CONV_WEIGHT = "self_attn.conv1d.weight"
+"""Name suffix of the attention q/k/v conv taps (`GatedAttention.conv1d`)."""
+
+
 def with_attention_conv(model: CloverModel, kernel: int) -> CloverModel:
     """A copy of `model` with a `kernel`-tap causal conv on its attention layers' q/k/v
     (``config.attention_conv_kernel_dim``), initialised to the identity so that the new
@@ -101,7 +105,7 @@ def with_attention_conv(model: CloverModel, kernel: int) -> CloverModel:
         raise ValueError(f"model already has an attention conv of {old} taps; cannot resize it to {kernel}")
     new = CloverModel(dataclasses.replace(model.config, attention_conv_kernel_dim=kernel))
     missing, unexpected = new.load_state_dict(model.state_dict(), strict=False)
-    stray = [k for k in missing if not k.endswith("self_attn.conv1d.weight")]
+    stray = [k for k in missing if not k.endswith(ATTENTION_CONV_WEIGHT)]
     if stray or unexpected:
         raise ValueError(f"weights do not fit the new model: missing {stray}, unexpected {unexpected}")
     return new
@@ -166,33 +170,23 @@ def pack_conversations(convs, tokenizer, eot: int, T: int) -> tuple[list[int], l
     """Pack conversations from the iterator `convs` into one row of T ids (each followed by
     `eot`), the last one cut. Returns the ids and, per token, whether it lies in an assistant
     turn (content and its closing ``<|im_end|>``) and whether it is part of a copied argument
-    value of a tool call (`value_spans`; the tokens `--copy-weight` up-weights)."""
+    value of a tool call (`engine.data.agent.value_spans`; the tokens `--copy-weight` up-weights)."""
     ids: list[int] = []
     focus: list[bool] = []
     value: list[bool] = []
+    from engine.data.agent import value_spans
+
     while len(ids) < T:
         conv = next(convs)
         enc = tokenizer.encode(conv.text)
         spans = [(m.start(1), m.end()) for m in _ASSISTANT.finditer(conv.text)]
-        vspans = value_spans(conv)
+        vspans = [(a, b) for _, a, b in value_spans(conv)]
         ids += enc.ids + [eot]
         focus += [any(a <= o[0] < b for a, b in spans) for o in enc.offsets] + [False]
         value += [any(o[0] < b and o[1] > a for a, b in vspans) for o in enc.offsets] + [False]
     return ids[:T], focus[:T], value[:T]
 
 
-def value_spans(conv) -> list[tuple[int, int]]:
-    """Character spans ``[a, b)`` in ``conv.text`` of every argument value of every tool call
-    (string values without their quotes), from the ground truth ``conv.calls`` (one per
-    ``<tool_call>``, in order): the tokens that must be copied from the request or an earlier
-    tool response."""
-    from engine.data.agent import argument_spans
-
-    return [(a, b) for call, m in zip(conv.calls, _TOOL_CALL.finditer(conv.text))
-            for _, a, b in argument_spans(conv.text, call.fields, m.start(), m.end())]
-
-
-_TOOL_CALL = re.compile(r"<tool_call>.*?</tool_call>", re.S)
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", re.S)
 
 
@@ -347,12 +341,11 @@ def main(argv: list[str] | None = None) -> int:
         model = CloverModel(tiny_config(tokenizer.get_vocab_size()))
     cfg = model.config
     model.train()
-    is_conv = lambda n: n.endswith("self_attn.conv1d.weight")  # noqa: E731
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not is_conv(n)]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    decay, no_decay, conv = [], [], []
+    for n, p in model.named_parameters():
+        (conv if n.endswith(ATTENTION_CONV_WEIGHT) else decay if p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": 0.01, "lr_mult": 1.0},
               {"params": no_decay, "weight_decay": 0.0, "lr_mult": 1.0}]
-    conv = [p for n, p in model.named_parameters() if is_conv(n)]
     if conv:  # a few taps per channel: no decay, their own learning-rate multiplier
         groups.append({"params": conv, "weight_decay": 0.0, "lr_mult": args.conv_lr_mult})
     opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))

@@ -519,6 +519,14 @@ def argument_spans(text: str, fields: list[FieldInfo], start: int = 0,
     return out
 
 
+def value_spans(conv: Conversation) -> list[tuple[FieldInfo, int, int]]:
+    """`argument_spans` of every tool call in ``conv.text`` (``conv.calls`` holds one
+    `CallTurn` per ``<tool_call>``, in order): the values that must be copied from the
+    request or an earlier tool response."""
+    return [span for call, m in zip(conv.calls, _CALL_RE.finditer(conv.text))
+            for span in argument_spans(conv.text, call.fields, m.start(), m.end())]
+
+
 def parse_call(text: str) -> dict | None:
     """``<tool_call>{json}</tool_call>...`` -> ``{"name": str, "arguments": dict}``, else None.
 
