@@ -12,15 +12,23 @@ accuracy by step for each layout, so levers can be compared in one run:
   content match (find the earlier occurrence of the context, copy what followed) solves it.
 
 Layouts: ``gdn3`` (GDN, GDN, GDN, attention: clover-test), ``alt`` (GDN, attention x 2:
-clover-tiny's), ``attn`` (attention x 4); each with or without a 3-tap attention q/k/v
-conv (``config.attention_conv_kernel_dim``, off-centre taps drawn from N(0, 0.3)).
-All on clover-test sizes (hidden 64), batch 16, block size 8, AdamW lr 2e-3.
+clover-tiny's), ``attn`` (attention x 4); each with or without an attention q/k/v conv
+(``--conv K``, ``config.attention_conv_kernel_dim``). ``--conv-init random``: off-centre
+taps drawn from N(0, 0.3); ``prev`` / ``decay``: every head an induction-head candidate
+(`engine.train.init_induction_heads`: q and k read the previous token, or tokens 1-3 back
+with taps 1, 0.5, 0.25). All on clover-test sizes (hidden 64), batch 16, AdamW, default
+block size 8, lr 2e-3.
 
-Measured on the 2-core CPU (2026-11-29): offset -- attn 0.97 at step 175, alt 0.77 at
-275, gdn3 still at chance (0.01) at 400; induction -- every layout, with or without the
-conv, still at chance at 500-700 steps.
+Measured on the 2-core CPU: offset (2026-11-29, block 8) -- attn 0.97 at step 175, alt
+0.77 at 275, gdn3 still at chance (0.01) at 400. Induction -- with random or identity taps
+every layout stayed at chance for 500-700 steps, at block size 8 and at block size 1
+(attn, conv 3, also at lr 5e-3 and with the q/k norm gain raised to 3). With
+``--conv-init prev`` (2026-11-30): attn at block size 1 went 0.04 (step 100) -> 0.48
+(125) -> 0.74 (150) -> 0.92 (250); at block size 8 (attn) and with the alt layout it was
+still at chance at step 150 / 400 (block 8) and 75 (alt, block 1; runs stopped there to
+free the cores).
 
-Run: ``.venv/bin/python benchmarks/copy_toy.py --task offset --layouts attn,alt --steps 300``
+Run: ``.venv/bin/python benchmarks/copy_toy.py --task induction --layouts attn --conv 3 --conv-init prev --block-size 1 --steps 300``
 """
 
 from __future__ import annotations
@@ -38,6 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.config import CloverConfig  # noqa: E402
 from engine.model import CloverModel  # noqa: E402
+from engine.train import INDUCTION_TAPS, init_induction_heads  # noqa: E402
+
+INDUCTION_INITS = {"prev": (1.0,), "decay": INDUCTION_TAPS}
 
 LAYOUTS = {
     "gdn3": ["linear_attention"] * 3 + ["full_attention"],
@@ -70,23 +81,32 @@ def make_batch(task: str, g: torch.Generator, mask_id: int, B: int = 16) -> tupl
     return clean, noisy, msk
 
 
-def run(task: str, layout: str, conv: int, steps: int, every: int, seed: int) -> list[tuple[int, float]]:
+def run(task: str, layout: str, conv: int, steps: int, every: int, seed: int, block_size: int = 8,
+        lr: float = 2e-3, qk_gain: float = 1.0, conv_init: str = "random") -> list[tuple[int, float]]:
     """Train one layout; returns (step, masked-slot accuracy of that step's batch) every `every` steps."""
     cfg = dataclasses.replace(CloverConfig.from_name("clover-test"), layer_types=LAYOUTS[layout],
                               attention_conv_kernel_dim=conv, attention_window=256)
     torch.manual_seed(seed)
     model = CloverModel(cfg).train()
+    with torch.no_grad():  # RMSNorm is x / rms(x) * (1 + w): (1 + w) = qk_gain
+        for layer in model.layers:
+            if layer.layer_type == "full_attention":
+                layer.self_attn.q_norm.weight.fill_(qk_gain - 1.0)
+                layer.self_attn.k_norm.weight.fill_(qk_gain - 1.0)
     if conv:
         with torch.no_grad():
             for layer in model.layers:
                 if layer.layer_type == "full_attention":
-                    layer.self_attn.conv1d.weight[..., :-1].normal_(0.0, 0.3)
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95))
+                    attn = layer.self_attn
+                    attn.conv1d.weight[..., :-1].normal_(0.0, 0.3)
+        if conv_init != "random":  # every head an induction-head candidate
+            init_induction_heads(model, cfg.num_key_value_heads, INDUCTION_INITS[conv_init])
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(seed + 1)
     curve = []
     for step in tqdm(range(1, steps + 1), desc=f"{layout} conv={conv}", leave=False):
         clean, noisy, msk = make_batch(task, g, cfg.mask_token_id)
-        h, aux = model.forward_train(clean, noisy, 8, use_window=True)
+        h, aux = model.forward_train(clean, noisy, block_size, use_window=True)
         logits = model.lm_head(h[msk]).float()
         loss = F.cross_entropy(logits, clean[msk])
         opt.zero_grad(set_to_none=True)
@@ -95,6 +115,7 @@ def run(task: str, layout: str, conv: int, steps: int, every: int, seed: int) ->
         opt.step()
         if step % every == 0:
             curve.append((step, float((logits.argmax(-1) == clean[msk]).float().mean())))
+            tqdm.write(f"{layout} conv={conv} step {step}: {curve[-1][1]:.3f}")
     return curve
 
 
@@ -106,13 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--every", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--block-size", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--qk-gain", type=float, default=1.0)
+    ap.add_argument("--conv-init", choices=("random", *INDUCTION_INITS), default="random")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     runs = [(lay, int(k)) for lay in args.layouts.split(",") for k in args.conv.split(",")]
     bad = [lay for lay, _ in runs if lay not in LAYOUTS]
     if bad:
         raise SystemExit(f"unknown layouts {bad}; choose from {list(LAYOUTS)}")
-    curves = {f"{lay} conv={k}": run(args.task, lay, k, args.steps, args.every, args.seed) for lay, k in runs}
+    curves = {f"{lay} conv={k}": run(args.task, lay, k, args.steps, args.every, args.seed, args.block_size,
+                                     args.lr, args.qk_gain, args.conv_init) for lay, k in runs}
     print(f"task {args.task}: masked-slot accuracy by step (chance ~0.005)")
     print(f"{'step':>6s}" + "".join(f"{name:>16s}" for name in curves))
     for i, (step, _) in enumerate(next(iter(curves.values()))):

@@ -118,3 +118,47 @@ def test_with_attention_conv_keeps_the_function_and_refuses_a_resize():
         with_attention_conv(base, 0)
     with pytest.raises(ValueError, match="attention_conv_kernel_dim"):
         dataclasses.replace(base.config, attention_conv_kernel_dim=-1)
+
+
+def test_induction_heads_key_on_the_preceding_tokens_only():
+    """After `init_induction_heads`, the induction kv head's key at position i does not depend on
+    token i but does on token i - 1; the other kv head's key still depends on token i."""
+    import dataclasses
+
+    import pytest
+
+    from engine.train import init_induction_heads
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(CloverConfig.from_name("clover-test"), attention_conv_kernel_dim=4)
+    model = CloverModel(cfg).eval()
+    assert init_induction_heads(model, 1) == ["layers.3.self_attn.conv1d.weight"]
+    keys = []
+    hook = model.layers[3].self_attn.k_norm.register_forward_hook(lambda m, i, o: keys.append(i[0].detach()))
+    hist = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(1))
+    other = hist.clone()
+    other[0, 15] = (hist[0, 15] + 1) % 256
+    blk = torch.full((1, 1), cfg.mask_token_id)
+    with torch.no_grad():
+        model.forward_reference(hist, blk, 1, "state")
+        model.forward_reference(other, blk, 1, "state")
+    hook.remove()
+    a, b = keys  # [1, 17, Hkv, D]
+    torch.testing.assert_close(a[0, 15, 1], b[0, 15, 1])  # induction head: blind to its own token
+    assert not torch.allclose(a[0, 16, 1], b[0, 16, 1])  # ... but reads it one step later
+    assert not torch.allclose(a[0, 15, 0], b[0, 15, 0])  # the other head is untouched
+    with pytest.raises(ValueError, match="kv_heads"):
+        init_induction_heads(model, 3)
+    with pytest.raises(ValueError, match="--attention-conv 4"):
+        init_induction_heads(CloverModel(CloverConfig.from_name("clover-test")), 1)
+
+
+def test_block_weights_parse_and_refuse_unknown_sizes():
+    import pytest
+
+    from engine.train import parse_block_weights
+
+    assert parse_block_weights("1:0.25,32:0.75") == {1: 0.25, 32: 0.75}
+    for bad in ("3:1", "1:0,32:0", "32", "1:-1,32:1"):
+        with pytest.raises(SystemExit, match="block-weights"):
+            parse_block_weights(bad)
