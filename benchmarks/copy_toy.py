@@ -12,7 +12,7 @@ accuracy by step for each layout, so levers can be compared in one run:
   content match (find the earlier occurrence of the context, copy what followed) solves it.
 
 Layouts: ``gdn3`` (GDN, GDN, GDN, attention: clover-test), ``alt`` (GDN, attention x 2:
-clover-tiny's), ``attn`` (attention x 4); each with or without an attention q/k/v conv
+clover-tiny's), ``attn`` (attention x 4), ``attn-first`` (attention, GDN x 2); each with or without an attention q/k/v conv
 (``--conv K``, ``config.attention_conv_kernel_dim``). ``--conv-init random``: off-centre
 taps drawn from N(0, 0.3); ``prev`` / ``decay``: every head an induction-head candidate
 (`engine.train.init_induction_heads`: q and k read the previous token, or tokens 1-3 back
@@ -25,8 +25,10 @@ every layout stayed at chance for 500-700 steps, at block size 8 and at block si
 (attn, conv 3, also at lr 5e-3 and with the q/k norm gain raised to 3). With
 ``--conv-init prev`` (2026-11-30): attn at block size 1 went 0.04 (step 100) -> 0.48
 (125) -> 0.74 (150) -> 0.92 (250); at block size 8 (attn) and with the alt layout it was
-still at chance at step 150 / 400 (block 8) and 75 (alt, block 1; runs stopped there to
-free the cores).
+still at chance at step 150 / 400 (block 8). At block size 1 the layer order decides:
+``attn-first`` (attention, GDN, attention, GDN) went 0.07 (step 175) -> 0.27 (200) -> 0.57
+(225) -> 0.76 (250), while ``alt`` (GDN first, clover-tiny's order) was at chance (<= 0.015)
+through step 400 -- hence `engine.train.with_front_attention`.
 
 Run: ``.venv/bin/python benchmarks/copy_toy.py --task induction --layouts attn --conv 3 --conv-init prev --block-size 1 --steps 300``
 """
@@ -54,6 +56,7 @@ LAYOUTS = {
     "gdn3": ["linear_attention"] * 3 + ["full_attention"],
     "alt": ["linear_attention", "full_attention"] * 2,
     "attn": ["full_attention"] * 4,
+    "attn-first": ["full_attention", "linear_attention"] * 2,
 }
 
 

@@ -26,7 +26,8 @@ optimizer and schedule; ``--attention-conv K`` adds the attention q/k/v conv to
 such a checkpoint (identity-initialised) and ``--conv-lr-mult`` lets its taps move
 faster than the rest; ``--induction-heads N`` re-initialises the q/k taps of N kv heads
 per attention layer to read the preceding tokens (`init_induction_heads`), and
-``--block-weights`` changes the block-size mix.
+``--block-weights`` changes the block-size mix; ``--front-attention`` puts an
+induction-initialised attention layer in front of the stack (`with_front_attention`).
 
 Data: synthetic tool-call conversations (`engine.data.agent`, seeds <
 10,000,000) packed into rows that start at a conversation start, and Python
@@ -140,7 +141,8 @@ so one q.k match finds the earlier occurrence of the current context and v (the 
 copies what followed it."""
 
 
-def init_induction_heads(model: CloverModel, kv_heads: int, taps: tuple[float, ...] = INDUCTION_TAPS) -> list[str]:
+def init_induction_heads(model: CloverModel, kv_heads: int, taps: tuple[float, ...] = INDUCTION_TAPS,
+                         layers: list[int] | None = None) -> list[str]:
     """Turn the last `kv_heads` key/value heads of every attention layer (and the query heads that
     share them under GQA) into induction-head candidates by re-initialising their q and k conv taps
     in place to read the preceding tokens (`INDUCTION_TAPS`); their v taps and all other weights
@@ -153,6 +155,7 @@ def init_induction_heads(model: CloverModel, kv_heads: int, taps: tuple[float, .
             (conv weight [channels, 1, kernel], channels = (Hq + 2 Hkv) * head_dim, q|k|v order).
         taps: the q/k taps for lags 1, 2, ...
         kv_heads: how many kv heads per attention layer, 1..num_key_value_heads.
+        layers: indices of the attention layers to change (default: all of them).
 
     Returns:
         The names of the conv weights that were changed.
@@ -174,6 +177,8 @@ def init_induction_heads(model: CloverModel, kv_heads: int, taps: tuple[float, .
         for name, module in model.named_modules():
             if not (isinstance(module, torch.nn.Conv1d) and name.endswith("self_attn.conv1d")):
                 continue
+            if layers is not None and int(name.split(".")[1]) not in layers:
+                continue
             w = module.weight  # [channels, 1, K]
             for g in range(Hkv - kv_heads, Hkv):
                 rows = [slice(Hq * D + g * D, Hq * D + (g + 1) * D)]  # k of kv head g
@@ -184,6 +189,43 @@ def init_induction_heads(model: CloverModel, kv_heads: int, taps: tuple[float, .
                         w[r, 0, K - 1 - lag] = tap
             changed.append(name + ".weight")
     return changed
+
+
+def with_front_attention(model: CloverModel) -> CloverModel:
+    """A copy of `model` with one more layer in front: a gated-attention layer (with the model's
+    attention q/k/v conv) whose every head is an induction-head candidate (`init_induction_heads`)
+    and whose outputs (attention o_proj, expert and shared-expert down projections) start at zero,
+    so the new model computes exactly what `model` did. Layer i of `model` becomes layer i + 1.
+
+    Why: in `benchmarks/copy_toy.py` (induction task, block_size 1, q/k taps on the preceding
+    tokens) the layout attention, GDN, attention, GDN learned content copying by step ~225 while
+    GDN, attention, GDN, attention -- clover-tiny's -- was still at chance at step 400: the copy
+    head wants to read the token embeddings before a GDN layer has mixed history into them.
+
+    Raises:
+        ValueError: `model` has no attention conv of >= 4 taps (add one with `with_attention_conv`).
+    """
+    cfg = model.config
+    if cfg.attention_conv_kernel_dim < len(INDUCTION_TAPS) + 1:
+        raise ValueError(f"the front attention layer needs an attention conv of >= {len(INDUCTION_TAPS) + 1} taps, "
+                         f"the model has {cfg.attention_conv_kernel_dim}; add one first (--attention-conv 4)")
+    new = CloverModel(dataclasses.replace(cfg, num_hidden_layers=cfg.num_hidden_layers + 1,
+                                          layer_types=["full_attention", *cfg.layer_types]))
+    shifted = {}
+    for k, v in model.state_dict().items():
+        m = re.match(r"layers\.(\d+)\.(.*)", k)
+        shifted[f"layers.{int(m[1]) + 1}.{m[2]}" if m else k] = v
+    missing, unexpected = new.load_state_dict(shifted, strict=False)
+    stray = [k for k in missing if not k.startswith("layers.0.")]
+    if stray or unexpected:
+        raise ValueError(f"weights do not fit the new model: missing {stray}, unexpected {unexpected}")
+    front = new.layers[0]
+    with torch.no_grad():
+        front.self_attn.o_proj.weight.zero_()
+        front.mlp.down_proj.zero_()
+        front.mlp.shared_down.weight.zero_()
+    init_induction_heads(new, cfg.num_key_value_heads, layers=[0])
+    return new
 
 
 # ----------------------------------------------------------------------------- data
@@ -380,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--induction-heads", type=int, default=0,
                     help="with --init-from: re-initialise the q/k conv taps of this many kv heads per attention "
                          "layer to read the preceding tokens (init_induction_heads)")
+    ap.add_argument("--front-attention", action="store_true",
+                    help="with --init-from: put an induction-initialised attention layer in front (with_front_attention)")
     ap.add_argument("--conv-lr-mult", type=float, default=1.0,
                     help="learning-rate multiplier of the attention conv taps (e.g. 10 when they were just "
                          "added identity-initialised by --attention-conv and must move fast)")
@@ -420,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
             model = with_attention_conv(model, args.attention_conv)
         if args.induction_heads:
             init_induction_heads(model, args.induction_heads)
+        if args.front_attention:
+            model = with_front_attention(model)
     else:
         torch.manual_seed(args.seed)
         model = CloverModel(tiny_config(tokenizer.get_vocab_size()))

@@ -162,3 +162,28 @@ def test_block_weights_parse_and_refuse_unknown_sizes():
     for bad in ("3:1", "1:0,32:0", "32", "1:-1,32:1"):
         with pytest.raises(SystemExit, match="block-weights"):
             parse_block_weights(bad)
+
+
+def test_with_front_attention_keeps_the_function_and_adds_an_induction_layer():
+    import dataclasses
+
+    import pytest
+
+    from engine.train import INDUCTION_TAPS, with_front_attention
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(CloverConfig.from_name("clover-test"), attention_conv_kernel_dim=4)
+    base = CloverModel(cfg).eval()
+    grown = with_front_attention(base).eval()
+    assert grown.config.layer_types == ["full_attention", *cfg.layer_types]
+    hist = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(1))
+    blk = torch.full((1, 8), cfg.mask_token_id)
+    for mode in ("state", "state+window"):
+        torch.testing.assert_close(grown.forward_reference(hist, blk, 8, mode).logits,
+                                   base.forward_reference(hist, blk, 8, mode).logits)
+    w = grown.layers[0].self_attn.conv1d.weight  # q|k|v channels; q and k read lags 1..3 only
+    qk = (cfg.num_attention_heads + cfg.num_key_value_heads) * cfg.head_dim
+    torch.testing.assert_close(w[:qk, 0], torch.tensor([*reversed(INDUCTION_TAPS), 0.0]).expand(qk, 4))
+    torch.testing.assert_close(grown.layers[4].self_attn.conv1d.weight, base.layers[3].self_attn.conv1d.weight)
+    with pytest.raises(ValueError, match="--attention-conv 4"):
+        with_front_attention(CloverModel(CloverConfig.from_name("clover-test")))
