@@ -12,7 +12,7 @@ accuracy by step for each layout, so levers can be compared in one run:
   content match (find the earlier occurrence of the context, copy what followed) solves it.
 
 Layouts: ``gdn3`` (GDN, GDN, GDN, attention: clover-test), ``alt`` (GDN, attention x 2:
-clover-tiny's), ``attn`` (attention x 4), ``attn-first`` (attention, GDN x 2); each with or without an attention q/k/v conv
+clover-tiny's), ``attn`` (attention x 4), ``attn-first`` ((attention, GDN) x 2); each with or without an attention q/k/v conv
 (``--conv K``, ``config.attention_conv_kernel_dim``). ``--conv-init random``: off-centre
 taps drawn from N(0, 0.3); ``prev`` / ``decay``: every head an induction-head candidate
 (`engine.train.init_induction_heads`: q and k read the previous token, or tokens 1-3 back
