@@ -127,8 +127,13 @@ def with_attention_conv(model: CloverModel, kernel: int) -> CloverModel:
     if old:
         raise ValueError(f"model already has an attention conv of {old} taps; cannot resize it to {kernel}")
     new = CloverModel(dataclasses.replace(model.config, attention_conv_kernel_dim=kernel))
-    missing, unexpected = new.load_state_dict(model.state_dict(), strict=False)
-    stray = [k for k in missing if not k.endswith(ATTENTION_CONV_WEIGHT)]
+    return _carry_over(new, model.state_dict(), lambda k: k.endswith(ATTENTION_CONV_WEIGHT))
+
+
+def _carry_over(new: CloverModel, state: dict, is_new) -> CloverModel:
+    """Load `state` into the grown model `new`; the weights it lacks must be exactly those `is_new` names."""
+    missing, unexpected = new.load_state_dict(state, strict=False)
+    stray = [k for k in missing if not is_new(k)]
     if stray or unexpected:
         raise ValueError(f"weights do not fit the new model: missing {stray}, unexpected {unexpected}")
     return new
@@ -147,14 +152,15 @@ def init_induction_heads(model: CloverModel, kv_heads: int, taps: tuple[float, .
     share them under GQA) into induction-head candidates by re-initialising their q and k conv taps
     in place to read the preceding tokens (`INDUCTION_TAPS`); their v taps and all other weights
     are left as they are. Without this, content-based copying stayed at chance after 500-700 steps
-    in `benchmarks/copy_toy.py`; with it, a 4-layer toy learned it in ~150 steps (block_size 1).
+    in `benchmarks/copy_toy.py`; with it, a 4-layer all-attention toy learned it in ~150 steps
+    (block_size 1).
     The idea is Primer's (arXiv:2109.08668) shifted/convolved keys; the previous-token q/k init is ours.
 
     Args:
         model: a CloverModel with ``config.attention_conv_kernel_dim`` >= len(`taps`) + 1
             (conv weight [channels, 1, kernel], channels = (Hq + 2 Hkv) * head_dim, q|k|v order).
-        taps: the q/k taps for lags 1, 2, ...
         kv_heads: how many kv heads per attention layer, 1..num_key_value_heads.
+        taps: the q/k taps for lags 1, 2, ...
         layers: indices of the attention layers to change (default: all of them).
 
     Returns:
@@ -174,12 +180,10 @@ def init_induction_heads(model: CloverModel, kv_heads: int, taps: tuple[float, .
     rep = Hq // Hkv
     changed = []
     with torch.no_grad():
-        for name, module in model.named_modules():
-            if not (isinstance(module, torch.nn.Conv1d) and name.endswith("self_attn.conv1d")):
+        for i, layer in enumerate(model.layers):
+            if layer.layer_type != "full_attention" or (layers is not None and i not in layers):
                 continue
-            if layers is not None and int(name.split(".")[1]) not in layers:
-                continue
-            w = module.weight  # [channels, 1, K]
+            w = layer.self_attn.conv1d.weight  # [channels, 1, K]
             for g in range(Hkv - kv_heads, Hkv):
                 rows = [slice(Hq * D + g * D, Hq * D + (g + 1) * D)]  # k of kv head g
                 rows += [slice(h * D, (h + 1) * D) for h in range(g * rep, (g + 1) * rep)]  # its q heads
@@ -187,7 +191,7 @@ def init_induction_heads(model: CloverModel, kv_heads: int, taps: tuple[float, .
                     w[r] = 0.0
                     for lag, tap in enumerate(taps, start=1):
                         w[r, 0, K - 1 - lag] = tap
-            changed.append(name + ".weight")
+            changed.append(f"layers.{i}.{ATTENTION_CONV_WEIGHT}")
     return changed
 
 
@@ -215,10 +219,7 @@ def with_front_attention(model: CloverModel) -> CloverModel:
     for k, v in model.state_dict().items():
         m = re.match(r"layers\.(\d+)\.(.*)", k)
         shifted[f"layers.{int(m[1]) + 1}.{m[2]}" if m else k] = v
-    missing, unexpected = new.load_state_dict(shifted, strict=False)
-    stray = [k for k in missing if not k.startswith("layers.0.")]
-    if stray or unexpected:
-        raise ValueError(f"weights do not fit the new model: missing {stray}, unexpected {unexpected}")
+    _carry_over(new, shifted, lambda k: k.startswith("layers.0."))
     front = new.layers[0]
     with torch.no_grad():
         front.self_attn.o_proj.weight.zero_()
