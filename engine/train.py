@@ -421,8 +421,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --init-from: add a causal conv of this many taps on the attention "
                          "layers' q/k/v (identity-initialised; 0 = keep the checkpoint's layout)")
     ap.add_argument("--induction-heads", type=int, default=0,
-                    help="with --init-from: re-initialise the q/k conv taps of this many kv heads per attention "
+                    help="fresh run or --init-from: re-initialise the q/k conv taps of this many kv heads per attention "
                          "layer to read the preceding tokens (init_induction_heads)")
+    ap.add_argument("--attention-first", action="store_true",
+                    help="fresh run: layer order (attention, GDN) x 2 and a 4-tap attention conv instead of "
+                         "tiny_config()'s GDN-first order (the order that learned content copying in copy_toy)")
     ap.add_argument("--front-attention", action="store_true",
                     help="with --init-from: put an induction-initialised attention layer in front (with_front_attention)")
     ap.add_argument("--conv-lr-mult", type=float, default=1.0,
@@ -447,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--easy-share must be in [0, 1], got {args.easy_share}")
     if not args.tokenizer.is_file():
         raise SystemExit(f"no tokenizer at {args.tokenizer}; build it: python -m engine.data.tokenizer --out {args.tokenizer}")
+    if args.attention_first and (args.resume or args.init_from is not None):
+        raise SystemExit("--attention-first sets the layer order of a fresh run; drop it with --resume / --init-from")
     tokenizer = Tokenizer.from_file(str(args.tokenizer))
     block_weights = parse_block_weights(args.block_weights) if args.block_weights else dict(BLOCK_SIZES)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -463,13 +468,17 @@ def main(argv: list[str] | None = None) -> int:
         model = load_model(args.init_from)
         if args.attention_conv:
             model = with_attention_conv(model, args.attention_conv)
-        if args.induction_heads:
-            init_induction_heads(model, args.induction_heads)
         if args.front_attention:
             model = with_front_attention(model)
     else:
         torch.manual_seed(args.seed)
-        model = CloverModel(tiny_config(tokenizer.get_vocab_size()))
+        cfg = tiny_config(tokenizer.get_vocab_size())
+        if args.attention_first:
+            cfg = dataclasses.replace(cfg, layer_types=["full_attention", "linear_attention"] * 2,
+                                      attention_conv_kernel_dim=max(4, cfg.attention_conv_kernel_dim))
+        model = CloverModel(cfg)
+    if args.induction_heads and not args.resume:
+        init_induction_heads(model, args.induction_heads)
     cfg = model.config
     model.train()
     decay, no_decay, conv = [], [], []
