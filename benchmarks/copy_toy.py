@@ -91,19 +91,16 @@ def run(task: str, layout: str, conv: int, steps: int, every: int, seed: int, bl
                               attention_conv_kernel_dim=conv, attention_window=256)
     torch.manual_seed(seed)
     model = CloverModel(cfg).train()
-    with torch.no_grad():  # RMSNorm is x / rms(x) * (1 + w): (1 + w) = qk_gain
+    with torch.no_grad():
         for layer in model.layers:
             if layer.layer_type == "full_attention":
-                layer.self_attn.q_norm.weight.fill_(qk_gain - 1.0)
-                layer.self_attn.k_norm.weight.fill_(qk_gain - 1.0)
-    if conv:
-        with torch.no_grad():
-            for layer in model.layers:
-                if layer.layer_type == "full_attention":
-                    attn = layer.self_attn
+                attn = layer.self_attn  # RMSNorm is x / rms(x) * (1 + w): (1 + w) = qk_gain
+                attn.q_norm.weight.fill_(qk_gain - 1.0)
+                attn.k_norm.weight.fill_(qk_gain - 1.0)
+                if conv:
                     attn.conv1d.weight[..., :-1].normal_(0.0, 0.3)
-        if conv_init != "random":  # every head an induction-head candidate
-            init_induction_heads(model, cfg.num_key_value_heads, INDUCTION_INITS[conv_init])
+    if conv and conv_init != "random":  # every head an induction-head candidate
+        init_induction_heads(model, cfg.num_key_value_heads, INDUCTION_INITS[conv_init])
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(seed + 1)
     curve = []
