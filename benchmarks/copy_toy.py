@@ -140,9 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     curves = {f"{lay} conv={k}": run(args.task, lay, k, args.steps, args.every, args.seed, args.block_size,
                                      args.lr, args.qk_gain, args.conv_init) for lay, k in runs}
     print(f"task {args.task}: masked-slot accuracy by step (chance ~0.005)")
-    print(f"{'step':>6s}" + "".join(f"{name:>16s}" for name in curves))
+    w = max(16, max(len(name) for name in curves) + 2)
+    print(f"{'step':>6s}" + "".join(f"{name:>{w}s}" for name in curves))
     for i, (step, _) in enumerate(next(iter(curves.values()))):
-        print(f"{step:>6d}" + "".join(f"{c[i][1]:>16.3f}" for c in curves.values()))
+        print(f"{step:>6d}" + "".join(f"{c[i][1]:>{w}.3f}" for c in curves.values()))
     return 0
 
 
