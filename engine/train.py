@@ -260,10 +260,48 @@ class RowSource:
         s = self.rng.randrange(0, len(self.code) - T)
         return self.code[s: s + T].tolist(), [True] * T, [False] * T
 
-    def batch(self, B: int, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def recall_row(self, T: int, n_pairs: tuple[int, int] = (4, 8), cue_len: int = 2,
+                   value_len: tuple[int, int] = (2, 10)) -> tuple[list[int], list[bool], list[bool]]:
+        """Multi-query associative recall (MQAR, Arora et al. 2023, "Zoology") on real tokens: a
+        stdlib-code background of T ids into which ``n_pairs`` key-value pairs are written in the
+        first half (a cue of ``cue_len`` ids, then a value of 2-10 ids, all drawn iid from the code
+        stream) and queried in the second half in shuffled order (the same cue, then the value
+        again). Focus and copied-value flags are True on the queried values only, so the loss is
+        the copy itself: find the cue earlier in the row and copy what followed it -- the lookup a
+        tool-call argument needs (``"flight": "`` -> the value after ``flight "`` in the request)."""
+        rng = self.rng
+        pick = lambda n: [int(self.code[rng.randrange(len(self.code))]) for _ in range(n)]
+        pairs = [(pick(cue_len), pick(rng.randint(*value_len))) for _ in range(rng.randint(*n_pairs))]
+        queries = pairs[:]
+        rng.shuffle(queries)
+        s = rng.randrange(0, len(self.code) - T)
+        bg = self.code[s: s + T].tolist()
+        ids: list[int] = []
+        focus: list[bool] = []
+        half = T // 2
+        for part, items in ((0, pairs), (1, queries)):
+            room = (half if part == 0 else T - half) - sum(len(c) + len(v) for c, v in items)
+            gaps = sorted(rng.randrange(max(1, room)) for _ in items)
+            prev = 0
+            for g, (c, v) in zip(gaps, items):
+                n_bg = g - prev
+                prev = g
+                ids += bg[len(ids): len(ids) + n_bg]
+                focus += [False] * n_bg
+                ids += c + v
+                focus += [False] * len(c) + [part == 1] * len(v)
+            n_bg = (half if part == 0 else T) - len(ids)
+            ids += bg[len(ids): len(ids) + max(0, n_bg)]
+            focus += [False] * max(0, n_bg)
+        return ids[:T], focus[:T], focus[:T]
+
+    def batch(self, B: int, T: int, recall: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[B, T] int64 ids, [B, T] bool focus (see `agent_row`; all True on code rows) and
-        [B, T] bool copied-value flags."""
-        rows = [self.agent_row(T) if self.rng.random() < AGENT_SHARE else self.code_row(T) for _ in range(B)]
+        [B, T] bool copied-value flags. With ``recall`` every row is a `recall_row`."""
+        if recall:
+            rows = [self.recall_row(T) for _ in range(B)]
+        else:
+            rows = [self.agent_row(T) if self.rng.random() < AGENT_SHARE else self.code_row(T) for _ in range(B)]
         return (torch.tensor([r[0] for r in rows], dtype=torch.long),
                 torch.tensor([r[1] for r in rows], dtype=torch.bool),
                 torch.tensor([r[2] for r in rows], dtype=torch.bool))
@@ -417,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-tasks", type=int, default=24)
     ap.add_argument("--easy-share", type=float, default=0.0,
                     help="share of agent rows drawn from the short curriculum conversations (0..1)")
+    ap.add_argument("--recall-share", type=float, default=0.0,
+                    help="share of batches of associative-recall rows (RowSource.recall_row: cue -> value pairs "
+                         "in stdlib code, queried later; the loss is on the copied values only)")
     ap.add_argument("--attention-conv", type=int, default=0,
                     help="with --init-from: add a causal conv of this many taps on the attention "
                          "layers' q/k/v (identity-initialised; 0 = keep the checkpoint's layout)")
@@ -448,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     if not 0.0 <= args.easy_share <= 1.0:
         raise SystemExit(f"--easy-share must be in [0, 1], got {args.easy_share}")
+    if not 0.0 <= args.recall_share <= 1.0:
+        raise SystemExit(f"--recall-share must be in [0, 1], got {args.recall_share}")
     if not args.tokenizer.is_file():
         raise SystemExit(f"no tokenizer at {args.tokenizer}; build it: python -m engine.data.tokenizer --out {args.tokenizer}")
     if args.attention_first and (args.resume or args.init_from is not None):
@@ -529,7 +572,8 @@ def main(argv: list[str] | None = None) -> int:
     while prog.elapsed_s < stop_s:
         L = rng.choices(list(block_weights), weights=list(block_weights.values()))[0]
         T, B = ROW_SHAPE[L]
-        clean, focus, value = src.batch(B, T)
+        recall = args.recall_share > 0 and rng.random() < args.recall_share
+        clean, focus, value = src.batch(B, T, recall)
         noisy = mask_blocks(clean, L, cfg.mask_token_id, gen, focus)
         if not bool((noisy == cfg.mask_token_id).any()):
             continue  # nothing to predict in this batch (rare: short rows without assistant turns)
@@ -559,6 +603,8 @@ def main(argv: list[str] | None = None) -> int:
         rec = {"step": prog.step, "elapsed_s": round(prog.elapsed_s, 1), "loss": round(loss_f, 4),
                "block_size": L, "window": use_window, "grad_norm": round(gnorm, 3),
                "lr": opt.param_groups[0]["lr"], "tokens": prog.tokens}
+        if recall:
+            rec["recall"] = True  # this step's loss is the associative-recall copy loss
         if now - last_eval > args.eval_every_min * 60 or prog.elapsed_s >= stop_s:
             t_eval = time.perf_counter()
             rec["heldout_loss_window"] = round(heldout_loss(model, held, True), 4)

@@ -187,3 +187,36 @@ def test_with_front_attention_keeps_the_function_and_adds_an_induction_layer():
     torch.testing.assert_close(grown.layers[4].self_attn.conv1d.weight, base.layers[3].self_attn.conv1d.weight)
     with pytest.raises(ValueError, match="--attention-conv 4"):
         with_front_attention(CloverModel(CloverConfig.from_name("clover-test")))
+
+
+def test_recall_rows_query_earlier_cue_value_pairs():
+    import random
+
+    import numpy as np
+
+    from engine.train import RowSource
+
+    def source(seed):
+        src = RowSource.__new__(RowSource)  # skip tokenising the stdlib: a small code stream is enough
+        src.rng = random.Random(seed)
+        src.code = np.arange(1000, 3000, dtype=np.int64)
+        return src
+
+    for seed in range(20):
+        ids, focus, value = source(seed).recall_row(640)
+        assert len(ids) == len(focus) == 640 and focus == value
+        runs, i = [], 0
+        while i < 640:  # focus runs = the queried values
+            if focus[i]:
+                j = i
+                while j < 640 and focus[j]:
+                    j += 1
+                runs.append((i, j))
+                i = j
+            else:
+                i += 1
+        assert 4 <= len(runs) <= 8 and all(a >= 320 for a, _ in runs)
+        for a, b in runs:  # cue + value was written in the first half
+            pair = ids[a - 2: b]
+            assert any(ids[k: k + len(pair)] == pair for k in range(320 - len(pair) + 1)), (seed, a, b)
+    assert source(5).recall_row(640) == source(5).recall_row(640)  # deterministic from the seed
