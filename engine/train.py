@@ -261,12 +261,14 @@ class RowSource:
         return self.code[s: s + T].tolist(), [True] * T, [False] * T
 
     def recall_row(self, T: int, n_pairs: tuple[int, int] = (4, 8), cue_len: int = 2,
-                   value_len: tuple[int, int] = (2, 10)) -> tuple[list[int], list[bool], list[bool]]:
+                   value_len: tuple[int, int] = (2, 10), span: int = 384) -> tuple[list[int], list[bool], list[bool]]:
         """Multi-query associative recall (MQAR, Arora et al. 2023, "Zoology") on real tokens: a
-        stdlib-code background of T ids into which ``n_pairs`` key-value pairs are written in the
-        first half (a cue of ``cue_len`` ids, then a value of 2-10 ids, all drawn iid from the code
-        stream) and queried in the second half in shuffled order (the same cue, then the value
-        again). Focus and copied-value flags are True on the queried values only, so the loss is
+        stdlib-code background of T ids with a recall segment of ``span`` ids at a random offset;
+        ``n_pairs`` key-value pairs are written in its first half (a cue of ``cue_len`` ids, then a
+        value of 2-10 ids, all drawn iid from the code stream) and queried in its second half in
+        shuffled order (the same cue, then the value again). ``span`` is kept under the attention
+        window (512 in clover-tiny) so the window can see the pairs; in `state` mode only the
+        recurrent state can. Focus and copied-value flags are True on the queried values only, so the loss is
         the copy itself: find the cue earlier in the row and copy what followed it -- the lookup a
         tool-call argument needs (``"flight": "`` -> the value after ``flight "`` in the request)."""
         rng = self.rng
@@ -276,6 +278,8 @@ class RowSource:
         rng.shuffle(queries)
         s = rng.randrange(0, len(self.code) - T)
         bg = self.code[s: s + T].tolist()
+        off = rng.randrange(0, T - span + 1)
+        full_T, T = T, span
         ids: list[int] = []
         focus: list[bool] = []
         half = T // 2
@@ -286,14 +290,16 @@ class RowSource:
             for g, (c, v) in zip(gaps, items):
                 n_bg = g - prev
                 prev = g
-                ids += bg[len(ids): len(ids) + n_bg]
+                ids += bg[off + len(ids): off + len(ids) + n_bg]
                 focus += [False] * n_bg
                 ids += c + v
                 focus += [False] * len(c) + [part == 1] * len(v)
             n_bg = (half if part == 0 else T) - len(ids)
-            ids += bg[len(ids): len(ids) + max(0, n_bg)]
+            ids += bg[off + len(ids): off + len(ids) + max(0, n_bg)]
             focus += [False] * max(0, n_bg)
-        return ids[:T], focus[:T], focus[:T]
+        ids = bg[:off] + ids[:T] + bg[off + T:]
+        focus = [False] * off + focus[:T] + [False] * (full_T - off - T)
+        return ids, focus, focus
 
     def batch(self, B: int, T: int, recall: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[B, T] int64 ids, [B, T] bool focus (see `agent_row`; all True on code rows) and

@@ -203,20 +203,20 @@ def test_recall_rows_query_earlier_cue_value_pairs():
         return src
 
     for seed in range(20):
-        ids, focus, value = source(seed).recall_row(640)
-        assert len(ids) == len(focus) == 640 and focus == value
+        ids, focus, value = source(seed).recall_row(1024, span=384)
+        assert len(ids) == len(focus) == 1024 and focus == value
         runs, i = [], 0
-        while i < 640:  # focus runs = the queried values
+        while i < 1024:  # focus runs = the queried values
             if focus[i]:
                 j = i
-                while j < 640 and focus[j]:
+                while j < 1024 and focus[j]:
                     j += 1
                 runs.append((i, j))
                 i = j
             else:
                 i += 1
-        assert 4 <= len(runs) <= 8 and all(a >= 320 for a, _ in runs)
-        for a, b in runs:  # cue + value was written in the first half
+        assert 4 <= len(runs) <= 8 and runs[-1][1] - runs[0][0] <= 192
+        for a, b in runs:  # cue + value was written earlier, within the span (inside the attention window)
             pair = ids[a - 2: b]
-            assert any(ids[k: k + len(pair)] == pair for k in range(320 - len(pair) + 1)), (seed, a, b)
-    assert source(5).recall_row(640) == source(5).recall_row(640)  # deterministic from the seed
+            assert any(ids[k: k + len(pair)] == pair for k in range(a - 2 - 384, a - 2 - len(pair) + 1)), (seed, a, b)
+    assert source(5).recall_row(1024) == source(5).recall_row(1024)  # deterministic from the seed
