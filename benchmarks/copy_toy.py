@@ -10,6 +10,11 @@ accuracy by step for each layout, so levers can be compared in one run:
 * ``--task induction``: a 24-token random segment repeated at a random distance inside a
   128-token random row; the repeat (after its first token) is masked. Only a
   content match (find the earlier occurrence of the context, copy what followed) solves it.
+* ``--task recall``: multi-query associative recall (MQAR, Arora et al. 2023): 4 pairs of a
+  2-token cue and a 4-token value written in the first half of a 128-token random row and
+  queried in shuffled order in the second half; the queried values (all 4 tokens, the first
+  one known from its cue) are masked -- the lookup of `engine.train.RowSource.recall_row`
+  and of a tool-call argument.
 
 Layouts: ``gdn3`` (GDN, GDN, GDN, attention: clover-test), ``alt`` (GDN, attention x 2:
 clover-tiny's), ``attn`` (attention x 4), ``attn-first`` ((attention, GDN) x 2); each with or without an attention q/k/v conv
@@ -28,7 +33,9 @@ every layout stayed at chance for 500-700 steps, at block size 8 and at block si
 still at chance at step 150 / 400 (block 8). At block size 1 the layer order decides:
 ``attn-first`` (attention, GDN, attention, GDN) went 0.07 (step 175) -> 0.27 (200) -> 0.57
 (225) -> 0.76 (250), while ``alt`` (GDN first, clover-tiny's order) was at chance (<= 0.015)
-through step 400 -- hence `engine.train.with_front_attention`.
+through step 400 -- hence `engine.train.with_front_attention`. Recall (2026-11-30, block
+size 1, conv 4, ``--conv-init decay``): ``attn-first`` at chance through step 225, then 0.048
+(250) -> 0.113 (275) -> 0.336 (300); ``alt`` at chance (<= 0.015) through step 300.
 
 Run: ``.venv/bin/python benchmarks/copy_toy.py --task induction --layouts attn --conv 3 --conv-init prev --block-size 1 --steps 300``
 """
@@ -75,8 +82,20 @@ def make_batch(task: str, g: torch.Generator, mask_id: int, B: int = 16) -> tupl
             c = int(torch.randint(a + S + 8, T - S + 1, (1,), generator=g))
             clean[b, c:c + S] = clean[b, a:a + S]
             target[b, c + 1:c + S] = True  # the repeat's first token cannot be known
+    elif task == "recall":
+        n, C, V = 4, 2, 4
+        for b in range(B):
+            cues = torch.randint(10, 200, (n, C), generator=g)
+            vals = torch.randint(10, 200, (n, V), generator=g)
+            order = torch.randperm(n, generator=g)
+            for half, idx in ((0, range(n)), (1, order.tolist())):
+                for j, p in enumerate(idx):  # pair p in slot j of 16 tokens: cue at 4..5, value at 6..9
+                    at = 64 * half + 16 * j + 4
+                    clean[b, at:at + C] = cues[p]
+                    clean[b, at + C:at + C + V] = vals[p]
+                    target[b, at + C:at + C + V] = bool(half)
     else:
-        raise ValueError(f"task must be 'offset' or 'induction', got {task!r}")
+        raise ValueError(f"task must be 'offset', 'induction' or 'recall', got {task!r}")
     ratio = torch.rand(B, 1, generator=g).clamp(min=0.1)
     msk = target & (torch.rand(B, T, generator=g) < ratio)
     msk[:, -1] |= ~msk.any(-1)  # at least one target per row
@@ -121,7 +140,7 @@ def run(task: str, layout: str, conv: int, steps: int, every: int, seed: int, bl
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--task", choices=("offset", "induction"), default="offset")
+    ap.add_argument("--task", choices=("offset", "induction", "recall"), default="offset")
     ap.add_argument("--layouts", default="attn,alt,gdn3", help=f"comma list of {list(LAYOUTS)}")
     ap.add_argument("--conv", default="0", help="comma list of attention conv taps to try (0 = none)")
     ap.add_argument("--steps", type=int, default=300)
