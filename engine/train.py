@@ -274,31 +274,20 @@ class RowSource:
         rng = self.rng
         pick = lambda n: [int(self.code[rng.randrange(len(self.code))]) for _ in range(n)]
         pairs = [(pick(cue_len), pick(rng.randint(*value_len))) for _ in range(rng.randint(*n_pairs))]
-        queries = pairs[:]
-        rng.shuffle(queries)
         s = rng.randrange(0, len(self.code) - T)
-        bg = self.code[s: s + T].tolist()
+        ids = self.code[s: s + T].tolist()  # the background, overwritten where pairs go
+        focus = [False] * T
         off = rng.randrange(0, T - span + 1)
-        full_T, T = T, span
-        ids: list[int] = []
-        focus: list[bool] = []
-        half = T // 2
-        for part, items in ((0, pairs), (1, queries)):
-            room = (half if part == 0 else T - half) - sum(len(c) + len(v) for c, v in items)
-            gaps = sorted(rng.randrange(max(1, room)) for _ in items)
-            prev = 0
-            for g, (c, v) in zip(gaps, items):
-                n_bg = g - prev
-                prev = g
-                ids += bg[off + len(ids): off + len(ids) + n_bg]
-                focus += [False] * n_bg
-                ids += c + v
-                focus += [False] * len(c) + [part == 1] * len(v)
-            n_bg = (half if part == 0 else T) - len(ids)
-            ids += bg[off + len(ids): off + len(ids) + max(0, n_bg)]
-            focus += [False] * max(0, n_bg)
-        ids = bg[:off] + ids[:T] + bg[off + T:]
-        focus = [False] * off + focus[:T] + [False] * (full_T - off - T)
+        half = span // 2
+        for start, end, items, query in ((off, off + half, pairs, False),
+                                         (off + half, off + span, rng.sample(pairs, len(pairs)), True)):
+            room = end - start - sum(len(c) + len(v) for c, v in items)
+            at, prev = start, 0
+            for gap, (c, v) in zip(sorted(rng.randrange(max(1, room)) for _ in items), items):
+                at, prev = at + gap - prev, gap
+                ids[at: at + len(c) + len(v)] = c + v
+                focus[at + len(c): at + len(c) + len(v)] = [query] * len(v)
+                at += len(c) + len(v)
         return ids, focus, focus
 
     def batch(self, B: int, T: int, recall: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
