@@ -205,16 +205,8 @@ def test_recall_rows_query_earlier_cue_value_pairs():
     for seed in range(20):
         ids, focus, value = source(seed).recall_row(1024, span=384)
         assert len(ids) == len(focus) == 1024 and focus == value
-        runs, i = [], 0
-        while i < 1024:  # focus runs = the queried values
-            if focus[i]:
-                j = i
-                while j < 1024 and focus[j]:
-                    j += 1
-                runs.append((i, j))
-                i = j
-            else:
-                i += 1
+        starts = [i for i in range(1024) if focus[i] and not (i and focus[i - 1])]  # focus runs = queried values
+        runs = [(a, next((j for j in range(a, 1024) if not focus[j]), 1024)) for a in starts]
         assert 4 <= len(runs) <= 8 and runs[-1][1] - runs[0][0] <= 192
         for a, b in runs:  # cue + value was written earlier, within the span (inside the attention window)
             pair = ids[a - 2: b]
