@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.config import CloverConfig  # noqa: E402
 from engine.model import CloverModel  # noqa: E402
-from engine.train import INDUCTION_TAPS, init_induction_heads  # noqa: E402
+from engine.train import INDUCTION_TAPS, init_induction_heads, tiny_config  # noqa: E402
 
 INDUCTION_INITS = {"prev": (1.0,), "decay": INDUCTION_TAPS}
 
@@ -104,9 +104,11 @@ def make_batch(task: str, g: torch.Generator, mask_id: int, B: int = 16) -> tupl
 
 
 def run(task: str, layout: str, conv: int, steps: int, every: int, seed: int, block_size: int = 8,
-        lr: float = 2e-3, qk_gain: float = 1.0, conv_init: str = "random") -> list[tuple[int, float]]:
-    """Train one layout; returns (step, masked-slot accuracy of that step's batch) every `every` steps."""
-    cfg = dataclasses.replace(CloverConfig.from_name("clover-test"), layer_types=LAYOUTS[layout],
+        lr: float = 2e-3, qk_gain: float = 1.0, conv_init: str = "random", size: str = "test") -> list[tuple[int, float]]:
+    """Train one layout; returns (step, masked-slot accuracy of that step's batch) every `every` steps.
+    ``size``: "test" (clover-test sizes, hidden 64) or "tiny" (`engine.train.tiny_config`, hidden 192, vocab 4096)."""
+    base = CloverConfig.from_name("clover-test") if size == "test" else tiny_config()
+    cfg = dataclasses.replace(base, layer_types=LAYOUTS[layout],
                               attention_conv_kernel_dim=conv, attention_window=256)
     torch.manual_seed(seed)
     model = CloverModel(cfg).train()
@@ -150,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--qk-gain", type=float, default=1.0)
     ap.add_argument("--conv-init", choices=("random", *INDUCTION_INITS), default="random")
+    ap.add_argument("--size", choices=("test", "tiny"), default="test",
+                    help="model sizes: clover-test (hidden 64) or clover-tiny's tiny_config (hidden 192, vocab 4096)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     runs = [(lay, int(k)) for lay in args.layouts.split(",") for k in args.conv.split(",")]
@@ -157,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         raise SystemExit(f"unknown layouts {bad}; choose from {list(LAYOUTS)}")
     curves = {f"{lay} conv={k}": run(args.task, lay, k, args.steps, args.every, args.seed, args.block_size,
-                                     args.lr, args.qk_gain, args.conv_init) for lay, k in runs}
+                                     args.lr, args.qk_gain, args.conv_init, args.size) for lay, k in runs}
     print(f"task {args.task}: masked-slot accuracy by step (chance ~0.005)")
     w = max(16, max(len(name) for name in curves) + 2)
     print(f"{'step':>6s}" + "".join(f"{name:>{w}s}" for name in curves))

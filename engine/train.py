@@ -58,6 +58,7 @@ from tqdm import tqdm
 
 from engine.checkpoint import load_model, save_model
 from engine.config import CloverConfig
+from engine.data.tokenizer import SPECIAL_TOKENS
 from engine.model import CloverModel
 
 # Block sizes and their sampling weights, and the row length / batch used for each.
@@ -68,6 +69,7 @@ ROW_SHAPE = {1: (640, 1), 2: (640, 1), 4: (1024, 1), 8: (1024, 2), 16: (1024, 2)
 AGENT_SHARE = 0.9  # rows of agent conversations vs stdlib code
 WINDOW_DROP = 0.35  # share of batches trained in `state` mode (window W = 0)
 EPS = 0.05
+FIRST_ORDINARY_ID = len(SPECIAL_TOKENS)  # ids 0..7 are the special tokens (engine.data.tokenizer)
 OTHER_BLOCK_RATE = 0.15  # agent rows: share of blocks outside assistant turns that are masked at all
 
 
@@ -241,6 +243,7 @@ class RowSource:
         self.rng = random.Random(seed)
         self.easy_share = easy_share  # share of agent rows from `easy_conversations`
         self.eot = tokenizer.token_to_id("<|endoftext|>")
+        self.vocab = tokenizer.get_vocab_size()
         self._convs = iter_conversations(seed * 1_000_000 % 9_000_000, None, max_rounds=8)
         self._easy = easy_conversations((seed * 1_000_000 + 500_000) % 9_000_000)
         ids = []
@@ -261,7 +264,8 @@ class RowSource:
         return self.code[s: s + T].tolist(), [True] * T, [False] * T
 
     def recall_row(self, T: int, n_pairs: tuple[int, int] = (4, 8), cue_len: int = 2,
-                   value_len: tuple[int, int] = (2, 10), span: int = 384) -> tuple[list[int], list[bool], list[bool]]:
+                   value_len: tuple[int, int] = (2, 10), span: int = 384,
+                   uniform: bool = False) -> tuple[list[int], list[bool], list[bool]]:
         """Multi-query associative recall (MQAR, Arora et al. 2023, "Zoology") on real tokens: a
         stdlib-code background of T ids with a recall segment of ``span`` ids at a random offset;
         ``n_pairs`` key-value pairs are written in its first half (a cue of ``cue_len`` ids, then a
@@ -270,15 +274,26 @@ class RowSource:
         window (512 in clover-tiny) so the window can see the pairs; in `state` mode only the
         recurrent state can. Focus and copied-value flags are True on the queried values only, so the loss is
         the copy itself: find the cue earlier in the row and copy what followed it -- the lookup a
-        tool-call argument needs (``"flight": "`` -> the value after ``flight "`` in the request)."""
+        tool-call argument needs (``"flight": "`` -> the value after ``flight "`` in the request).
+
+        Rows shorter than ``span`` are one recall segment, with pairs dropped until they fit
+        its halves. ``uniform``: cue and value ids drawn uniformly from the ordinary
+        vocabulary (ids `FIRST_ORDINARY_ID`.. ``self.vocab - 1``) instead of the code stream's
+        unigram, so every lookup is unambiguous (the toy's rows in `benchmarks/copy_toy.py`)."""
         rng = self.rng
-        pick = lambda n: [int(self.code[rng.randrange(len(self.code))]) for _ in range(n)]
+        if uniform:
+            pick = lambda n: [rng.randrange(FIRST_ORDINARY_ID, self.vocab) for _ in range(n)]
+        else:
+            pick = lambda n: [int(self.code[rng.randrange(len(self.code))]) for _ in range(n)]
+        span = min(span, T)
+        half = span // 2
         pairs = [(pick(cue_len), pick(rng.randint(*value_len))) for _ in range(rng.randint(*n_pairs))]
+        while len(pairs) > 1 and sum(len(c) + len(v) for c, v in pairs) > half:
+            pairs.pop()
         s = rng.randrange(0, len(self.code) - T)
         ids = self.code[s: s + T].tolist()  # the background, overwritten where pairs go
         focus = [False] * T
         off = rng.randrange(0, T - span + 1)
-        half = span // 2
         for start, end, items, query in ((off, off + half, pairs, False),
                                          (off + half, off + span, rng.sample(pairs, len(pairs)), True)):
             room = end - start - sum(len(c) + len(v) for c, v in items)
@@ -290,11 +305,12 @@ class RowSource:
                 at += len(c) + len(v)
         return ids, focus, focus
 
-    def batch(self, B: int, T: int, recall: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def batch(self, B: int, T: int, recall: bool = False,
+              uniform: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[B, T] int64 ids, [B, T] bool focus (see `agent_row`; all True on code rows) and
-        [B, T] bool copied-value flags. With ``recall`` every row is a `recall_row`."""
+        [B, T] bool copied-value flags. With ``recall`` every row is a `recall_row` (``uniform``: see there)."""
         if recall:
-            rows = [self.recall_row(T) for _ in range(B)]
+            rows = [self.recall_row(T, uniform=uniform) for _ in range(B)]
         else:
             rows = [self.agent_row(T) if self.rng.random() < AGENT_SHARE else self.code_row(T) for _ in range(B)]
         return (torch.tensor([r[0] for r in rows], dtype=torch.long),
@@ -453,6 +469,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recall-share", type=float, default=0.0,
                     help="share of batches of associative-recall rows (RowSource.recall_row: cue -> value pairs "
                          "in stdlib code, queried later; the loss is on the copied values only)")
+    ap.add_argument("--window-drop", type=float, default=WINDOW_DROP,
+                    help="share of batches trained in `state` mode (window W = 0)")
+    ap.add_argument("--recall-uniform", action="store_true",
+                    help="recall cues and values drawn uniformly from the vocabulary, not from the code unigram")
+    ap.add_argument("--recall-block-size", type=int, default=None,
+                    help="block size of every recall batch (e.g. 1: the copy head forms at block size 1 in copy_toy; "
+                         "default: drawn like any batch)")
+    ap.add_argument("--recall-shape", type=str, default=None,
+                    help="'T,B': row length and rows per recall batch (default: ROW_SHAPE of the block size); "
+                         "e.g. 128,16 = copy_toy's recall batches")
     ap.add_argument("--attention-conv", type=int, default=0,
                     help="with --init-from: add a causal conv of this many taps on the attention "
                          "layers' q/k/v (identity-initialised; 0 = keep the checkpoint's layout)")
@@ -484,12 +510,23 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     if not 0.0 <= args.easy_share <= 1.0:
         raise SystemExit(f"--easy-share must be in [0, 1], got {args.easy_share}")
+    if not 0.0 <= args.window_drop <= 1.0:
+        raise SystemExit(f"--window-drop must be in [0, 1], got {args.window_drop}")
     if not 0.0 <= args.recall_share <= 1.0:
         raise SystemExit(f"--recall-share must be in [0, 1], got {args.recall_share}")
     if not args.tokenizer.is_file():
         raise SystemExit(f"no tokenizer at {args.tokenizer}; build it: python -m engine.data.tokenizer --out {args.tokenizer}")
     if args.attention_first and (args.resume or args.init_from is not None):
         raise SystemExit("--attention-first sets the layer order of a fresh run; drop it with --resume / --init-from")
+    recall_shape = None
+    if args.recall_shape:
+        try:
+            recall_shape = tuple(int(x) for x in args.recall_shape.split(","))
+            assert len(recall_shape) == 2 and recall_shape[0] >= 32 and recall_shape[1] >= 1
+        except (ValueError, AssertionError):
+            raise SystemExit(f"--recall-shape must be 'T,B' with T >= 32 and B >= 1, e.g. 128,16; got {args.recall_shape!r}")
+    if args.recall_block_size is not None and args.recall_block_size not in ROW_SHAPE:
+        raise SystemExit(f"--recall-block-size must be one of {list(ROW_SHAPE)}, got {args.recall_block_size}")
     tokenizer = Tokenizer.from_file(str(args.tokenizer))
     block_weights = parse_block_weights(args.block_weights) if args.block_weights else dict(BLOCK_SIZES)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -566,13 +603,16 @@ def main(argv: list[str] | None = None) -> int:
 
     while prog.elapsed_s < stop_s:
         L = rng.choices(list(block_weights), weights=list(block_weights.values()))[0]
-        T, B = ROW_SHAPE[L]
         recall = args.recall_share > 0 and rng.random() < args.recall_share
-        clean, focus, value = src.batch(B, T, recall)
+        if recall and args.recall_block_size is not None:
+            L = args.recall_block_size
+        T, B = recall_shape if recall and recall_shape else ROW_SHAPE[L]
+        T -= T % L
+        clean, focus, value = src.batch(B, T, recall, args.recall_uniform)
         noisy = mask_blocks(clean, L, cfg.mask_token_id, gen, focus)
         if not bool((noisy == cfg.mask_token_id).any()):
             continue  # nothing to predict in this batch (rare: short rows without assistant turns)
-        use_window = rng.random() >= WINDOW_DROP
+        use_window = rng.random() >= args.window_drop
         for gparam in opt.param_groups:
             gparam["lr"] = lr_at(prog.elapsed_s / budget_s, args.lr) * gparam.get("lr_mult", 1.0)
         h, aux = model.forward_train(clean, noisy, L, use_window)

@@ -212,3 +212,28 @@ def test_recall_rows_query_earlier_cue_value_pairs():
             pair = ids[a - 2: b]
             assert any(ids[k: k + len(pair)] == pair for k in range(a - 2 - 384, a - 2 - len(pair) + 1)), (seed, a, b)
     assert source(5).recall_row(1024) == source(5).recall_row(1024)  # deterministic from the seed
+
+
+def test_recall_rows_short_and_uniform():
+    """Rows shorter than the span are one recall segment whose pairs fit its halves; uniform cues and
+    values come from the ordinary vocabulary, not from the code stream."""
+    import random
+
+    import numpy as np
+
+    from engine.train import FIRST_ORDINARY_ID, RowSource
+
+    src = RowSource.__new__(RowSource)
+    src.rng = random.Random(0)
+    src.code = np.arange(1000, 1500, dtype=np.int64)  # background ids 1000..1499
+    src.vocab = 4096
+    for _ in range(20):
+        ids, focus, _ = src.recall_row(128, uniform=True)
+        assert len(ids) == 128 and any(focus) and not any(focus[:64])  # queries only in the second half
+        queried = [t for t, f in zip(ids, focus) if f]
+        assert all(FIRST_ORDINARY_ID <= t < 4096 for t in queried)
+        starts = [i for i in range(128) if focus[i] and not focus[i - 1]]
+        for a in starts:  # its cue + value was written in the first half
+            b = next((j for j in range(a, 128) if not focus[j]), 128)
+            pair = ids[a - 2: b]
+            assert any(ids[k: k + len(pair)] == pair for k in range(0, 64 - len(pair) + 1))
