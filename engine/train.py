@@ -70,6 +70,7 @@ AGENT_SHARE = 0.9  # rows of agent conversations vs stdlib code
 WINDOW_DROP = 0.35  # share of batches trained in `state` mode (window W = 0)
 EPS = 0.05
 FIRST_ORDINARY_ID = len(SPECIAL_TOKENS)  # ids 0..7 are the special tokens (engine.data.tokenizer)
+RECALL_VOCABS = ("code", "uniform", "values")  # RowSource.recall_row's sources of cue / value ids
 OTHER_BLOCK_RATE = 0.15  # agent rows: share of blocks outside assistant turns that are masked at all
 
 
@@ -265,7 +266,7 @@ class RowSource:
 
     def recall_row(self, T: int, n_pairs: tuple[int, int] = (4, 8), cue_len: int = 2,
                    value_len: tuple[int, int] = (2, 10), span: int = 384,
-                   uniform: bool = False) -> tuple[list[int], list[bool], list[bool]]:
+                   vocab: str = "code") -> tuple[list[int], list[bool], list[bool]]:
         """Multi-query associative recall (MQAR, Arora et al. 2023, "Zoology") on real tokens: a
         stdlib-code background of T ids with a recall segment of ``span`` ids at a random offset;
         ``n_pairs`` key-value pairs are written in its first half (a cue of ``cue_len`` ids, then a
@@ -277,14 +278,24 @@ class RowSource:
         tool-call argument needs (``"flight": "`` -> the value after ``flight "`` in the request).
 
         Rows shorter than ``span`` are one recall segment, with pairs dropped until they fit
-        its halves. ``uniform``: cue and value ids drawn uniformly from the ordinary
-        vocabulary (ids `FIRST_ORDINARY_ID`.. ``self.vocab - 1``) instead of the code stream's
-        unigram, so every lookup is unambiguous (the toy's rows in `benchmarks/copy_toy.py`)."""
+        its halves. ``vocab``: where cue and value ids come from -- ``"code"``, the code
+        stream's unigram; ``"uniform"``, uniformly from the ordinary vocabulary (ids
+        `FIRST_ORDINARY_ID`.. ``self.vocab - 1``); ``"values"``, uniformly from the ids that
+        occur in tool-call argument values (`value_ids`: ~300 digits, letters, name pieces),
+        the alphabet the copy has to work on.
+
+        Raises:
+            ValueError: an unknown ``vocab``."""
         rng = self.rng
-        if uniform:
-            pick = lambda n: [rng.randrange(FIRST_ORDINARY_ID, self.vocab) for _ in range(n)]
-        else:
+        if vocab == "code":
             pick = lambda n: [int(self.code[rng.randrange(len(self.code))]) for _ in range(n)]
+        elif vocab == "uniform":
+            pick = lambda n: [rng.randrange(FIRST_ORDINARY_ID, self.vocab) for _ in range(n)]
+        elif vocab == "values":
+            alphabet = self.value_ids()
+            pick = lambda n: [alphabet[rng.randrange(len(alphabet))] for _ in range(n)]
+        else:
+            raise ValueError(f"vocab must be one of {RECALL_VOCABS}, got {vocab!r}")
         span = min(span, T)
         half = span // 2
         pairs = [(pick(cue_len), pick(rng.randint(*value_len))) for _ in range(rng.randint(*n_pairs))]
@@ -305,12 +316,26 @@ class RowSource:
                 at += len(c) + len(v)
         return ids, focus, focus
 
+    def value_ids(self, rows: int = 60) -> list[int]:
+        """The sorted distinct ids flagged as copied argument values in `rows` 1024-token rows of
+        agent conversations (a fixed seed, apart from the training stream); cached."""
+        if getattr(self, "_value_ids", None) is None:
+            from engine.data.agent import iter_conversations
+
+            convs = iter_conversations(9_500_000, None, max_rounds=8)
+            ids = set()
+            for _ in range(rows):
+                row, _, value = pack_conversations(convs, self.tok, self.eot, 1024)
+                ids.update(t for t, v in zip(row, value) if v)
+            self._value_ids = sorted(ids)
+        return self._value_ids
+
     def batch(self, B: int, T: int, recall: bool = False,
-              uniform: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              recall_vocab: str = "code") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[B, T] int64 ids, [B, T] bool focus (see `agent_row`; all True on code rows) and
-        [B, T] bool copied-value flags. With ``recall`` every row is a `recall_row` (``uniform``: see there)."""
+        [B, T] bool copied-value flags. With ``recall`` every row is a `recall_row` of ``recall_vocab``."""
         if recall:
-            rows = [self.recall_row(T, uniform=uniform) for _ in range(B)]
+            rows = [self.recall_row(T, vocab=recall_vocab) for _ in range(B)]
         else:
             rows = [self.agent_row(T) if self.rng.random() < AGENT_SHARE else self.code_row(T) for _ in range(B)]
         return (torch.tensor([r[0] for r in rows], dtype=torch.long),
@@ -471,8 +496,9 @@ def main(argv: list[str] | None = None) -> int:
                          "in stdlib code, queried later; the loss is on the copied values only)")
     ap.add_argument("--window-drop", type=float, default=WINDOW_DROP,
                     help="share of batches trained in `state` mode (window W = 0)")
-    ap.add_argument("--recall-uniform", action="store_true",
-                    help="recall cues and values drawn uniformly from the vocabulary, not from the code unigram")
+    ap.add_argument("--recall-vocab", choices=RECALL_VOCABS, default="code",
+                    help="where recall cues and values come from (RowSource.recall_row): the code unigram, "
+                         "the whole vocabulary uniformly, or the ids of tool-call argument values")
     ap.add_argument("--recall-block-size", type=int, default=None,
                     help="block size of every recall batch (e.g. 1: the copy head forms at block size 1 in copy_toy; "
                          "default: drawn like any batch)")
@@ -608,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
             L = args.recall_block_size
         T, B = recall_shape if recall and recall_shape else ROW_SHAPE[L]
         T -= T % L
-        clean, focus, value = src.batch(B, T, recall, args.recall_uniform)
+        clean, focus, value = src.batch(B, T, recall, args.recall_vocab)
         noisy = mask_blocks(clean, L, cfg.mask_token_id, gen, focus)
         if not bool((noisy == cfg.mask_token_id).any()):
             continue  # nothing to predict in this batch (rare: short rows without assistant turns)

@@ -3,6 +3,7 @@
 Run: .venv/bin/python -m pytest tests/engine/test_train.py -q
 """
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -228,7 +229,7 @@ def test_recall_rows_short_and_uniform():
     src.code = np.arange(1000, 1500, dtype=np.int64)  # background ids 1000..1499
     src.vocab = 4096
     for _ in range(20):
-        ids, focus, _ = src.recall_row(128, uniform=True)
+        ids, focus, _ = src.recall_row(128, vocab="uniform")
         assert len(ids) == 128 and any(focus) and not any(focus[:64])  # queries only in the second half
         queried = [t for t, f in zip(ids, focus) if f]
         assert all(FIRST_ORDINARY_ID <= t < 4096 for t in queried)
@@ -237,3 +238,8 @@ def test_recall_rows_short_and_uniform():
             b = next((j for j in range(a, 128) if not focus[j]), 128)
             pair = ids[a - 2: b]
             assert any(ids[k: k + len(pair)] == pair for k in range(0, 64 - len(pair) + 1))
+    src._value_ids = [20, 21, 22]  # "values": ids of tool-call argument values only
+    ids, focus, _ = src.recall_row(128, vocab="values")
+    assert {t for t, f in zip(ids, focus) if f} <= {20, 21, 22}
+    with pytest.raises(ValueError, match="vocab must be one of"):
+        src.recall_row(128, vocab="bytes")
