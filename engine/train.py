@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import random
@@ -302,7 +303,7 @@ class RowSource:
         elif vocab == "uniform":
             pick = lambda n: [rng.randrange(FIRST_ORDINARY_ID, self.vocab) for _ in range(n)]
         elif vocab == "values":
-            alphabet = self.value_ids()
+            alphabet = self.value_ids
             pick = lambda n: [alphabet[rng.randrange(len(alphabet))] for _ in range(n)]
         else:
             raise ValueError(f"vocab must be one of {RECALL_VOCABS}, got {vocab!r}")
@@ -326,19 +327,18 @@ class RowSource:
                 at += len(c) + len(v)
         return ids, focus, focus
 
-    def value_ids(self, rows: int = 60) -> list[int]:
-        """The sorted distinct ids flagged as copied argument values in `rows` 1024-token rows of
-        agent conversations (a fixed seed, apart from the training stream); cached."""
-        if getattr(self, "_value_ids", None) is None:
-            from engine.data.agent import iter_conversations
+    @functools.cached_property
+    def value_ids(self) -> list[int]:
+        """The sorted distinct ids flagged as copied argument values in 60 1024-token rows of agent
+        conversations (a fixed seed, apart from the training stream): ~300 ids."""
+        from engine.data.agent import iter_conversations
 
-            convs = iter_conversations(9_500_000, None, max_rounds=8)
-            ids = set()
-            for _ in range(rows):
-                row, _, value = pack_conversations(convs, self.tok, self.eot, 1024)
-                ids.update(t for t, v in zip(row, value) if v)
-            self._value_ids = sorted(ids)
-        return self._value_ids
+        convs = iter_conversations(9_500_000, None, max_rounds=8)
+        ids = set()
+        for _ in range(60):
+            row, _, value = pack_conversations(convs, self.tok, self.eot, 1024)
+            ids.update(t for t, v in zip(row, value) if v)
+        return sorted(ids)
 
     def batch(self, B: int, T: int, recall: bool = False,
               recall_vocab: str = "code") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -556,10 +556,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--attention-first sets the layer order of a fresh run; drop it with --resume / --init-from")
     recall_shape = None
     if args.recall_shape:
-        try:
-            recall_shape = tuple(int(x) for x in args.recall_shape.split(","))
-            assert len(recall_shape) == 2 and recall_shape[0] >= 32 and recall_shape[1] >= 1
-        except (ValueError, AssertionError):
+        parts = args.recall_shape.split(",")
+        recall_shape = tuple(int(x) for x in parts) if all(x.strip().isdigit() for x in parts) else ()
+        if len(recall_shape) != 2 or recall_shape[0] < 32 or recall_shape[1] < 1:
             raise SystemExit(f"--recall-shape must be 'T,B' with T >= 32 and B >= 1, e.g. 128,16; got {args.recall_shape!r}")
     if args.recall_block_size is not None and args.recall_block_size not in ROW_SHAPE:
         raise SystemExit(f"--recall-block-size must be one of {list(ROW_SHAPE)}, got {args.recall_block_size}")

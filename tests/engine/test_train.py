@@ -190,6 +190,12 @@ def test_with_front_attention_keeps_the_function_and_adds_an_induction_layer():
         with_front_attention(CloverModel(CloverConfig.from_name("clover-test")))
 
 
+def _queried_runs(focus: list[bool]) -> list[tuple[int, int]]:
+    """[start, end) of every run of focus flags: the queried values of a recall row."""
+    starts = [i for i in range(len(focus)) if focus[i] and not (i and focus[i - 1])]
+    return [(a, next((j for j in range(a, len(focus)) if not focus[j]), len(focus))) for a in starts]
+
+
 def test_recall_rows_query_earlier_cue_value_pairs():
     import random
 
@@ -206,8 +212,7 @@ def test_recall_rows_query_earlier_cue_value_pairs():
     for seed in range(20):
         ids, focus, value = source(seed).recall_row(1024, span=384)
         assert len(ids) == len(focus) == 1024 and focus == value
-        starts = [i for i in range(1024) if focus[i] and not (i and focus[i - 1])]  # focus runs = queried values
-        runs = [(a, next((j for j in range(a, 1024) if not focus[j]), 1024)) for a in starts]
+        runs = _queried_runs(focus)
         assert 4 <= len(runs) <= 8 and runs[-1][1] - runs[0][0] <= 192
         for a, b in runs:  # cue + value was written earlier, within the span (inside the attention window)
             pair = ids[a - 2: b]
@@ -233,12 +238,10 @@ def test_recall_rows_short_and_uniform():
         assert len(ids) == 128 and any(focus) and not any(focus[:64])  # queries only in the second half
         queried = [t for t, f in zip(ids, focus) if f]
         assert all(FIRST_ORDINARY_ID <= t < 4096 for t in queried)
-        starts = [i for i in range(128) if focus[i] and not focus[i - 1]]
-        for a in starts:  # its cue + value was written in the first half
-            b = next((j for j in range(a, 128) if not focus[j]), 128)
+        for a, b in _queried_runs(focus):  # its cue + value was written in the first half
             pair = ids[a - 2: b]
             assert any(ids[k: k + len(pair)] == pair for k in range(0, 64 - len(pair) + 1))
-    src._value_ids = [20, 21, 22]  # "values": ids of tool-call argument values only
+    src.value_ids = [20, 21, 22]  # "values": ids of tool-call argument values only
     ids, focus, _ = src.recall_row(128, vocab="values")
     assert {t for t, f in zip(ids, focus) if f} <= {20, 21, 22}
     with pytest.raises(ValueError, match="vocab must be one of"):
