@@ -31,7 +31,9 @@ induction-initialised attention layer in front of the stack (`with_front_attenti
 
 Copy curriculum: ``--recall-share S`` makes a share S of batches associative-recall
 rows (`RowSource.recall_row`); ``--recall-block-size``, ``--recall-shape T,B`` and
-``--recall-vocab`` give them their own block size, batch shape and cue/value alphabet,
+``--recall-vocab`` give them their own block size, batch shape and cue/value alphabet
+(``calls``: format-shifted rows, `RowSource.call_recall_row` -- request-style ``key: "v"``
+in the context, a call's ``"key": "v"`` as the query),
 and ``--window-drop`` sets the share of `state`-mode batches. A fresh attention-first
 model learns the lookup in ~350 such steps (block size 1, 16 x 128); one trained on
 language first did not in 400-500 (models/clover-tiny/README.md):
@@ -81,7 +83,7 @@ AGENT_SHARE = 0.9  # rows of agent conversations vs stdlib code
 WINDOW_DROP = 0.35  # share of batches trained in `state` mode (window W = 0)
 EPS = 0.05
 FIRST_ORDINARY_ID = len(SPECIAL_TOKENS)  # ids 0..7 are the special tokens (engine.data.tokenizer)
-RECALL_VOCABS = ("code", "uniform", "values")  # RowSource.recall_row's sources of cue / value ids
+RECALL_VOCABS = ("code", "uniform", "values", "calls")  # RowSource.recall_row's sources of cue / value ids
 OTHER_BLOCK_RATE = 0.15  # agent rows: share of blocks outside assistant turns that are masked at all
 
 
@@ -295,9 +297,13 @@ class RowSource:
         occur in tool-call argument values (`value_ids`: ~300 digits, letters, name pieces),
         the alphabet the copy has to work on.
 
+        ``"calls"`` is the format-shifted variant, `call_recall_row`.
+
         Raises:
             ValueError: an unknown ``vocab``."""
         rng = self.rng
+        if vocab == "calls":
+            return self.call_recall_row(T, span=span)
         if vocab == "code":
             pick = lambda n: [int(self.code[rng.randrange(len(self.code))]) for _ in range(n)]
         elif vocab == "uniform":
@@ -326,6 +332,84 @@ class RowSource:
                 focus[at + len(c): at + len(c) + len(v)] = [query] * len(v)
                 at += len(c) + len(v)
         return ids, focus, focus
+
+    def call_recall_row(self, T: int, n_pairs: tuple[int, int] = (3, 8),
+                        span: int = 384) -> tuple[list[int], list[bool], list[bool]]:
+        """Format-shifted associative recall: the lookup a tool call makes, with the cue written
+        differently on the two sides. A request-style context ``Please key1: "v1", key2: "v2".``
+        (one of the request separators ``" "``, ``": "``, ``"="`` per row, as in
+        `engine.data.agent.generate_conversation`) is followed, within ``span`` tokens, by a call's
+        arguments object ``<tool_call>{"arguments": {"key2": "v2", "key1": "v1"}}</tool_call>``
+        that repeats a shuffled subset of the pairs. Keys are the 27 distinct argument keys of
+        `engine.data.agent.TOOLS`, distinct within a row; values come from the corpus's slot
+        generators (ids, names, dates, amounts ...). Unlike `recall_row`, the query cue
+        (``"key2": "``) is not a verbatim copy of the context cue (``key2: "``), so an induction
+        head that matches the preceding token alone cannot solve it. The rest of the T ids is
+        stdlib code. Focus and copied-value flags are True on the queried values' tokens.
+
+        Args:
+            T: row length in tokens (>= 32).
+            n_pairs: (min, max) pairs in the context; pairs are dropped until both parts fit.
+            span: the context and query lie within this many tokens (kept under the window).
+
+        Returns:
+            ids [T], focus flags [T], copied-value flags [T] (python lists).
+        """
+        from engine.data.agent import REQUEST_SEPARATORS, SLOTS, dumps
+
+        rng = self.rng
+        keys = self._argument_keys
+        span = min(span, T)
+        names = rng.sample(sorted(keys), rng.randint(*n_pairs))
+        values: dict[str, object] = {}
+        for k in names:
+            v = SLOTS[keys[k]][1](rng)
+            while v in values.values():
+                v = SLOTS[keys[k]][1](rng)
+            values[k] = v
+        sep = rng.choice(REQUEST_SEPARATORS)
+        while True:
+            queried = rng.sample(names, rng.randint(max(1, len(names) // 2), len(names)))
+            context = self.tok.encode("Please " + ", ".join(f"{k}{sep}{dumps(values[k])}" for k in names) + ".").ids
+            query, focus = self._encode_arguments(queried, values)
+            if len(context) + len(query) <= span or len(names) == 1:
+                break
+            names.pop()
+        n = len(context) + len(query)
+        if n > T:
+            raise ValueError(f"T={T} cannot hold a {n}-token call recall segment; use T >= 256")
+        s = rng.randrange(0, len(self.code) - T)
+        ids = self.code[s: s + T].tolist()
+        off = rng.randrange(0, T - n + 1)
+        gap = rng.randrange(0, min(span, T - off) - n + 1)  # code between the context and the call
+        q0 = off + len(context) + gap
+        ids[off: off + len(context)] = context
+        ids[q0: q0 + len(query)] = query
+        flags = [False] * T
+        flags[q0: q0 + len(query)] = focus
+        return ids, flags, flags
+
+    def _encode_arguments(self, keys: list[str], values: dict) -> tuple[list[int], list[bool]]:
+        """``<tool_call>{"arguments": {...}}</tool_call>`` over ``keys`` -> ids and per-id flags
+        (True where the id overlaps a value's characters, quotes excluded)."""
+        from engine.data.agent import dumps
+
+        text, spans = '<tool_call>{"arguments": {', []
+        for i, k in enumerate(keys):
+            text += ("" if i == 0 else ", ") + f'"{k}": '
+            v = dumps(values[k])
+            q = 1 if v.startswith('"') else 0
+            spans.append((len(text) + q, len(text) + len(v) - q))
+            text += v
+        enc = self.tok.encode(text + "}}</tool_call>")
+        return enc.ids, [any(a < o[1] and o[0] < b for a, b in spans) for o in enc.offsets]
+
+    @functools.cached_property
+    def _argument_keys(self) -> dict[str, str]:
+        """Argument key -> its slot (value generator) over `engine.data.agent.TOOLS`, repeat fields excluded."""
+        from engine.data.agent import TOOLS
+
+        return {k: slot for t in TOOLS for k, slot in t.args if not slot.startswith("=")}
 
     @functools.cached_property
     def value_ids(self) -> list[int]:
@@ -508,7 +592,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="share of batches trained in `state` mode (window W = 0)")
     ap.add_argument("--recall-vocab", choices=RECALL_VOCABS, default="code",
                     help="where recall cues and values come from (RowSource.recall_row): the code unigram, "
-                         "the whole vocabulary uniformly, or the ids of tool-call argument values")
+                         "the whole vocabulary uniformly, the ids of tool-call argument values, or 'calls': "
+                         "request-style key/value clauses queried by a call's arguments object (call_recall_row)")
     ap.add_argument("--recall-block-size", type=int, default=None,
                     help="block size of every recall batch (e.g. 1: the copy head forms at block size 1 in copy_toy; "
                          "default: drawn like any batch)")

@@ -301,7 +301,7 @@ assert all(not s.startswith("=") or i == len(t.args) - 1 for t in TOOLS for i, (
     "a repeat field must be the last argument"
 
 _OPENERS = ("", "Hi! ", "Hello, ", "Hey. ", "Good morning. ", "I need some help. ")
-_SEPS = (" ", ": ", "=")
+REQUEST_SEPARATORS = (" ", ": ", "=")  # between a key and its value in a request: `key: "v"`
 _ANSWERS = ("Done. The {k} is {v}.", "All set: {k} {v}.", "Finished, {k}: {v}.", "Here you go: {k} is {v}.")
 _RESPONSE_P = 0.8  # chance an argument is taken from an earlier response when one fits
 _CHAIN_P = 0.75  # chance to pick a tool (for the toolset, for a call) that can consume a returned value
@@ -343,7 +343,7 @@ def generate_conversation(rng: random.Random, n_rounds: int | None = None, max_r
     if n_tools is not None and not (isinstance(n_tools, int) and 1 <= n_tools <= len(TOOLS)):
         raise ValueError(f"n_tools must be an int in 1..{len(TOOLS)}, got {n_tools!r}")
     toolset = _pick_toolset(rng, rng.randint(3, 5) if n_tools is None else n_tools)
-    sep = rng.choice(_SEPS)
+    sep = rng.choice(REQUEST_SEPARATORS)
 
     # Plan the calls first (the request refers to them), then write the text.
     latest: dict[str, dict] = {}  # tool name -> its latest response

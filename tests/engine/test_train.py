@@ -246,3 +246,40 @@ def test_recall_rows_short_and_uniform():
     assert {t for t, f in zip(ids, focus) if f} <= {20, 21, 22}
     with pytest.raises(ValueError, match="vocab must be one of"):
         src.recall_row(128, vocab="bytes")
+
+
+def test_call_recall_rows_shift_the_cue_format():
+    """`call_recall_row`: each flagged value is written once in a request-style context
+    (``key: "v"``, ``key "v"`` or ``key="v"``) and once, after it, in a call's arguments object
+    (``"key": "v"``): the cue differs between the two, the value tokens are the same."""
+    import random
+    import re
+
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from engine.data.agent import REQUEST_SEPARATORS
+    from engine.train import RowSource
+
+    tok = Tokenizer.from_file("models/clover-tiny/tokenizer.json")
+    src = RowSource.__new__(RowSource)
+    src.rng, src.tok = random.Random(0), tok
+    src.code = np.full(2000, tok.token_to_id("<|endoftext|>"), dtype=np.int64)  # a blank background
+    seps = set()
+    for _ in range(20):
+        ids, focus, value = src.recall_row(256, vocab="calls")
+        assert len(ids) == 256 and focus == value and any(focus)
+        text = tok.decode(ids, skip_special_tokens=False)
+        call = re.search(r'<tool_call>\{"arguments": (\{.*?\})\}</tool_call>', text)
+        assert call is not None
+        request = text[:call.start()]
+        for key, raw in re.findall(r'"(\w+)": ("[^"]*"|[\d.]+)', call.group(1)):
+            m = re.search(rf'\b{key}( |: |=){re.escape(raw)}', request)
+            assert m is not None, (key, raw, request)
+            seps.add(m.group(1))
+        queried = tok.decode([t for t, f in zip(ids, focus) if f])
+        values = "".join(v.strip('"') for _, v in re.findall(r'"(\w+)": ("[^"]*"|[\d.]+)', call.group(1)))
+        assert queried == values
+    assert seps == set(REQUEST_SEPARATORS)
+    with pytest.raises(ValueError, match="use T >= 256"):  # not even one pair fits
+        src.recall_row(12, vocab="calls")
