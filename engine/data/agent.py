@@ -527,18 +527,31 @@ def value_spans(conv: Conversation) -> list[tuple[FieldInfo, int, int]]:
             for span in argument_spans(conv.text, call.fields, m.start(), m.end())]
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _DuplicateKey(f"repeated key in {[k for k, _ in pairs]}")
+    return obj
+
+
 def parse_call(text: str) -> dict | None:
     """``<tool_call>{json}</tool_call>...`` -> ``{"name": str, "arguments": dict}``, else None.
 
-    The first ``<tool_call>`` block is parsed; None if there is none, its JSON is invalid, or
-    it lacks a string ``name`` and a dict ``arguments``.
+    The first ``<tool_call>`` block is parsed; None if there is none, its JSON is invalid
+    (a key repeated within one object counts as invalid: ``json.loads`` would silently keep
+    the last value, so ``{"a": 1, "a": 1}`` would score as a correct call), or it lacks a
+    string ``name`` and a dict ``arguments``.
     """
     m = _CALL_RE.search(text)
     if m is None:
         return None
     try:
-        obj = json.loads(m.group(1))
-    except (json.JSONDecodeError, RecursionError):
+        obj = json.loads(m.group(1), object_pairs_hook=_unique_keys)
+    except (json.JSONDecodeError, RecursionError, _DuplicateKey):
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(obj.get("arguments"), dict):
         return None

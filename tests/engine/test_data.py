@@ -156,6 +156,9 @@ def test_score_call():
     assert not score_call("<tool_call>{\"name\": ", turn)["json_valid"]
     assert parse_call("no call here") is None
     assert parse_call('<tool_call>{"name": "x", "arguments": []}</tool_call>') is None
+    # A key written twice is malformed JSON for a tool call (json.loads would keep the last one).
+    assert parse_call('<tool_call>{"name": "x", "arguments": {"a": 1, "a": 1}}</tool_call>') is None
+    assert parse_call('<tool_call>{"name": "x", "arguments": {"a": {"b": 1}, "b": 1}}</tool_call>') is not None
     # A number written as a string is wrong: values compare with their JSON type.
     turn = next(t for c in iter_conversations(0, 50) for t in c.calls if any(f.kind == "number" for f in t.fields))
     args = {k: (str(v) if isinstance(v, int) else v) for k, v in turn.arguments.items()}
