@@ -348,8 +348,8 @@ class RowSource:
         stdlib code. Focus and copied-value flags are True on the queried values' tokens.
 
         Args:
-            T: row length in tokens (>= 32).
-            n_pairs: (min, max) pairs in the context; pairs are dropped until both parts fit.
+            T: row length in tokens; 256 holds 3-8 pairs, and pairs are dropped until both parts fit.
+            n_pairs: (min, max) pairs in the context.
             span: the context and query lie within this many tokens (kept under the window).
 
         Returns:
@@ -377,7 +377,7 @@ class RowSource:
             names.pop()
         n = len(context) + len(query)
         if n > T:
-            raise ValueError(f"T={T} cannot hold a {n}-token call recall segment; use T >= 256")
+            raise ValueError(f"T={T} cannot hold even one pair ({n} tokens); use T >= 256, e.g. --recall-shape 256,8")
         s = rng.randrange(0, len(self.code) - T)
         ids = self.code[s: s + T].tolist()
         off = rng.randrange(0, T - n + 1)

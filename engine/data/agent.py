@@ -527,14 +527,11 @@ def value_spans(conv: Conversation) -> list[tuple[FieldInfo, int, int]]:
             for span in argument_spans(conv.text, call.fields, m.start(), m.end())]
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """``json.loads`` object hook: a dict, or ValueError when a key repeats."""
     obj = dict(pairs)
     if len(obj) != len(pairs):
-        raise _DuplicateKey(f"repeated key in {[k for k, _ in pairs]}")
+        raise ValueError(f"repeated key in {[k for k, _ in pairs]}")
     return obj
 
 
@@ -551,7 +548,7 @@ def parse_call(text: str) -> dict | None:
         return None
     try:
         obj = json.loads(m.group(1), object_pairs_hook=_unique_keys)
-    except (json.JSONDecodeError, RecursionError, _DuplicateKey):
+    except (ValueError, RecursionError):  # json.JSONDecodeError is a ValueError
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(obj.get("arguments"), dict):
         return None
