@@ -273,12 +273,13 @@ def test_call_recall_rows_shift_the_cue_format():
         call = re.search(r'<tool_call>\{"arguments": (\{.*?\})\}</tool_call>', text)
         assert call is not None
         request = text[:call.start()]
-        for key, raw in re.findall(r'"(\w+)": ("[^"]*"|[\d.]+)', call.group(1)):
+        pairs = re.findall(r'"(\w+)": ("[^"]*"|[\d.]+)', call.group(1))
+        for key, raw in pairs:
             m = re.search(rf'\b{key}( |: |=){re.escape(raw)}', request)
             assert m is not None, (key, raw, request)
             seps.add(m.group(1))
         queried = tok.decode([t for t, f in zip(ids, focus) if f])
-        values = "".join(v.strip('"') for _, v in re.findall(r'"(\w+)": ("[^"]*"|[\d.]+)', call.group(1)))
+        values = "".join(raw.strip('"') for _, raw in pairs)
         assert queried == values
     assert seps == set(REQUEST_SEPARATORS)
     with pytest.raises(ValueError, match="use T >= 256"):  # not even one pair fits
