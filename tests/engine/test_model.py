@@ -12,8 +12,8 @@ from engine.model import CloverModel
 CFG = CloverConfig.from_name("clover-test")
 
 
-from test_decoder import CFG_CONV  # noqa: E402  (same directory; pytest's rootdir import)
-from test_decoder import loud_model as loud  # noqa: E402
+from helpers import CFG_CONV  # noqa: E402
+from helpers import loud_model as loud  # noqa: E402
 
 
 @pytest.mark.parametrize("cfg", [CFG, CFG_CONV], ids=["base", "attn-conv"])

@@ -1,0 +1,67 @@
+"""Test helpers shared by several test modules (import as ``from helpers import ...``;
+``tests/`` is on ``sys.path`` through its conftest).
+
+* `CFG`, `CFG_CONV`: the random ``clover-test`` preset, and the same with the short
+  causal conv on the attention layers' q/k/v.
+* `loud_model`: a random clover-test whose logits are peaked, so decodes accept slots.
+* `ReferenceDriven`: a model wrapper whose every forward is answered by
+  `CloverModel.forward_reference` (states recomputed from scratch with the token
+  loop), recording how far the fast path's logits were from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from engine.config import CloverConfig
+from engine.model import CloverModel
+
+CFG = CloverConfig.from_name("clover-test")
+CFG_CONV = dataclasses.replace(CFG, name="clover-test-conv", attention_conv_kernel_dim=3)
+
+
+def loud_model(seed: int = 0, cfg: CloverConfig = CFG) -> CloverModel:
+    """clover-test with weights scaled up so that logits are peaked and history matters
+    (the attention convs, if any, get random taps so that they mix neighbours)."""
+    torch.manual_seed(seed)
+    m = CloverModel(cfg)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() >= 2:
+                p.mul_(15)
+        for layer in m.layers:
+            if layer.layer_type == "full_attention" and layer.self_attn.conv1d is not None:
+                layer.self_attn.conv1d.weight.normal_(0.0, 0.7)
+    return m.eval()
+
+
+class ReferenceDriven(torch.nn.Module):
+    """Wraps a CloverModel: answers each forward from `forward_reference` on the full
+    history (tracked from the commits), and records in ``max_diff`` the largest
+    |fast - reference| logit difference seen (the fast path runs too, on its own state)."""
+
+    def __init__(self, model: CloverModel):
+        super().__init__()
+        self.inner = model
+        self.config, self.model_id = model.config, "ref"
+        self.history: list[int] = []
+        self.max_diff = 0.0
+
+    device = property(lambda self: self.inner.device)
+    dtype = property(lambda self: self.inner.dtype)
+
+    def setup_state(self, batch_size=1, memory_mode="state"):
+        self.history, self.mode = [], memory_mode
+        return self.inner.setup_state(batch_size, memory_mode)
+
+    def forward(self, block_ids, state, commit_ids=None, block_size=None, observe=False):
+        fast = self.inner(block_ids, state, commit_ids=commit_ids, block_size=block_size, observe=observe)
+        if commit_ids is not None:
+            self.history += commit_ids[0].tolist()
+        ref = self.inner.forward_reference(torch.tensor([self.history], dtype=torch.long).reshape(1, -1),
+                                           block_ids, block_size, self.mode)
+        self.max_diff = max(self.max_diff, float((fast.logits - ref.logits).abs().max()))
+        ref.expert_union = fast.expert_union  # the reference pass re-reads all history: not this forward's cost
+        return ref
