@@ -733,6 +733,16 @@ def _add_block_lines(fig: go.Figure, xs: list[int], offset: float = -0.5, **kw: 
         fig.add_vline(x=x + offset, line=dict(color="#cbd5e1", width=1, dash="dot"), **kw)
 
 
+NOT_APPLICABLE = "not applicable to this model"
+
+
+def _not_applicable(trace: Any, name: str) -> bool:
+    """True when every step recorded ``None`` for ``name``: a backbone without that observable
+    (a transformers model, `engine.hf_model`: no experts, no recurrent state, no memory unit)."""
+    steps = _index(trace).steps
+    return bool(steps) and all(getattr(s, name) is None for s in steps)
+
+
 def _empty_figure(title: str, message: str) -> go.Figure:
     fig = go.Figure()
     fig.update_layout(**_base_layout(title), height=300)
@@ -795,6 +805,8 @@ def _model_config(trace: Any) -> Any:
 
     meta = getattr(trace, "meta", None) or {}
     cand = meta.get("model_config")
+    if isinstance(cand, Mapping) and cand.get("backbone") == "transformers":
+        return None  # a transformers backbone (engine.hf_model) has no Clover config
     if isinstance(cand, Mapping):
         try:
             return CloverConfig.from_dict(dict(cand))
@@ -825,6 +837,8 @@ def expert_union_figure(trace: Any) -> go.Figure:
     """Distinct routed experts per layer per forward: heatmap, x = forward (NFE), y = layer."""
     if len(trace) == 0:
         return _empty_figure("Expert union per layer", "no steps yet")
+    if _not_applicable(trace, "expert_union"):
+        return _empty_figure("Expert union per layer", NOT_APPLICABLE + " (no mixture of experts)")
     u = np.stack([np.asarray(s.expert_union, dtype=np.float64) for s in _index(trace).steps])  # (S, N)
     u[u < 0] = np.nan
     S, N = u.shape
@@ -848,6 +862,8 @@ def state_norm_figure(trace: Any) -> go.Figure:
     """Frobenius norm of each layer's recurrent state as each block reads it (first forward of the block)."""
     if len(trace) == 0:
         return _empty_figure("Recurrent state norm per layer", "no steps yet")
+    if _not_applicable(trace, "state_norm"):
+        return _empty_figure("Recurrent state norm per layer", NOT_APPLICABLE + " (history is a KV cache)")
     idx = _index(trace)
     blocks = sorted(idx.steps_of)
     norms = np.stack([np.asarray(idx.steps[idx.steps_of[b][0]].state_norm, dtype=np.float64) for b in blocks])
@@ -880,6 +896,8 @@ def memory_share_figure(trace: Any, step: int | None = None) -> go.Figure:
     """
     if len(trace) == 0:
         return _empty_figure("Memory share", "no steps yet")
+    if _not_applicable(trace, "memory_share"):
+        return _empty_figure("Memory share", NOT_APPLICABLE + " (no memory unit)")
     idx = _index(trace)
     if step is None:
         mats = [np.asarray(s.memory_share, dtype=np.float64) for s in idx.steps]

@@ -195,6 +195,9 @@ def load_model(
     if not config_path.is_file():
         raise ValueError(
             f"{directory} has no {CONFIG_NAME}; a checkpoint directory holds config.json and "
+    hf_kind = _hf_kind(config_path)
+    if hf_kind is not None:  # a transformers backbone (engine.hf_model): adapter over a pinned base, or plain
+        return _load_hf_model(directory, hf_kind, device, _as_float_dtype(dtype))
             f"model.safetensors (write one with engine.checkpoint.save_model or "
             f"`python -m engine.checkpoint --init clover-test --out DIR`)"
         )
@@ -334,6 +337,10 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
     if path.is_dir():
         path = path / TOKENIZER_NAME
     if not path.is_file():
+    if path.is_dir() and _hf_kind(path / CONFIG_NAME) == "adapter":
+        from engine.hf_adapter import load_adapter_tokenizer
+
+        return load_adapter_tokenizer(path)
         raise ValueError(
             f"no tokenizer at {path}; save one with save_model(..., tokenizer=tok) or use "
             f"engine.tokenizer.byte_tokenizer() for byte-level presets such as clover-test"
@@ -348,6 +355,35 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
 def _checkpoint_dir(path_or_dir: str | Path) -> Path:
     path = Path(path_or_dir)
     if path.is_file():
+def _hf_kind(config_path: Path) -> str | None:
+    """``"adapter"`` (engine.hf_adapter), ``"transformers"`` (a plain Llama / Qwen2 / Qwen3
+    ``save_pretrained`` directory) or None (a Clover checkpoint, or no readable config)."""
+    if not config_path.is_file():
+        return None
+    try:
+        model_type = json.loads(config_path.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    from engine.hf_model import SUPPORTED_MODEL_TYPES
+
+    if model_type == "hf-block-diffusion":
+        return "adapter"
+    return "transformers" if model_type in SUPPORTED_MODEL_TYPES else None
+
+
+def _load_hf_model(directory: Path, kind: str, device, dtype) -> torch.nn.Module:
+    if kind == "adapter":
+        from engine.hf_adapter import load_adapter_model
+
+        return load_adapter_model(directory, device=device, dtype=dtype)
+    from engine.hf_model import wrap_pretrained
+
+    model = wrap_pretrained(str(directory), name=directory.name, device=device)
+    if dtype is not None:
+        model.to(dtype=dtype)
+    return model.eval()
+
+
         path = path.parent
     if not path.is_dir():
         raise ValueError(

@@ -365,9 +365,10 @@ class BlockDecoder:
                     masked = masked & ~eos_filled
                 nfe += 1
                 n_forced += int(forced.sum())
-                cost = forward_cost(cfg, n_fwd, out.expert_union.tolist(), weight_bytes=weight_bytes,
+                cost = forward_cost(cfg, n_fwd, None if out.expert_union is None else out.expert_union.tolist(),
+                                    weight_bytes=weight_bytes,
                                     n_commit_tokens=n_fwd - L, block_len=L, memory_mode=dc.memory_mode,
-                                    window=state.window, commit_block_len=B)
+                                    window=state.window, commit_block_len=B, context_len=pos0 - (n_fwd - L))
                 bytes_total += cost.bytes_read
                 flops_total += cost.flops
                 if observe:
@@ -427,9 +428,11 @@ class BlockDecoder:
             tokens=np.array(tokens.cpu().numpy(), dtype=np.int64), masked_before=mb.copy(), confidence=confidence,
             candidate=candidate, top_tokens=top_tokens, top_probs=top_probs,
             accepted=accepted.cpu().numpy(), forced=forced.cpu().numpy(),
-            eos_filled=eos_filled.cpu().numpy(), expert_union=out.expert_union.cpu().numpy(),
-            state_norm=out.state_norm.cpu().numpy().astype(np.float32),
-            memory_share=out.memory_share[:, 0].float().cpu().numpy(),
+            eos_filled=eos_filled.cpu().numpy(),
+            # None where the backbone has no such thing (a transformers model: no experts, no recurrent state)
+            expert_union=None if out.expert_union is None else out.expert_union.cpu().numpy(),
+            state_norm=None if out.state_norm is None else out.state_norm.cpu().numpy().astype(np.float32),
+            memory_share=None if out.memory_share is None else out.memory_share[:, 0].float().cpu().numpy(),
             n_tokens_forward=int(n_fwd), wall_s=float(wall_s), firings=tuple(firings),
             bytes_read=float(cost.bytes_read), flops=float(cost.flops),
             arithmetic_intensity=float(cost.arithmetic_intensity),

@@ -94,6 +94,9 @@ class StepEvent(_Repr):
             state that this block reads (after the fused commit).
         memory_share: (N, L) float32 -- softmax mass on the memory unit per layer
             and slot, averaged over heads.
+            These three are None for a backbone that has no such thing (a
+            transformers model, `engine.hf_model`: no experts, no recurrent
+            state, no memory unit); the views then say "not applicable to this model".
         n_tokens_forward: tokens that went through this forward (commit + block).
         bytes_read, flops, arithmetic_intensity: the cost model's estimate for
             this forward (bytes, FLOPs, FLOPs/byte); None until filled.
@@ -113,9 +116,9 @@ class StepEvent(_Repr):
     accepted: np.ndarray
     forced: np.ndarray
     eos_filled: np.ndarray
-    expert_union: np.ndarray
-    state_norm: np.ndarray
-    memory_share: np.ndarray
+    expert_union: np.ndarray | None
+    state_norm: np.ndarray | None
+    memory_share: np.ndarray | None
     n_tokens_forward: int
     wall_s: float
     bytes_read: float | None = None

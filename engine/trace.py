@@ -318,6 +318,8 @@ class Trace:
             return np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
         if name == "firings":
             return list(values)
+        if any(v is None for v in values):  # a backbone without this observable (e.g. no experts): None rows
+            return list(values)
         if values and len({np.shape(v) for v in values}) == 1:
             return np.stack(values)
         if not values:
@@ -459,21 +461,25 @@ class Trace:
                 )
             else:
                 ndim, default_dtype = _ARRAY_FIELDS[name]
-                rows = [np.asarray(v) for v in values]
+                nulls = [v is None for v in values]  # None = not applicable to this model: a null row
+                rows = [np.zeros((0,) * ndim, default_dtype) if v is None else np.asarray(v) for v in values]
                 bad = [(i, r.shape) for i, r in enumerate(rows) if r.ndim != ndim]
                 if bad:
                     i, shape = bad[0]
                     raise ValueError(f"StepEvent.{name} should be {ndim}-D; step {i} has shape {shape}")
-                dtype = np.result_type(*rows) if rows else np.dtype(default_dtype)
+                real = [r for r, null in zip(rows, nulls) if not null]
+                dtype = np.result_type(*real) if real else np.dtype(default_dtype)
                 if rows:
                     flat = np.concatenate([r.ravel() for r in rows]).astype(dtype, copy=False)
                 else:
                     flat = np.empty(0, dtype)
                 offsets = np.zeros(n + 1, dtype=np.int32)
                 np.cumsum([r.size for r in rows], out=offsets[1:])
-                arrays[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
+                arrays[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat),
+                                                        mask=pa.array(nulls, type=pa.bool_()) if any(nulls) else None)
                 if ndim > 1:
-                    arrays[name + "_shape"] = pa.array([list(r.shape) for r in rows], type=pa.list_(pa.int64()))
+                    arrays[name + "_shape"] = pa.array([None if null else list(r.shape) for r, null in zip(rows, nulls)],
+                                                       type=pa.list_(pa.int64()))
         table = pa.table(arrays)
         return table.replace_schema_metadata(self._metadata())
 
@@ -653,7 +659,9 @@ class Trace:
                 rows = _split_list_column(col)
                 if _ARRAY_FIELDS[name][0] > 1:
                     shapes = table.column(name + "_shape").to_pylist()
-                    rows = [r.reshape(s) for r, s in zip(rows, shapes)]
+                    rows = [r.reshape(s) if s is not None else r for r, s in zip(rows, shapes)]
+                if col.null_count:  # rows recorded as None (not applicable to the model)
+                    rows = [None if null else r for r, null in zip(rows, col.is_null().to_pylist())]
                 columns[name] = rows
         assert all(len(v) == n for v in columns.values()), {k: len(v) for k, v in columns.items()}
 
@@ -691,7 +699,7 @@ def _split_list_column(col: Any) -> list[np.ndarray]:
     import pyarrow.compute as pc
 
     flat = col.flatten().to_numpy(zero_copy_only=False)
-    lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64)
+    lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     return [part.copy() for part in np.split(flat, np.cumsum(lengths)[:-1])] if len(lengths) else []
 
 
