@@ -1,0 +1,88 @@
+"""The open-vocabulary tool-call corpus: deterministic, exactly checkable, and the eval
+split's names and keys never occur in training text.
+
+Run: .venv/bin/python -m pytest tests/engine/test_open_tools.py -q
+"""
+
+import itertools
+import random
+import re
+
+import pytest
+
+from engine.data import open_tools as ot
+from engine.data.agent import parse_call
+
+
+def _names_and_keys(turns):
+    names, keys = set(), set()
+    for t in turns:
+        if t.name is None:
+            continue
+        names.add(t.name)
+        stack = [t.arguments]
+        while stack:
+            d = stack.pop()
+            keys.update(d)
+            stack += [v for v in d.values() if isinstance(v, dict)]
+    return names, keys
+
+
+def test_deterministic():
+    a = ot.generate_conversation(random.Random(7), "train")[0].text
+    b = ot.generate_conversation(random.Random(7), "train")[0].text
+    assert a == b
+    assert [t.target for t in ot.eval_turns(30)] == [t.target for t in ot.eval_turns(30)]
+
+
+def test_targets_score_exact_and_wrong_answers_do_not():
+    for t in ot.eval_turns(200):
+        assert ot.score_turn(t.target, t)["exact_match"], t.target
+        if t.name is not None:
+            wrong = t.target.replace(t.name, t.name + "X", 1)
+            s = ot.score_turn(wrong, t)
+            assert not s["exact_match"] and not s["name_correct"]
+        else:
+            assert not ot.score_turn('<tool_call>{"name": "x", "arguments": {}}</tool_call>', t)["name_correct"]
+
+
+def test_eval_names_and_keys_never_in_training_text():
+    names, keys = _names_and_keys(ot.eval_turns(200))
+    assert len(names) > 100 and len(keys) > 30
+    train_text = "\n".join(itertools.islice(ot.iter_train_texts(), 400))
+    train_tokens = set(re.findall(r"[A-Za-z_]+", train_text))
+    assert not names & train_tokens
+    assert not keys & train_tokens
+
+
+def test_every_call_copies_from_the_system_turn():
+    """Names and keys of a call appear in the schema listed in its prompt; every request value
+    is stated in the request (dates as ISO or in words, booleans in words)."""
+    for t in ot.eval_turns(100):
+        if t.name is None:
+            continue
+        system = t.prompt.split("<|im_start|>user")[0]
+        assert f'"name": "{t.name}"' in system
+        request = t.prompt.split("<|im_start|>user")[1]
+        for f in t.fields:
+            assert f'"{f.key}"' in system
+            if f.source == "request" and isinstance(f.value, (str, int, float)) and not isinstance(f.value, bool) \
+                    and f.kind != "date":
+                assert str(f.value) in request, (f, request)
+
+
+def test_mix_of_the_eval_set():
+    turns = ot.eval_turns(200)
+    cats = {c: sum(t.category == c for t in turns) for c in ("call", "chain", "no_tool")}
+    assert cats["no_tool"] == 20 and cats["chain"] >= 10 and cats["call"] >= 100
+    types = {f.kind for t in turns for f in t.fields}
+    assert {"integer", "number", "boolean", "enum", "date", "array", "object", "code"} <= types
+    assert any(t.natural for t in turns) and any(not t.natural for t in turns)
+    assert all(parse_call(t.target)["arguments"] == t.arguments for t in turns if t.name is not None)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="split"):
+        ot.generate_conversation(random.Random(0), "test")
+    with pytest.raises(ValueError, match="n_rounds"):
+        ot.generate_conversation(random.Random(0), "train", n_rounds=9)
