@@ -572,7 +572,11 @@ def lr_at(frac: float, base: float, warmup_frac: float = 0.02) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.train", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("models/clover-tiny"))
+    ap.add_argument("--out", type=Path, default=Path("runs/clover-train"),
+                    help="output checkpoint directory (default runs/clover-train, never the bundled model; "
+                         "an existing checkpoint there is refused unless --resume or --overwrite)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="allow --out to be a directory that already holds a checkpoint (it is replaced)")
     ap.add_argument("--tokenizer", type=Path, default=Path("models/clover-tiny/tokenizer.json"))
     ap.add_argument("--minutes", type=float, default=100.0, help="total training time budget (all resumes)")
     ap.add_argument("--stop-after-min", type=float, default=None, help="stop this invocation early (resume later)")
@@ -649,6 +653,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--recall-block-size must be one of {list(ROW_SHAPE)}, got {args.recall_block_size}")
     tokenizer = Tokenizer.from_file(str(args.tokenizer))
     block_weights = parse_block_weights(args.block_weights) if args.block_weights else dict(BLOCK_SIZES)
+    if (args.out / "model.safetensors").is_file() and not (args.resume or args.overwrite):
+        raise SystemExit(f"error: {args.out} already holds a checkpoint; training would overwrite it. Pass another "
+                         f"--out, --resume to continue that run, or --overwrite to replace it")
     args.out.mkdir(parents=True, exist_ok=True)
     state_path = args.out / "train_state.pt"
     prog = Progress()

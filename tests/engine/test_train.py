@@ -284,3 +284,22 @@ def test_call_recall_rows_shift_the_cue_format():
     assert seps == set(REQUEST_SEPARATORS)
     with pytest.raises(ValueError, match="use T >= 256"):  # not even one pair fits
         src.recall_row(12, vocab="calls")
+
+
+def test_train_refuses_to_overwrite_a_checkpoint(tmp_path):
+    """`python -m engine.train` defaults to runs/ and never writes over an existing checkpoint
+    (such as the bundled model) unless told to resume it or to overwrite it."""
+    import shutil
+    from pathlib import Path
+
+    from engine.train import main
+
+    bundled = Path(__file__).resolve().parents[2] / "models" / "clover-tiny"
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    shutil.copy(bundled / "config.json", out / "config.json")
+    (out / "model.safetensors").write_bytes(b"not really weights")
+    before = (out / "model.safetensors").read_bytes()
+    with pytest.raises(SystemExit, match="already holds a checkpoint"):
+        main(["--out", str(out), "--minutes", "0.01", "--tokenizer", str(bundled / "tokenizer.json")])
+    assert (out / "model.safetensors").read_bytes() == before
