@@ -14,7 +14,7 @@ Environment:
 
 * ``CLOVER_MODEL_DIR`` -- model directory (default ``models/clover-tiny``; while it
   holds no trained model, a random ``clover-test`` model stands in, labelled so).
-* ``CLOVER_TORCH_THREADS`` -- torch CPU threads for decoding (default 1: the models
+* ``CLOVER_TORCH_THREADS`` -- torch CPU threads for decoding (else ``OMP_NUM_THREADS``, else 1: the models
   here are small, and on a shared 2-core machine more threads fight each other
   -- measured 0.4 s vs 30 s for the same decode under load).
 * ``CLOVER_DEV_SHARPEN=1`` -- development option: start with the random model's
@@ -36,7 +36,7 @@ TITLE = "Clover Explorer · block-diffusion decoding"
 ACCENT = "#0f766e"
 TICK_MS = 100  # periodic drain / playback period per session
 MODEL_DIR = os.environ.get("CLOVER_MODEL_DIR", "models/clover-tiny")
-TORCH_THREADS = int(os.environ.get("CLOVER_TORCH_THREADS", "1"))
+TORCH_THREADS = int(os.environ.get("CLOVER_TORCH_THREADS") or os.environ.get("OMP_NUM_THREADS") or "1")
 DEV_SHARPEN = os.environ.get("CLOVER_DEV_SHARPEN", "") not in ("", "0")
 
 import panel as pn  # noqa: E402

@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.config import CloverConfig  # noqa: E402
 from engine.model import CloverModel  # noqa: E402
 from engine.train import INDUCTION_TAPS, init_induction_heads, tiny_config  # noqa: E402
+from engine.threads import add_threads_argument, configure_threads  # noqa: E402
 
 INDUCTION_INITS = {"prev": (1.0,), "decay": INDUCTION_TAPS}
 
@@ -157,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conv-init", choices=("random", *INDUCTION_INITS), default="random")
     ap.add_argument("--size", choices=("test", "tiny"), default="test",
                     help="model sizes: clover-test (hidden 64) or clover-tiny's tiny_config (hidden 192, vocab 4096)")
+    add_threads_argument(ap)
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
+    configure_threads(args.threads)
     runs = [(lay, int(k)) for lay in args.layouts.split(",") for k in args.conv.split(",")]
     bad = [lay for lay, _ in runs if lay not in LAYOUTS]
     if bad:

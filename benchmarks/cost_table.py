@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.config import CloverConfig  # noqa: E402
 from engine.cost import ar_step_cost, expected_union, forward_cost, get_device  # noqa: E402
+from engine.threads import add_threads_argument, configure_threads  # noqa: E402
 
 BLOCK = 32
 TPFS = (1, 2, 3, 4, 6, 8)
@@ -53,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="h800")
     ap.add_argument("--config", default="clover-35b-a3b")
+    add_threads_argument(ap)
     args = ap.parse_args(argv)
+    configure_threads(args.threads)
     cfg = CloverConfig.from_name(args.config)
     device = get_device(args.device)
     ar = 1 / ar_step_cost(cfg).roofline_time_s(device)

@@ -76,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="threshold of the recording (low, so a random model accepts slots)")
     ap.add_argument("--rerecord", action="store_true")
     ap.add_argument("--jumps", type=int, default=100, help="random scrub jumps to time")
+    from engine.threads import add_threads_argument, configure_threads
+
+    add_threads_argument(ap)
     args = ap.parse_args(argv)
+    configure_threads(args.threads)
 
     if args.rerecord or not args.trace.is_file():
         record(args.trace, args.tokens, args.threshold)

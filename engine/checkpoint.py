@@ -181,13 +181,16 @@ def load_model(
             cast into them, as ``load_state_dict`` does); a floating dtype
             (``torch.bfloat16`` or ``"bfloat16"``) casts every floating-point
             parameter and buffer afterwards, as ``nn.Module.to(dtype)`` does.
+            One of `MODEL_DTYPES` (float32, bfloat16, float16, float64); every
+            one decodes, with the recurrent state, the logits and the
+            confidences kept in fp32.
 
     Returns:
         The loaded model.
 
     Raises:
         ValueError: the directory or its ``config.json`` is missing or invalid,
-            `dtype` is not a floating dtype, or any weights problem listed in
+            `dtype` is not one of `MODEL_DTYPES`, or any weights problem listed in
             `load_weights`.
     """
     directory = _checkpoint_dir(path_or_dir)
@@ -494,13 +497,20 @@ def _dtype_kind(dt: str | torch.dtype) -> str:
     return "floating" if dt.startswith(("F", "BF")) else ("complex" if dt.startswith("C") else "integer")
 
 
+MODEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+"""Weight dtypes a loaded model computes in (recurrent state and confidences stay fp32 in all)."""
+
+
 def _as_float_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    if dtype is None or isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+    if dtype is None:
         return dtype
-    resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else None
-    if isinstance(resolved, torch.dtype) and resolved.is_floating_point:
+    resolved = dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype, None) if isinstance(dtype, str) \
+        else None
+    if isinstance(resolved, torch.dtype) and resolved in MODEL_DTYPES:
         return resolved
-    raise ValueError(f"dtype must be a floating torch dtype such as torch.bfloat16 or 'float32', got {dtype!r}")
+    names = ", ".join(str(d).replace("torch.", "") for d in MODEL_DTYPES)
+    raise ValueError(f"dtype must be a floating torch dtype the model computes in -- {names} (a torch.dtype "
+                     f"or its name, e.g. torch.bfloat16 or 'bfloat16') -- got {dtype!r}")
 
 
 def _names(names: list[str], limit: int = 5) -> str:
@@ -536,7 +546,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="shard the weights into files of at most this many bytes")
     parser.add_argument("--max-gib", type=float, default=4.0,
                         help="refuse presets whose float32 weights exceed this (default 4 GiB)")
+    from engine.threads import add_threads_argument, configure_threads
+
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
+    configure_threads(args.threads)
 
     try:
         config = CloverConfig.from_name(args.init)

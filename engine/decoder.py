@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
+import numbers
 import threading
 import time
 from dataclasses import dataclass
@@ -45,6 +47,31 @@ from engine.policies import POLICIES, make_policy
 from engine.processors import ProgressiveEOSBias, RepetitionControl
 
 Hook = Callable[[object], None]
+
+
+def _check_int(name: str, val, lo: int, hint: str) -> int:
+    """`val` as a Python int >= `lo` (ints and NumPy integers; not bool, not float)."""
+    if isinstance(val, (bool, np.bool_)) or not isinstance(val, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {lo}, got {type(val).__name__} ({val!r}); {hint}")
+    val = int(val)
+    if val < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {val}; {hint}")
+    return val
+
+
+def _check_real(name: str, val, lo: float, hi: float | None, *, lo_open: bool, hi_open: bool = False,
+                hint: str) -> float:
+    """`val` as a finite Python float in the range (ints, floats, NumPy numbers; not bool, NaN or inf)."""
+    rng = f"{'(' if lo_open else '['}{lo:g}, {'inf)' if hi is None else f'{hi:g}' + (')' if hi_open else ']')}"
+    if isinstance(val, (bool, np.bool_)) or not isinstance(val, numbers.Real):
+        raise TypeError(f"{name} must be a number in {rng}, got {type(val).__name__} ({val!r}); {hint}")
+    f = float(val)
+    ok = math.isfinite(f) and (f > lo if lo_open else f >= lo)
+    if ok and hi is not None:
+        ok = f < hi if hi_open else f <= hi
+    if not ok:
+        raise ValueError(f"{name} must be a finite number in {rng}, got {val!r}; {hint}")
+    return f
 
 
 @dataclass(frozen=True)
@@ -88,32 +115,47 @@ class DecodeConfig:
     top_candidates: int = 5
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "max_new_tokens", "tokens_per_step", "repetition_ngram",
-                     "repetition_window", "top_candidates"):
-            val = getattr(self, name)
-            if isinstance(val, bool) or not isinstance(val, int):
-                raise TypeError(f"{name} must be an int, got {type(val).__name__} ({val!r})")
-            if val < 1:
-                raise ValueError(f"{name} must be >= 1, got {val}")
-        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
-            raise TypeError(f"threshold must be a float in (0, 1], got {self.threshold!r}")
-        if not (0.0 < float(self.threshold) <= 1.0) or self.threshold != self.threshold:
+        # NumPy scalars (what events, traces and widgets give back) are accepted and stored as Python
+        # int / float; a NumPy float keeps its exact value (float(np.float32(0.95)) == 0.949999988...).
+        def setv(name, val):
+            object.__setattr__(self, name, val)
+
+        for name, lo, hint in (
+            ("block_size", 1, "e.g. 32 (1 = autoregressive)"),
+            ("max_new_tokens", 1, "e.g. 128"),
+            ("tokens_per_step", 1, "e.g. 2"),
+            ("repetition_ngram", 2, "e.g. 3 (an n-gram of 1 token would ban every repeated token)"),
+            ("repetition_window", 1, "e.g. 64"),
+            ("top_candidates", 1, "e.g. 5"),
+        ):
+            setv(name, _check_int(name, getattr(self, name), lo, hint))
+        if self.repetition_window < self.repetition_ngram:
             raise ValueError(
-                f"threshold must be in (0, 1], got {self.threshold}; e.g. 0.95 (Clover's default) -- "
-                "1.0 writes one slot per forward"
+                f"repetition_window must be >= repetition_ngram ({self.repetition_ngram}), got "
+                f"{self.repetition_window}; the window must hold at least one whole n-gram"
             )
-        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
-            raise ValueError(f"max_steps must be None or an int >= 1, got {self.max_steps!r}")
-        if self.policy not in POLICIES:
+        if self.max_steps is not None:
+            setv("max_steps", _check_int("max_steps", self.max_steps, 1, "or None = until the block is full"))
+        if self.eos_bias_soft_limit is not None:
+            setv("eos_bias_soft_limit", _check_int("eos_bias_soft_limit", self.eos_bias_soft_limit, 0,
+                                                   "or None = EOS bias off"))
+        setv("threshold", _check_real(
+            "threshold", self.threshold, 0.0, 1.0, lo_open=True, hi_open=False,
+            hint="e.g. 0.95 (Clover's default) -- 1.0 writes one slot per forward"))
+        setv("max_entropy", _check_real("max_entropy", self.max_entropy, 0.0, None, lo_open=True,
+                                        hint="an entropy bound in nats, e.g. 0.5"))
+        setv("factor", _check_real("factor", self.factor, 0.0, None, lo_open=True,
+                                   hint="Fast-dLLM's factor, e.g. 1.0"))
+        setv("repetition_penalty", _check_real("repetition_penalty", self.repetition_penalty, 0.0, None,
+                                               lo_open=False, hint="a logit penalty, 0 = off, e.g. 2.0"))
+        setv("eos_bias_rate", _check_real(
+            "eos_bias_rate", self.eos_bias_rate, 0.0, None, lo_open=True,
+            hint="logits per token past eos_bias_soft_limit, e.g. 0.1; turn the bias off with "
+                 "eos_bias_soft_limit=None"))
+        if not isinstance(self.policy, str) or self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if self.memory_mode not in MEMORY_MODES:
+        if not isinstance(self.memory_mode, str) or self.memory_mode not in MEMORY_MODES:
             raise ValueError(f"memory_mode must be one of {MEMORY_MODES}, got {self.memory_mode!r}")
-        if self.factor <= 0 or self.max_entropy <= 0:
-            raise ValueError(f"factor and max_entropy must be > 0, got {self.factor}, {self.max_entropy}")
-        if self.repetition_penalty < 0:
-            raise ValueError(f"repetition_penalty must be >= 0 (0 = off), got {self.repetition_penalty}")
-        if self.eos_bias_soft_limit is not None and self.eos_bias_soft_limit < 0:
-            raise ValueError(f"eos_bias_soft_limit must be None or >= 0, got {self.eos_bias_soft_limit}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -201,6 +243,30 @@ class BlockDecoder:
                 h.remove()
 
     # ------------------------------------------------------------------ input
+    def _undecodable(self, vocab_size: int, eos_id: int) -> torch.Tensor:
+        """[vocab_size] bool: ids the tokenizer has no token for (an LM head wider than the
+        tokenizer), which are never candidates. EOS stays a candidate. All False without a
+        tokenizer. Cached per tokenizer."""
+        tok = self.tokenizer
+        key = (id(tok), vocab_size, eos_id)
+        cached = getattr(self, "_undecodable_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        out = torch.zeros(vocab_size, dtype=torch.bool)
+        if tok is not None:
+            try:
+                known = tok.get_vocab(with_added_tokens=True)  # tokenizers.Tokenizer
+            except TypeError:
+                known = tok.get_vocab()  # transformers tokenizers (added tokens included)
+            has = torch.zeros(vocab_size, dtype=torch.bool)
+            ids = torch.tensor([i for i in known.values() if 0 <= i < vocab_size], dtype=torch.long)
+            has[ids] = True
+            out = ~has
+            if 0 <= eos_id < vocab_size:
+                out[eos_id] = False
+        self._undecodable_cache = (key, out)
+        return out
+
     def encode_prompt(self, prompt: str | Sequence[int] | torch.Tensor) -> list[int]:
         """Validate a prompt and return its ids.
 
@@ -216,6 +282,14 @@ class BlockDecoder:
                                 "or pass token ids")
             if not prompt:
                 raise ValueError("the prompt is empty; give at least one token of text")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(
+                    f"the prompt is not valid text: character {e.start} ({prompt[e.start:e.end]!r}) is a lone "
+                    "surrogate, which is what decoding non-UTF-8 bytes with errors='surrogateescape' leaves; "
+                    "decode the bytes with their real encoding (or errors='replace') before passing the prompt"
+                ) from None
             ids = self.tokenizer.encode(prompt).ids
         elif isinstance(prompt, torch.Tensor):
             if prompt.dim() != 1 or prompt.dtype not in (torch.int64, torch.int32):
@@ -271,6 +345,14 @@ class BlockDecoder:
             `DecodeResult`. Never prints.
         """
         dc = config or self.config
+        if not isinstance(dc, DecodeConfig):
+            raise TypeError(f"config must be a DecodeConfig, got {type(dc).__name__}")
+        ctx_len = self.model.config.max_position_embeddings
+        if dc.block_size > ctx_len:
+            raise ValueError(
+                f"block_size {dc.block_size} is larger than the model's context of {ctx_len} positions "
+                f"(max_position_embeddings); use a block_size of at most {ctx_len}"
+            )
         ids = self.encode_prompt(prompt)
         cfg = self.model.config
         mask_id, eos_id = cfg.mask_token_id, cfg.eos_token_id
@@ -315,6 +397,7 @@ class BlockDecoder:
         block_index = 0
         vocab_mask = torch.zeros(cfg.vocab_size, dtype=torch.bool, device=device)
         vocab_mask[mask_id] = True
+        vocab_mask |= self._undecodable(cfg.vocab_size, eos_id).to(device)  # ids the tokenizer has no token for
 
         while budget > 0:
             n_gen = min(B - len(head), budget)

@@ -1,6 +1,10 @@
 """Evaluate a Clover checkpoint: held-out agent tool calls and held-out stdlib code.
 
-    python -m engine.eval --model models/clover-tiny [--tasks 300] [--workers 2] [--out eval.json]
+    .venv/bin/python -m engine.eval --model models/clover-tiny [--tasks 300] [--workers 2] [--threads N] \
+        [--out eval.json]
+
+``--threads`` is per worker process (default: ``OMP_NUM_THREADS`` if set, else
+`engine.threads.default_threads` divided among the workers, at least 1).
 
 Agent tasks (`engine.data.agent.eval_tasks`, seeds >= 10,000,000, disjoint from
 training): each prompt is decoded in four settings -- block_size 32 /
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
@@ -199,9 +204,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--probe-tasks", type=int, default=100, help="tasks for the value-copy probe (0 = skip)")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
+    from engine.threads import add_threads_argument, configure_threads, default_threads
+
+    add_threads_argument(ap)  # per worker process; without --threads / OMP_NUM_THREADS: the default / workers
     ap.add_argument("--out", type=Path, default=None, help="JSON output (default MODEL/eval.json)")
     args = ap.parse_args(argv)
+    try:
+        if args.threads is None and not os.environ.get("OMP_NUM_THREADS"):
+            args.threads = max(1, default_threads() // max(1, args.workers))
+        args.threads = configure_threads(args.threads)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     if not Path(args.model).is_dir():
         raise SystemExit(f"error: no model directory {args.model!r}")
     settings = [s for s in args.settings.split(",") if s]

@@ -1,7 +1,11 @@
 """Command line: decode one prompt and print the text and a one-line summary.
 
     python -m engine.generate --model models/clover-tiny --prompt "..." \\
-        --block-size 32 --threshold 0.95 --max-new-tokens 128 [--trace out.parquet]
+        --block-size 32 --threshold 0.95 --max-new-tokens 128 [--trace out.parquet] [--threads N]
+
+(run it with the venv's interpreter, ``.venv/bin/python -m engine.generate ...``,
+or with the venv activated). ``--threads`` defaults to ``OMP_NUM_THREADS`` if
+set, else half the CPUs (1-4): see `engine.threads`.
 """
 
 from __future__ import annotations
@@ -27,11 +31,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repetition-penalty", type=float, default=0.0, help="0 = off")
     p.add_argument("--eos-bias-soft-limit", type=int, default=None, help="unset = off")
     p.add_argument("--trace", type=Path, default=None, help="save the trace (.parquet or .arrow)")
+    from engine.threads import add_threads_argument
+
+    add_threads_argument(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from engine.threads import configure_threads
+
+    try:
+        threads = configure_threads(args.threads)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     from engine.checkpoint import load_model, load_tokenizer
     from engine.decoder import BlockDecoder, DecodeConfig
 
@@ -57,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         f"[{Path(args.model).name}] block_size={dc.block_size} threshold={dc.threshold} | "
         f"tokens={len(result.tokens)} NFE={result.nfe} tokens/forward={result.tokens_per_forward:.2f} "
         f"forced={result.n_forced} tokens/s={result.tokens_per_s:.1f} stop={result.stop_reason} | "
-        f"read {result.bytes_read / 1e6:.1f} MB, {result.flops / 1e9:.2f} GFLOP (cost model)"
+        f"read {result.bytes_read / 1e6:.1f} MB, {result.flops / 1e9:.2f} GFLOP (cost model) | threads={threads}"
     )
     if args.trace is not None:
         path = result.trace.save(args.trace)

@@ -352,7 +352,7 @@ class GatedDeltaNet(nn.Module):
         k = l2norm(k.reshape(B, T, self.Hk, self.K).float())
         v = v.reshape(B, T, self.Hv, self.V)
         beta = torch.sigmoid(self.in_proj_b(x).float())  # [B, T, Hv]
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
 
         rep = self.Hv // self.Hk
         qh = q.repeat_interleave(rep, 2).transpose(1, 2)  # [B, Hv, T, K]
@@ -360,8 +360,10 @@ class GatedDeltaNet(nn.Module):
         vh = v.transpose(1, 2).float()  # [B, Hv, T, V]
         q_rot = rope(qh, ctx.pos, self.cfg.linear_rotary_dim, self.cfg.rope_theta)
         k_rot = rope(kh, ctx.pos, self.cfg.linear_rotary_dim, self.cfg.rope_theta)
-        mem_logit = self.block_temperature.view(1, -1, 1) * torch.einsum("bhtk,hk->bht", qh, self.mem_w)
-        mem_logit = mem_logit + self.mem_b.view(1, -1, 1)
+        # fp32 from here on whatever the weights' dtype (bf16 / fp16 models): cast the small parameters
+        temperature = self.block_temperature.float()
+        mem_logit = temperature.view(1, -1, 1) * torch.einsum("bhtk,hk->bht", qh, self.mem_w.float())
+        mem_logit = mem_logit + self.mem_b.float().view(1, -1, 1)
         q_read = qh * self.K**-0.5
 
         if ctx.train:  # all blocks at once: states at every clean block boundary, then batched blocks

@@ -13,9 +13,51 @@ algorithms (as thresholds); Factor -- Fast-dLLM v1's factor rule.
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import torch
+
+
+def _bound(bound: float, dtype: torch.dtype, up: bool) -> float:
+    """`bound` rounded to `dtype` toward +inf (`up`) or -inf, as a Python float.
+
+    For x of that dtype: ``x >= b  <=>  x >= _bound(b, up=True)``, ``x < b <=> x < _bound(b, up=True)``,
+    ``x <= b <=> x <= _bound(b, up=False)``, ``x > b <=> x > _bound(b, up=False)`` -- exact, while
+    torch's ``x >= b`` rounds b to x's dtype first (fp32: 0.949999988 >= 0.95 is True).
+    """
+    b = float(bound)
+    if dtype == torch.float64 or not math.isfinite(b):
+        return b
+    t = torch.tensor(b, dtype=dtype)
+    r = float(t)
+    if (up and r < b) or (not up and r > b):
+        r = float(torch.nextafter(t, torch.tensor(math.inf if up else -math.inf, dtype=dtype)))
+    return r
+
+
+def _as_float(x: torch.Tensor) -> torch.Tensor:
+    """fp16 / bf16 -> fp32 (exact); fp32 / fp64 unchanged."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+def at_least(x: torch.Tensor, bound: float) -> torch.Tensor:
+    """``x >= bound`` evaluated exactly: `bound` as given (a Python or NumPy number), not
+    rounded to x's dtype. x: any float tensor (fp16/bf16 upcast to fp32); returns bool, x's shape."""
+    x = _as_float(x)
+    return x >= _bound(bound, x.dtype, up=True)
+
+
+def at_most(x: torch.Tensor, bound: float) -> torch.Tensor:
+    """``x <= bound`` evaluated exactly (see `at_least`)."""
+    x = _as_float(x)
+    return x <= _bound(bound, x.dtype, up=False)
+
+
+def below(x: torch.Tensor, bound: float) -> torch.Tensor:
+    """``x < bound`` evaluated exactly (see `at_least`)."""
+    x = _as_float(x)
+    return x < _bound(bound, x.dtype, up=True)
 
 
 class Policy(Protocol):
@@ -32,7 +74,11 @@ class Policy(Protocol):
 
 
 class LowConfidence:
-    """Write every masked slot with confidence >= `threshold` (equality accepted)."""
+    """Write every masked slot with confidence >= `threshold` (equality accepted).
+
+    The comparison is exact: the fp32 confidence against the threshold as given
+    (0.949999988 does not pass 0.95), see `at_least`.
+    """
 
     name = "low_confidence"
 
@@ -40,7 +86,7 @@ class LowConfidence:
         self.threshold = threshold
 
     def select(self, confidence, masked, probs):
-        return masked & (confidence >= self.threshold)
+        return masked & at_least(confidence, self.threshold)
 
 
 class TopK:
@@ -68,8 +114,8 @@ class Margin:
         self.threshold = threshold
 
     def select(self, confidence, masked, probs):
-        top2 = probs.topk(2, dim=-1).values
-        return masked & ((top2[:, 0] - top2[:, 1]) >= self.threshold)
+        top2 = probs.topk(2, dim=-1).values.double()  # the difference of two fp32 values, in fp64
+        return masked & at_least(top2[:, 0] - top2[:, 1], self.threshold)
 
 
 class Entropy:
@@ -82,7 +128,7 @@ class Entropy:
 
     def select(self, confidence, masked, probs):
         ent = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
-        return masked & (ent <= self.max_entropy)
+        return masked & at_most(ent, self.max_entropy)
 
 
 class Factor:
@@ -100,8 +146,9 @@ class Factor:
         if idx.numel() == 0:
             return accepted
         c, order = confidence[idx].sort(descending=True)
-        n = torch.arange(1, c.numel() + 1, device=c.device, dtype=c.dtype)
-        ok = (n * (1 - c)) < self.factor
+        c64 = c.double()  # (n + 1) * (1 - c) exactly for fp32 c, compared with the factor as given
+        n = torch.arange(1, c.numel() + 1, device=c.device, dtype=torch.float64)
+        ok = below(n * (1 - c64), self.factor)
         prefix = int(ok.long().cumprod(0).sum())
         accepted[idx[order[:prefix]]] = True
         return accepted

@@ -640,6 +640,7 @@ class Trace:
         )
         trace.vocab = {int(k): v for k, v in (fields.get("vocab") or {}).items()}
 
+        _check_columns(table, source)
         columns = trace._columns
         n = table.num_rows
         for name in _STEP_FIELDS:
@@ -677,6 +678,48 @@ class Trace:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _check_columns(table: Any, source: str) -> None:
+    """Every column `Trace.to_arrow` writes is present with a compatible Arrow type (lists may hold null
+    rows). Raises ValueError naming the file and the first bad column, what it found and what it expected."""
+    import pyarrow as pa
+
+    t = pa.types
+    kinds = {"bool": (t.is_boolean, "bool"), "int64": (t.is_integer, "an integer type"),
+             "float32": (t.is_floating, "a floating type")}
+
+    def is_list(typ, ok):
+        return (t.is_list(typ) or t.is_large_list(typ)) and ok(typ.value_type)
+
+    expected: dict[str, tuple[Callable[[Any], bool], str]] = {}
+    for name in _STEP_FIELDS:
+        if name in _INT_FIELDS:
+            expected[name] = (t.is_integer, "int64")
+        elif name in _FLOAT_FIELDS or name in _OPTIONAL_FLOAT_FIELDS:
+            expected[name] = (lambda x: t.is_floating(x) or t.is_integer(x) or t.is_null(x), "float64")
+        elif name == "firings":
+            fields = {"name": t.is_string, "slot": t.is_integer, "token": t.is_integer,
+                      "value": lambda x: t.is_floating(x) or t.is_integer(x)}
+            expected[name] = (
+                lambda x: is_list(x, lambda v: t.is_struct(v) and all(
+                    v.get_field_index(f) >= 0 and ok(v.field(f).type) for f, ok in fields.items())),
+                "list<struct<name: string, slot: int64, token: int64, value: double>>")
+        else:
+            ndim, dtype = _ARRAY_FIELDS[name]
+            ok, what = kinds[dtype]
+            expected[name] = (lambda x, ok=ok: is_list(x, ok), f"a list of {what} ({dtype} values)")
+            if ndim > 1:
+                expected[name + "_shape"] = (lambda x: is_list(x, t.is_integer), "list<int64> (the row's shape)")
+    schema = table.schema
+    for name, (ok, what) in expected.items():
+        if name not in schema.names:
+            raise ValueError(f"{source}: column {name!r} is missing; the file is damaged or was not written by "
+                             "Trace.save() -- re-record or re-save the trace")
+        typ = schema.field(name).type
+        if not ok(typ):
+            raise ValueError(f"{source}: column {name!r} has type {typ}, expected {what}; the file is damaged "
+                             "or was not written by Trace.save() -- re-record or re-save the trace")
 
 
 def _FIRING_TYPE() -> Any:

@@ -582,8 +582,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stop-after-min", type=float, default=None, help="stop this invocation early (resume later)")
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads; 1 is fastest when other processes share the 2 cores")
+    from engine.threads import add_threads_argument, configure_threads
+
+    add_threads_argument(ap)  # default 1 on a 2-core machine: fastest when other processes share the cores
     ap.add_argument("--save-every-min", type=float, default=10.0)
     ap.add_argument("--eval-every-min", type=float, default=15.0)
     ap.add_argument("--eval-tasks", type=int, default=24)
@@ -632,7 +633,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from tokenizers import Tokenizer
 
-    torch.set_num_threads(args.threads)
+    try:
+        args.threads = configure_threads(args.threads)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     if not 0.0 <= args.easy_share <= 1.0:
         raise SystemExit(f"--easy-share must be in [0, 1], got {args.easy_share}")
     if not 0.0 <= args.window_drop <= 1.0:
