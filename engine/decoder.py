@@ -5,9 +5,11 @@ Per block, exactly:
 1. all generation slots start as MASK (a partial last prompt block pre-fills
    the head of the first generation block; blocks sit at positions k * B);
 2. each iteration runs one forward over the block and takes, per masked slot,
-   the argmax token and its probability after the logits processors (MASK is
-   never a candidate);
-3. the policy accepts slots (LowConfidence: confidence >= threshold);
+   the argmax token and its probability after the logits processors (MASK and
+   ids the tokenizer cannot decode -- an LM head wider than the tokenizer --
+   are never candidates);
+3. the policy accepts slots (LowConfidence: confidence >= threshold, compared
+   exactly: the fp32 confidence against the threshold as given);
 4. if it accepts none, the single most confident masked slot is written
    (forced fill);
 5. written slots never change;
@@ -78,9 +80,15 @@ def _check_real(name: str, val, lo: float, hi: float | None, *, lo_open: bool, h
 class DecodeConfig:
     """Decoding settings (validated on construction).
 
+    Numbers may be Python or NumPy numbers (``np.float32`` from an event, ``np.int64``
+    ...); they are stored as Python int / float, exactly (``np.float32(0.95)`` stays
+    0.949999988...). Every float must be finite.
+
     Attributes:
-        block_size: slots per block B (>= 1; 1 = autoregressive).
-        threshold: LowConfidence / margin acceptance threshold, in (0, 1].
+        block_size: slots per block B (>= 1; 1 = autoregressive; at most the model's
+            context, checked by `BlockDecoder.generate`).
+        threshold: LowConfidence / margin acceptance threshold, in (0, 1], compared
+            exactly (``>=`` on the value as given, not rounded to fp32).
         max_steps: iterations allowed per block (None = until the block is full).
         max_new_tokens: generated-token budget (>= 1), prompt not counted.
         policy: one of ``low_confidence``, ``top_k``, ``margin``, ``entropy``, ``factor``.
@@ -88,10 +96,10 @@ class DecodeConfig:
         max_entropy: entropy bound (nats) for ``entropy``.
         factor: Fast-dLLM factor for ``factor``.
         memory_mode: ``state`` (Clover) or ``state+window``.
-        repetition_penalty: logit penalty of repetition control (0 = off).
-        repetition_ngram, repetition_window: n and search window of repetition control.
-        eos_bias_soft_limit: generated length after which EOS is favoured (None = off).
-        eos_bias_rate: logit added to EOS per token past the soft limit.
+        repetition_penalty: logit penalty of repetition control (>= 0; 0 = off).
+        repetition_ngram, repetition_window: n (>= 2) and search window (>= n) of repetition control.
+        eos_bias_soft_limit: generated length after which EOS is favoured (None = off, else >= 0).
+        eos_bias_rate: logit added to EOS per token past the soft limit (> 0).
         top_candidates: K top tokens per slot kept in events (for hovers).
 
     Raises:
@@ -272,8 +280,9 @@ class BlockDecoder:
 
         Raises:
             TypeError: not a str / int sequence / 1-D int tensor, or a str without tokenizer.
-            ValueError: empty prompt, ids outside the vocabulary, the MASK token
-                inside the prompt, or a prompt at/over the model's context.
+            ValueError: empty prompt, text that is not valid Unicode (lone surrogates),
+                ids outside the vocabulary, the MASK token inside the prompt, or a prompt
+                at/over the model's context.
         """
         cfg = self.model.config
         if isinstance(prompt, str):
@@ -343,6 +352,10 @@ class BlockDecoder:
 
         Returns:
             `DecodeResult`. Never prints.
+
+        Raises:
+            TypeError / ValueError: a bad prompt (see `encode_prompt`), or a ``block_size``
+                above the model's context (``max_position_embeddings``).
         """
         dc = config or self.config
         if not isinstance(dc, DecodeConfig):
