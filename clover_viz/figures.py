@@ -1050,7 +1050,7 @@ def roofline_figure(trace: Any | None = None, device: str = "h800", config: str 
     plateau: dict[float, list[str]] = {}
     for name in names:
         d = get_device(name)
-        perf = np.minimum(d.peak_bf16_flops, ai * d.bandwidth_bytes_per_s)
+        perf = np.minimum(d.peak_flops, ai * d.bandwidth_bytes_per_s)
         chosen = d.name == dev.name
         fig.add_trace(go.Scatter(
             x=ai, y=perf, mode="lines", name=f"{d.name} roofline" if chosen else d.name,
@@ -1059,9 +1059,9 @@ def roofline_figure(trace: Any | None = None, device: str = "h800", config: str 
             legendgroup="devices", showlegend=chosen,
         ))
         rp = ridge_point(d)
-        plateau.setdefault(d.peak_bf16_flops, []).append(f"<b>{d.name}</b>" if chosen else d.name)
+        plateau.setdefault(d.peak_flops, []).append(f"<b>{d.name}</b>" if chosen else d.name)
         fig.add_trace(go.Scatter(
-            x=[rp], y=[d.peak_bf16_flops], mode="markers+text" if chosen else "markers",
+            x=[rp], y=[d.peak_flops], mode="markers+text" if chosen else "markers",
             text=[f"ridge {rp:.0f} FLOP/B"] if chosen else None, textposition="top center",
             marker=dict(size=9 if chosen else 6, color="#0f172a" if chosen else "#94a3b8", symbol="triangle-up"),
             name=f"ridge points", legendgroup="ridge", showlegend=chosen,
@@ -1073,7 +1073,7 @@ def roofline_figure(trace: Any | None = None, device: str = "h800", config: str 
     cfg = CloverConfig.from_name(config) if isinstance(config, str) else config
 
     def point(bytes_: float, flops: float) -> tuple[float, float]:
-        t = max(bytes_ / dev.bandwidth_bytes_per_s, flops / dev.peak_bf16_flops)
+        t = max(bytes_ / dev.bandwidth_bytes_per_s, flops / dev.peak_flops)
         return flops / bytes_, flops / t
 
     ar = ar_step_cost(cfg)
@@ -1112,7 +1112,7 @@ def roofline_figure(trace: Any | None = None, device: str = "h800", config: str 
                if s.arithmetic_intensity is not None and s.bytes_read]
         if own:
             ox = [a for a, _ in own]
-            oy = [min(dev.peak_bf16_flops, a * dev.bandwidth_bytes_per_s) for a in ox]
+            oy = [min(dev.peak_flops, a * dev.bandwidth_bytes_per_s) for a in ox]
             fig.add_trace(go.Scatter(x=ox, y=oy, mode="markers", name=f"{trace.model_id or 'recorded model'} forwards (projected)",
                                      marker=dict(size=7, color=C.PROJECTED_COLOR, symbol="circle-open"),
                                      hovertemplate="recorded model<br>%{x:.3g} FLOP/B<extra></extra>"))

@@ -176,7 +176,7 @@ def test_window_mode_needs_a_window():
 def test_device_table_has_every_listed_device_with_a_source():
     for name in ("h800", "h100-sxm", "h200", "a100-80gb", "b200", "rtx-4090"):
         d = DEVICES[name]
-        assert d.bandwidth_bytes_per_s > 0 and d.peak_bf16_flops > 0
+        assert d.bandwidth_bytes_per_s > 0 and d.peak_flops > 0
         assert any(word in d.source.lower() for word in ("datasheet", "whitepaper", "specification"))
     assert cost.DEFAULT_DEVICE == "h800"
     assert DEVICES["h800"].bandwidth_bytes_per_s == 3.35e12
@@ -184,7 +184,7 @@ def test_device_table_has_every_listed_device_with_a_source():
 
 
 def test_roofline_picks_the_max():
-    d = Device("toy", bandwidth_bytes_per_s=10.0, peak_bf16_flops=100.0, source="test")
+    d = Device("toy", bandwidth_bytes_per_s=10.0, peak_flops=100.0, source="test")
     assert roofline_time_s(50, 100, d) == 5.0  # bandwidth bound
     assert roofline_time_s(5, 1000, d) == 10.0  # compute bound
     assert ridge_point(d) == 10.0
@@ -195,7 +195,7 @@ def test_roofline_picks_the_max():
 def test_measure_this_machine_is_positive_and_cached(tmp_path):
     path = tmp_path / "probe.json"
     d = measure_this_machine(path, size_bytes=4 * 2**20, matmul_n=64, budget_s=0.05)
-    assert d.name == "this-machine" and d.bandwidth_bytes_per_s > 0 and d.peak_bf16_flops > 0
+    assert d.name == "this-machine" and d.bandwidth_bytes_per_s > 0 and d.peak_flops > 0
     assert path.is_file() and json.loads(path.read_text())["bandwidth_bytes_per_s"] == d.bandwidth_bytes_per_s
     again = measure_this_machine(path, size_bytes=4 * 2**20, matmul_n=64, budget_s=0.05)
     assert again == d  # from the cache

@@ -1,0 +1,39 @@
+"""Cost model: bytes read and FLOPs of one forward, rooflines, projected tokens/s.
+
+Decoding one request is bound by the bytes read from device memory: every forward streams
+the weights it touches once; block diffusion spends each byte on several tokens, and MoE
+routing of a whole block widens the set of experts read. Formulas and sources:
+docs/architecture.md §7.
+
+Modules::
+
+    engine.cost.formulas    forward_cost, parameter counts, expert-union arithmetic (Clover)
+    engine.cost.dense       dense_forward_cost (a transformer with a KV cache)
+    engine.cost.devices     Device table (datasheets), this machine measured, roofline
+    engine.cost.projection  recorded runs projected onto a device and a target model
+    engine.cost.cli         text reports; ``python -m engine.cost``
+
+Tests: ``.venv/bin/python -m pytest tests/engine/test_cost.py -q``
+"""
+
+from engine.cost.cli import format_breakdown, format_devices, format_forward_report, format_si, main
+from engine.cost.dense import dense_forward_cost, dense_param_counts
+from engine.cost.devices import (DEFAULT_DEVICE, DEVICES, Device, get_device, measure_this_machine, ridge_point,
+                                 roofline_time_s)
+from engine.cost.formulas import (COMPONENTS, DENSE_COMPONENTS, DENSE_WEIGHT_COMPONENTS, MEMORY_MODES,
+                                  NORM_FLOPS_PER_ELEMENT, STATE_BYTES, UNION_ASSUMPTIONS, WEIGHT_COMPONENTS,
+                                  ForwardCost, active_params_per_token, ar_step_cost, expected_union,
+                                  forced_fill_probability, forced_fill_table, forward_cost, is_dense,
+                                  param_counts, union_for_bytes_ratio)
+from engine.cost.projection import (Projection, TraceProjection, project_forwards, project_tokens_per_s,
+                                    project_trace, target_union)
+
+__all__ = [
+    "COMPONENTS", "DEFAULT_DEVICE", "DENSE_COMPONENTS", "DENSE_WEIGHT_COMPONENTS", "DEVICES", "MEMORY_MODES",
+    "NORM_FLOPS_PER_ELEMENT", "STATE_BYTES", "UNION_ASSUMPTIONS", "WEIGHT_COMPONENTS", "Device", "ForwardCost",
+    "Projection", "TraceProjection", "active_params_per_token", "ar_step_cost", "dense_forward_cost",
+    "dense_param_counts", "expected_union", "forced_fill_probability", "forced_fill_table", "format_breakdown",
+    "format_devices", "format_forward_report", "format_si", "forward_cost", "get_device", "is_dense", "main",
+    "measure_this_machine", "param_counts", "project_forwards", "project_tokens_per_s", "project_trace",
+    "ridge_point", "roofline_time_s", "target_union", "union_for_bytes_ratio",
+]

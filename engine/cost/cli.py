@@ -1,0 +1,169 @@
+"""Text reports of the cost model and ``python -m engine.cost``.
+
+    python -m engine.cost --config clover-35b-a3b --device h800 --tokens 32 --union 32
+    python -m engine.cost --list-devices
+    python -m engine.cost --trace runs/example.parquet --device h800
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from engine.config import CloverConfig
+from engine.cost.devices import DEFAULT_DEVICE, DEVICES, Device, get_device, ridge_point
+from engine.cost.formulas import (MEMORY_MODES, UNION_ASSUMPTIONS, ForwardCost, _as_config, ar_step_cost,
+                                  expected_union, forward_cost)
+from engine.cost.projection import TraceProjection, project_trace
+
+
+def format_si(x: float, unit: str) -> str:
+    """``12.0 GB``, ``196.5 GFLOP``: decimal SI prefixes, 4 significant digits."""
+    if x == 0:
+        return f"0 {unit}"
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= factor:
+            return f"{x / factor:#.4g}".rstrip(".") + f" {prefix}{unit}"
+    return f"{x:#.4g}".rstrip(".") + f" {unit}"
+
+
+def format_breakdown(fc: ForwardCost) -> str:
+    """Plain aligned table: component, bytes, FLOPs, and the totals."""
+    lines = [f"{'component':<18}{'bytes':>14}{'share':>8}{'flops':>16}{'share':>8}"]
+    lines.append("-" * len(lines[0]))
+    for key in fc.bytes_by_component:  # COMPONENTS order (DENSE_COMPONENTS for a dense transformer)
+        bb, ff = fc.bytes_by_component[key], fc.flops_by_component[key]
+        lines.append(
+            f"{key:<18}{format_si(bb, 'B'):>14}{bb / fc.bytes_read:>8.1%}"
+            f"{format_si(ff, 'FLOP'):>16}{ff / fc.flops:>8.1%}"
+        )
+    lines.append("-" * len(lines[0]))
+    lines.append(f"{'total':<18}{format_si(fc.bytes_read, 'B'):>14}{'':>8}{format_si(fc.flops, 'FLOP'):>16}")
+    lines.append(f"{'  weights only':<18}{format_si(fc.weights_bytes_read, 'B'):>14}")
+    return "\n".join(lines)
+
+
+def format_forward_report(
+    config: CloverConfig, device: Device, fc: ForwardCost, weight_bytes: float, tpf: Sequence[float] | None = None
+) -> str:
+    ar = ar_step_cost(config, weight_bytes)
+    t = fc.roofline_time_s(device)
+    t_ar = ar.roofline_time_s(device)
+    ridge = ridge_point(device)
+    bound = "bandwidth" if fc.arithmetic_intensity < ridge else "compute"
+    out = [
+        f"config {config.name}, {weight_bytes:g} bytes/weight; forward of {fc.n_tokens} tokens "
+        f"({fc.n_commit_tokens} committed + {fc.block_len} block slots), "
+        f"expert union {fc.mean_expert_union:.1f}/{config.num_experts} per layer",
+        "",
+        format_breakdown(fc),
+        "",
+        f"arithmetic intensity   {fc.arithmetic_intensity:.1f} FLOP/byte "
+        f"({device.name} ridge point {ridge:.1f} -> {bound} bound)",
+        f"roofline time          {t * 1e3:.3f} ms on {device.name} "
+        f"(bytes {fc.bytes_read / device.bandwidth_bytes_per_s * 1e3:.3f} ms, "
+        f"flops {fc.flops / device.peak_flops * 1e3:.3f} ms)",
+        f"forwards/s bound       {1 / t:.1f}",
+        "",
+        f"AR step (1 token, union {config.num_experts_per_tok}, weights only, the write-ups' baseline): "
+        f"{format_si(ar.bytes_read, 'B')}, {format_si(ar.flops, 'FLOP')}, "
+        f"bound {1 / t_ar:.1f} tokens/s",
+        f"bytes ratio vs AR      {fc.bytes_read / ar.bytes_read:.3f}x "
+        f"(weights only {fc.weights_bytes_read / ar.weights_bytes_read:.3f}x)",
+        f"break-even             {t / t_ar:.2f} tokens per forward to match AR",
+    ]
+    tpfs = list(tpf) if tpf else sorted({1, 2, 4, 8, fc.block_len} - {0})
+    out.append("projected tokens/s bound by tokens per forward (TPF):")
+    out.append("  " + "  ".join(f"TPF {x:g}: {x / t:.0f} ({x / t * t_ar:.2f}x AR)" for x in tpfs))
+    return "\n".join(out)
+
+
+def format_devices() -> str:
+    lines = [f"{'device':<12}{'bandwidth':>12}{'BF16 dense':>14}{'ridge':>10}  source"]
+    for d in DEVICES.values():
+        lines.append(
+            f"{d.name:<12}{d.bandwidth_bytes_per_s / 1e12:>8.3f} TB/s{d.peak_flops / 1e12:>8.1f} TFLOPS"
+            f"{ridge_point(d):>7.0f} F/B  {d.source}"
+        )
+    lines.append(f"{'this-machine':<12}  measured on demand (--device this-machine), cached")
+    return "\n".join(lines)
+
+
+def format_trace_projection(p: TraceProjection, label: str = "") -> str:
+    lines = [
+        f"trace {label}: {p.n_forwards} forwards, {p.tokens_written} tokens written, "
+        f"{p.tokens_per_forward:.2f} tokens per forward",
+        f"{'':<34}{'tokens/s':>12}{'bytes/forward':>16}{'union/layer':>13}",
+    ]
+    if p.measured_tok_per_s is not None:
+        lines.append(f"{'measured (this machine)':<34}{p.measured_tok_per_s:>12.1f}")
+    else:
+        lines.append(f"{'measured (this machine)':<34}{'n/a':>12}")
+    for proj, note in ((p.source, "trace model, measured unions"), (p.target, f"union: {p.union_assumption}")):
+        if proj is None:
+            lines.append(f"{'projected (source model unknown)':<34}{'n/a':>12}")
+            continue
+        name = f"projected {proj.config_name} on {proj.device}"
+        lines.append(
+            f"{name:<34}{proj.tok_per_s:>12.1f}{format_si(proj.bytes_read / proj.n_forwards, 'B'):>16}"
+            f"{proj.mean_expert_union:>13.1f}  ({note})"
+        )
+    lines.append("projected = roofline bound (max of bytes/bandwidth, flops/peak) per forward, BF16 weights")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m engine.cost``: breakdown table, device list, or trace projection."""
+    ap = argparse.ArgumentParser(prog="python -m engine.cost", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default="clover-35b-a3b",
+                    help="preset name or config.json path (with --trace: the target model projected)")
+    ap.add_argument("--device", default=DEFAULT_DEVICE, help=f"one of {', '.join(DEVICES)}, this-machine")
+    ap.add_argument("--tokens", type=int, default=32, help="tokens in the forward (commit + block)")
+    ap.add_argument("--union", default="expected",
+                    help="routed experts hit per layer: a number, or 'expected' (independent routing, the default)")
+    ap.add_argument("--commit", type=int, default=0, help="committed tokens among --tokens (fused commit)")
+    ap.add_argument("--weight-bytes", type=float, default=2, help="bytes per weight (2 = BF16)")
+    ap.add_argument("--memory-mode", default="state", choices=MEMORY_MODES)
+    ap.add_argument("--window", type=int, default=0, help="W for state+window (0 = config's)")
+    ap.add_argument("--tpf", type=float, nargs="*", default=None, help="tokens per forward for the tokens/s lines")
+    ap.add_argument("--list-devices", action="store_true", help="print the device table and exit")
+    ap.add_argument("--trace", default=None, help="a recorded run (Parquet/Arrow): measured vs projected")
+    ap.add_argument("--trace-config", default=None,
+                    help="config of the model that recorded --trace, if the trace does not name a preset")
+    ap.add_argument("--union-assumption", default="measured_vs_independent",
+                    help=f"35B union for --trace: {', '.join(UNION_ASSUMPTIONS)} or a number")
+    args = ap.parse_args(argv)
+
+    if args.list_devices:
+        print(format_devices())
+        return 0
+    try:
+        device = get_device(args.device)
+        if args.trace:
+            try:
+                from engine.trace import Trace  # lazy: the cost model does not need it otherwise
+            except ImportError as e:
+                print(f"--trace needs engine.trace (Trace.load), which is not available here: {e}", file=sys.stderr)
+                return 2
+            trace = Trace.load(args.trace)
+            ua: str | float = args.union_assumption
+            try:
+                ua = float(ua)
+            except ValueError:
+                pass
+            p = project_trace(trace, device, args.config, ua, source_config=args.trace_config)
+            print(format_trace_projection(p, args.trace))
+            return 0
+        cfg = _as_config(args.config)
+        if args.union == "expected":
+            union = expected_union(cfg.num_experts, cfg.num_experts_per_tok, args.tokens)
+        else:
+            union = float(args.union)
+        fc = forward_cost(cfg, args.tokens, union, args.weight_bytes, args.commit,
+                          memory_mode=args.memory_mode, window=args.window)
+        print(format_forward_report(cfg, device, fc, args.weight_bytes, args.tpf))
+        return 0
+    except (ValueError, TypeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

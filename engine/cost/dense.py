@@ -1,0 +1,98 @@
+"""Bytes read and FLOPs of one forward of a dense transformer with a KV cache (Llama, Qwen2,
+Qwen3 adapted to block diffusion by `engine.hf_model`; docs/architecture.md §4 and §7).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from engine.cost.formulas import DENSE_COMPONENTS, NORM_FLOPS_PER_ELEMENT, ForwardCost
+
+def dense_param_counts(config: Any) -> dict[str, int]:
+    """Per-layer and model-wide parameter counts of a Llama / Qwen2 / Qwen3-style dense transformer.
+
+    ``config``: an `engine.hf_model.HFBlockConfig` or its ``to_dict()``.
+    Returns ``attention`` (q, k, v, o per layer), ``mlp`` (gate, up, down per
+    layer), ``norms`` (all RMSNorm weights), ``embedding`` and ``lm_head``
+    (V x H each; a tied head is the same tensor, still read for the logits).
+    """
+    g = (lambda k: config[k]) if isinstance(config, Mapping) else (lambda k: getattr(config, k))
+    H, I, N = g("hidden_size"), g("intermediate_size"), g("num_hidden_layers")
+    Hq, Hkv, hd, V = g("num_attention_heads"), g("num_key_value_heads"), g("head_dim"), g("vocab_size")
+    return {
+        "attention": H * Hq * hd + 2 * H * Hkv * hd + Hq * hd * H,
+        "mlp": 3 * H * I,
+        "norms": 2 * H * N + H,
+        "embedding": V * H,
+        "lm_head": V * H,
+    }
+
+
+def dense_forward_cost(
+    config: Any,
+    n_tokens: int,
+    weight_bytes: float = 2,
+    n_commit_tokens: int = 0,
+    block_len: int | None = None,
+    *,
+    context_len: int = 0,
+    act_bytes: float = 2,
+    include_kv: bool = True,
+) -> ForwardCost:
+    """Bytes read and FLOPs of one forward of a dense transformer with a KV cache.
+
+    A forward pushes T tokens (C commit tokens computed causally, then the L
+    window slots) through every layer, reading every weight once and the K/V
+    of the ``context_len`` cached tokens once per layer:
+
+    * bytes: ``T * H`` embedding rows + ``N * (attention + mlp)`` weights + norms
+      + the LM head (``V * H``, only when L > 0), all at ``weight_bytes``;
+      ``kv_cache_read = N * 2 * Hkv * hd * context_len * act_bytes``;
+      ``kv_cache_write`` the same per committed token (C).
+    * FLOPs: ``2 * T * params`` for the projections and MLP, ``2 * L * V * H``
+      for the logits, attention ``4 * Hq * hd`` per (query, key) pair with every
+      query scoring the whole context and all T tokens of the forward (an upper
+      bound for the causal commit rows), 4 per normalised element.
+
+    ``config`` is an `engine.hf_model.HFBlockConfig` or its ``to_dict()``; the
+    returned `ForwardCost` is keyed by `DENSE_COMPONENTS`.
+    """
+    T, C = int(n_tokens), int(n_commit_tokens)
+    if T < 1:
+        raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
+    if not 0 <= C <= T:
+        raise ValueError(f"n_commit_tokens must be in [0, n_tokens={T}], got {n_commit_tokens}")
+    L = T - C if block_len is None else int(block_len)
+    if L < 0 or C + L != T:
+        raise ValueError(f"n_commit_tokens ({C}) + block_len ({block_len}) must equal n_tokens ({T})")
+    if context_len < 0:
+        raise ValueError(f"context_len must be >= 0, got {context_len}")
+    g = (lambda k: config[k]) if isinstance(config, Mapping) else (lambda k: getattr(config, k))
+    H, N, V = g("hidden_size"), g("num_hidden_layers"), g("vocab_size")
+    Hq, Hkv, hd = g("num_attention_heads"), g("num_key_value_heads"), g("head_dim")
+    c = dense_param_counts(config)
+    wb = float(weight_bytes)
+    b: dict[str, float] = dict.fromkeys(DENSE_COMPONENTS, 0.0)
+    f: dict[str, float] = dict.fromkeys(DENSE_COMPONENTS, 0.0)
+    b["embedding"] = T * H * wb
+    b["attention_mixers"] = N * c["attention"] * wb
+    f["attention_mixers"] = N * T * 2 * c["attention"]
+    b["mlp"] = N * c["mlp"] * wb
+    f["mlp"] = N * T * 2 * c["mlp"]
+    b["norms"] = c["norms"] * wb
+    f["norms"] = NORM_FLOPS_PER_ELEMENT * H * (2 * N * T + L)
+    b["lm_head"] = c["lm_head"] * wb if L else 0.0
+    f["lm_head"] = 2 * L * V * H
+    kv_per_token = N * 2 * Hkv * hd * act_bytes
+    if include_kv:
+        b["kv_cache_read"] = kv_per_token * context_len
+        b["kv_cache_write"] = kv_per_token * C
+    f["attention"] = N * 4 * Hq * hd * T * (context_len + T)
+    total_b, total_f = float(sum(b.values())), float(sum(f.values()))
+    return ForwardCost(
+        bytes_read=total_b, flops=total_f, arithmetic_intensity=total_f / total_b,
+        bytes_by_component={k: float(v) for k, v in b.items()},
+        flops_by_component={k: float(v) for k, v in f.items()},
+        n_tokens=T, n_commit_tokens=C, block_len=L, mean_expert_union=0.0,
+    )

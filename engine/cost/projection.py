@@ -1,0 +1,374 @@
+"""Projection of recorded runs onto a device: the forwards a trace holds, each priced by
+`engine.cost.formulas.forward_cost` and timed by the roofline, for the model that ran and
+for a target model (default ``clover-35b-a3b``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.config import CloverConfig
+from engine.cost.devices import DEFAULT_DEVICE, Device, get_device
+from engine.cost.formulas import UNION_ASSUMPTIONS, _as_config, expected_union, forward_cost
+
+@dataclass(frozen=True)
+class Projection:
+    """Projected cost of a sequence of forwards on one device (labelled "projected").
+
+    Attributes:
+        config_name: the model configuration projected.
+        device: the device name.
+        n_forwards: forwards summed.
+        tokens_written: tokens finalised by them.
+        bytes_read, flops: totals over the forwards.
+        time_s: sum of each forward's roofline time (forwards run one after another).
+        tok_per_s: ``tokens_written / time_s``.
+        mean_expert_union: union per layer averaged over layers and forwards.
+    """
+
+    config_name: str
+    device: str
+    n_forwards: int
+    tokens_written: int
+    bytes_read: float
+    flops: float
+    time_s: float
+    tok_per_s: float
+    mean_expert_union: float
+
+
+def _forward_tuple(fw: Any) -> tuple[int, Any, int, int | None]:
+    if isinstance(fw, Mapping):
+        n = int(fw["n_tokens"])
+        return n, fw["expert_union"], int(fw.get("n_commit", fw.get("n_commit_tokens", 0))), fw.get("block_len")
+    n, union, *rest = fw
+    n_commit = int(rest[0]) if rest else 0
+    block_len = rest[1] if len(rest) > 1 else None
+    return int(n), union, n_commit, block_len
+
+
+def project_forwards(
+    tokens_written: int,
+    forwards: Sequence[Any],
+    config: CloverConfig | str,
+    device: Device | str,
+    weight_bytes: float = 2,
+    **forward_kwargs: Any,
+) -> Projection:
+    """Total bytes, FLOPs and roofline time of ``forwards``, and the tokens/s they give.
+
+    Args:
+        tokens_written: tokens finalised over all the forwards.
+        forwards: one ``(n_tokens, expert_union, n_commit, block_len)`` tuple
+            (or mapping with those keys) per forward; ``expert_union`` a number
+            or per-layer sequence; ``n_commit`` and ``block_len`` may be left off.
+        config, device, weight_bytes: as in `forward_cost` / `get_device`.
+        **forward_kwargs: passed on to `forward_cost` (``memory_mode``,
+            ``window``, ``commit_block_len`` ...).
+
+    Raises:
+        ValueError: for an empty list of forwards or a forward `forward_cost` refuses.
+    """
+    cfg = _as_config(config)
+    dev = get_device(device)
+    if not forwards:
+        raise ValueError("no forwards to project")
+    total_b = total_f = total_t = union_sum = 0.0
+    for fw in forwards:
+        n, union, n_commit, block_len = _forward_tuple(fw)
+        fc = forward_cost(cfg, n, union, weight_bytes, n_commit, block_len, **forward_kwargs)
+        total_b += fc.bytes_read
+        total_f += fc.flops
+        total_t += fc.roofline_time_s(dev)
+        union_sum += fc.mean_expert_union
+    return Projection(
+        config_name=cfg.name,
+        device=dev.name,
+        n_forwards=len(forwards),
+        tokens_written=int(tokens_written),
+        bytes_read=total_b,
+        flops=total_f,
+        time_s=total_t,
+        tok_per_s=tokens_written / total_t,
+        mean_expert_union=union_sum / len(forwards),
+    )
+
+
+def project_tokens_per_s(
+    tokens_written: int,
+    forwards: Sequence[Any],
+    config: CloverConfig | str,
+    device: Device | str,
+    weight_bytes: float = 2,
+    **forward_kwargs: Any,
+) -> float:
+    """Projected tokens/s: ``tokens_written / sum(roofline_time_s(forward))`` (see `project_forwards`)."""
+    return project_forwards(tokens_written, forwards, config, device, weight_bytes, **forward_kwargs).tok_per_s
+
+
+@dataclass(frozen=True)
+class TraceProjection:
+    """Measured tokens/s of a recorded run beside its projections on a device.
+
+    Attributes:
+        device: the device projected onto.
+        union_assumption: how the target's expert union was chosen.
+        n_forwards, tokens_written: from the trace (decode forwards only).
+        tokens_per_forward: ``tokens_written / n_forwards``.
+        measured_wall_s: the run's wall time on the machine that recorded it
+            (None if the trace has none); measured_tok_per_s likewise.
+        source: projection of the model that produced the trace, with its own
+            measured unions (None when its config is unknown).
+        target: projection of ``target_config`` (default ``clover-35b-a3b``)
+            at the same tokens per forward.
+    """
+
+    device: str
+    union_assumption: str
+    n_forwards: int
+    tokens_written: int
+    tokens_per_forward: float
+    measured_wall_s: float | None
+    measured_tok_per_s: float | None
+    source: Projection | None
+    target: Projection
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def _to_list(col: Any) -> list[Any]:
+    if hasattr(col, "to_pylist"):
+        return col.to_pylist()
+    if hasattr(col, "tolist") and not isinstance(col, np.ndarray):
+        return col.tolist()
+    return list(col)
+
+
+def _step_rows(trace_like: Any) -> list[Any]:
+    """Rows (mappings or objects) from a list, a trace with ``steps``, or a table of columns."""
+    if isinstance(trace_like, (str, bytes, Path)):
+        raise TypeError("project_trace takes a trace object or rows, not a path; load it with engine.trace.Trace.load")
+    if isinstance(trace_like, Sequence):
+        return list(trace_like)
+    steps = getattr(trace_like, "steps", None)
+    if steps is not None:
+        steps = steps() if callable(steps) else steps
+        return _step_rows(steps)
+    try:
+        n_col = trace_like["n_tokens_forward"]
+    except (KeyError, TypeError, IndexError):
+        n_col = getattr(trace_like, "n_tokens_forward", None)
+        getter = lambda k: getattr(trace_like, k)  # noqa: E731
+    else:
+        getter = lambda k: trace_like[k]  # noqa: E731
+    if n_col is None:
+        raise TypeError(
+            "project_trace needs per-step rows: a list of dicts (n_tokens_forward, expert_union, "
+            "n_written, block_len), an object with .steps, or a table with those columns; "
+            f"got {type(trace_like).__name__}"
+        )
+    cols = {"n_tokens_forward": _to_list(n_col)}
+    optional = ("expert_union", "n_written", "block_len", "n_commit", "wall_s",
+                "tokens", "accepted", "forced", "eos_filled")
+    for name in optional:
+        try:
+            cols[name] = _to_list(getter(name))
+        except (KeyError, AttributeError, TypeError):
+            pass
+    return [{k: v[i] for k, v in cols.items()} for i in range(len(cols["n_tokens_forward"]))]
+
+
+def _row_fields(row: Any) -> tuple[int, np.ndarray, int, int, int]:
+    """(n_tokens, union per layer, n_commit, block_len, n_written) of one step row."""
+    n = int(_get(row, "n_tokens_forward"))
+    union = np.asarray(_get(row, "expert_union"), dtype=np.float64).reshape(-1)
+    block_len = _get(row, "block_len")
+    if block_len is None:
+        tokens = _get(row, "tokens")
+        block_len = len(tokens) if tokens is not None else n
+    block_len = int(block_len)
+    n_commit = _get(row, "n_commit")
+    n_commit = n - block_len if n_commit is None else int(n_commit)
+    written = _get(row, "n_written")
+    if written is None:
+        parts = [_get(row, k) for k in ("accepted", "forced", "eos_filled")]
+        if any(p is None for p in parts):
+            raise ValueError("a step row needs n_written (or accepted/forced/eos_filled masks)")
+        written = sum(int(np.sum(p)) for p in parts)
+    return n, union, n_commit, block_len, int(written)
+
+
+def _source_config(trace_like: Any) -> CloverConfig | None:
+    for cand in (_get(trace_like, "config"), _get(_get(trace_like, "meta", {}) or {}, "model_config")):
+        if isinstance(cand, CloverConfig):
+            return cand
+        if isinstance(cand, Mapping):
+            try:
+                return CloverConfig.from_dict(dict(cand))
+            except (TypeError, ValueError):
+                pass
+    model_id = _get(trace_like, "model_id")
+    if isinstance(model_id, str):
+        try:
+            return _as_config(Path(model_id) / "config.json" if Path(model_id).is_dir() else model_id)
+        except (ValueError, TypeError, OSError):
+            return None
+    return None
+
+
+def _measured_wall_s(trace_like: Any, rows: list[Any]) -> float | None:
+    summary = _get(trace_like, "summary") if not isinstance(trace_like, Sequence) else None
+    if callable(summary):
+        summary = summary()
+    wall = _get(summary, "wall_s") if summary is not None else None
+    if wall is None:
+        walls = [_get(r, "wall_s") for r in rows]
+        wall = sum(walls) if walls and all(w is not None for w in walls) else None
+    return float(wall) if wall is not None and wall > 0 else None
+
+
+def target_union(
+    union_assumption: str | int | float,
+    n_tokens: int,
+    measured: np.ndarray | None,
+    source: CloverConfig | None,
+    target: CloverConfig,
+) -> float:
+    """The target model's expert union per layer for one forward, under an assumption.
+
+    * ``"measured_fraction"``: the measured fraction of the source's experts
+      (mean over layers) carried over, ``union / E_src * E_tgt``. With few
+      source experts this saturates (8 of 8 -> 256 of 256): a pessimistic bound.
+    * ``"measured_vs_independent"``: the measured union relative to the
+      independent expectation of the source, carried over to the target's
+      independent expectation (how much routing correlation saves).
+    * ``"independent"``: `expected_union` ``(E_tgt, k_tgt, n_tokens)``.
+    * a number: that union.
+
+    Always clipped to ``[k_tgt, min(E_tgt, n_tokens * k_tgt)]``.
+
+    Raises:
+        ValueError: for an unknown assumption, or a measured one without
+            measured unions / source config.
+    """
+    E, k = target.num_experts, target.num_experts_per_tok
+    if isinstance(union_assumption, (int, float, np.integer, np.floating)) and not isinstance(union_assumption, bool):
+        u = float(union_assumption)
+    elif union_assumption == "independent":
+        u = expected_union(E, k, n_tokens)
+    elif union_assumption in ("measured_fraction", "measured_vs_independent"):
+        if measured is None or source is None:
+            raise ValueError(f"union_assumption={union_assumption!r} needs the measured unions and the source config")
+        m = measured[measured >= 0]
+        if m.size == 0:
+            raise ValueError("the trace has no MoE layer unions (all -1)")
+        if union_assumption == "measured_fraction":
+            u = float(m.mean()) / source.num_experts * E
+        else:
+            ratio = float(m.mean()) / expected_union(source.num_experts, source.num_experts_per_tok, n_tokens)
+            u = ratio * expected_union(E, k, n_tokens)
+    else:
+        raise ValueError(
+            f"union_assumption must be one of {UNION_ASSUMPTIONS} or a number, got {union_assumption!r}"
+        )
+    return float(min(max(u, k), min(E, n_tokens * k)))
+
+
+def project_trace(
+    trace_like: Any,
+    device: Device | str = DEFAULT_DEVICE,
+    target_config: CloverConfig | str | None = None,
+    union_assumption: str | int | float = "measured_vs_independent",
+    *,
+    source_config: CloverConfig | str | None = None,
+    weight_bytes: float = 2,
+    memory_mode: str | None = None,
+    window: int = 0,
+) -> TraceProjection:
+    """Measured vs projected tokens/s for a recorded run.
+
+    Projected tokens/s = ``tokens_written / sum over forwards of
+    roofline_time_s`` on ``device``, for (a) the model that produced the trace
+    with its measured per-layer unions and (b) ``target_config`` (default
+    ``clover-35b-a3b``) running the same forwards -- same tokens per forward,
+    same commits -- with its union from ``union_assumption`` (`target_union`).
+    Both in ``weight_bytes`` (BF16) whatever dtype the run used.
+
+    Args:
+        trace_like: an ``engine.trace.Trace`` (duck-typed: ``.steps``,
+            ``.summary()``, ``.model_id``, ``.decode_config``), a list of
+            dicts or objects with ``n_tokens_forward``, ``expert_union`` (per
+            layer; -1 = no MoE), ``n_written`` (or the accepted / forced /
+            eos_filled masks) and ``block_len`` (or ``tokens``); an explicit
+            ``n_commit`` overrides ``n_tokens_forward - block_len``; or a table
+            (DataFrame, Arrow, dict) of those columns.
+        device: a `Device` or name.
+        source_config: the trace's model config when the trace does not say
+            (looked up from ``.config``, ``.meta["model_config"]`` or a preset
+            / directory ``model_id``); without it the source projection is None.
+
+    Measured tokens/s counts the same ``tokens_written`` over the run's wall
+    time (``summary()["wall_s"]``, else the sum of the steps' ``wall_s``).
+
+    Raises:
+        TypeError: for something that holds no step rows.
+        ValueError: for an empty trace or an unusable union assumption.
+    """
+    rows = _step_rows(trace_like)
+    if not rows:
+        raise ValueError("the trace has no steps to project")
+    target = _as_config(target_config or "clover-35b-a3b")
+    source = _as_config(source_config) if source_config is not None else _source_config(trace_like)
+    decode_config = _get(trace_like, "decode_config") if not isinstance(trace_like, Sequence) else None
+    block_size = _get(decode_config, "block_size") if decode_config else None
+
+    fields = [_row_fields(r) for r in rows]
+    written = sum(f[4] for f in fields)
+    # Prefer the decode's own count of generated tokens (up to the first EOS): slots
+    # EOS-filled or written after an EOS are finalised but are not answer tokens.
+    summary = _get(trace_like, "summary") if not isinstance(trace_like, Sequence) else None
+    summary = summary() if callable(summary) else summary
+    n_generated = _get(summary, "n_tokens") if summary is not None else None
+    if n_generated:
+        written = int(n_generated)
+    if memory_mode is None:
+        memory_mode = (_get(decode_config, "memory_mode") if decode_config else None) or "state"
+    kw: dict[str, Any] = {"memory_mode": memory_mode, "window": window}
+    src_proj = None
+    if source is not None:
+        src_fw = []
+        for n, union, n_commit, block_len, _ in fields:
+            u = np.where(union < 0, 0, union)
+            src_fw.append((n, u, n_commit, block_len))
+        src_proj = project_forwards(
+            written, src_fw, source, device, weight_bytes, commit_block_len=block_size, **kw
+        )
+    tgt_fw = []
+    for n, union, n_commit, block_len, _ in fields:
+        u = target_union(union_assumption, n, union, source, target)
+        tgt_fw.append((n, u, n_commit, block_len))
+    tgt_kw = dict(kw)
+    if memory_mode == "state+window" and not window and not target.attention_window:
+        tgt_kw["window"] = source.attention_window if source is not None else 0
+    tgt_proj = project_forwards(written, tgt_fw, target, device, weight_bytes, commit_block_len=block_size, **tgt_kw)
+    wall = _measured_wall_s(trace_like, rows)
+    return TraceProjection(
+        device=get_device(device).name,
+        union_assumption=str(union_assumption),
+        n_forwards=len(rows),
+        tokens_written=written,
+        tokens_per_forward=written / len(rows),
+        measured_wall_s=wall,
+        measured_tok_per_s=None if wall is None else written / wall,
+        source=src_proj,
+        target=tgt_proj,
+    )
