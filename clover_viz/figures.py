@@ -3,7 +3,7 @@
 Shared by the Panel app (``apps/explorer.py``) and the ipywidgets front end
 (`clover_viz.widgets`). Every function here only *reads* the trace -- no
 figure ever calls the model, so a trace recorded on a GPU draws on a laptop
-(DESIGN.md section 2: "figures never compute, they draw what the trace holds").
+(docs/architecture.md §1: figures never compute, they draw what the trace holds).
 
 Positions: ``step`` is a global step index ``0 .. len(trace) - 1`` (negative
 counts from the end, ``None`` = the last step) and means the state *after*
@@ -28,7 +28,7 @@ API (all return ``plotly.graph_objects.Figure`` unless noted):
 * `text_figure(trace, step=None)` (blocks x slots grid), `text_html(trace, step=None)` -> str
 * `tokens_per_forward_figure(trace)`, `cumulative_tokens_figure(trace)`,
   `expert_union_figure(trace)`, `state_norm_figure(trace)`, `memory_share_figure(trace, step=None)`
-* cost (issue 5, part 6): `cost_figure(trace, device="h800")`,
+* cost: `cost_figure(trace, device="h800")`,
   `roofline_figure(trace, device="h800", config="clover-35b-a3b")`
 * `compare_runs(a, b)` -> dict, `compare_table(a, b)` -- two runs side by side
 * `refresh_figure(fig, new_fig)` -- copy a freshly built figure into an existing one in place
@@ -927,7 +927,7 @@ def memory_share_figure(trace: Any, step: int | None = None) -> go.Figure:
     return fig
 
 
-# =============================================================================== cost (issue 5, part 6)
+# =============================================================================== cost
 def _project(trace: Any, device: str, config: str | None, union_assumption: Any) -> Any:
     from engine.cost import project_trace
 

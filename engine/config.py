@@ -8,7 +8,7 @@ block-diffusion changes add (memory unit, window, MASK id).
 Presets (``CloverConfig.from_name``):
 
 * ``clover-35b-a3b`` -- the published Qwen3.5-MoE 35B-A3B text dimensions
-  (DESIGN.md section 3). No weights exist here; the preset drives the cost
+  (docs/architecture.md §3). No weights exist here; the preset drives the cost
   model.
 * ``clover-test`` -- a tiny random configuration for tests: both layer types,
   a handful of experts, a 320-token vocabulary (byte tokenizer + specials).
@@ -73,9 +73,9 @@ class CloverConfig:
     shared_expert_intermediate_size: int = 512
     norm_topk_prob: bool = True
 
-    # Block-diffusion additions (DESIGN.md section 3).
-    # Initial bias of the memory-unit logit; the pilot saw it barely move from
-    # its init, so it effectively sets the history/block balance (NOTES.md).
+    # Block-diffusion additions (docs/architecture.md §3).
+    # Initial bias of the memory-unit logit; in pilot runs it barely moved from
+    # its init, so it effectively sets the history/block balance.
     memory_logit_bias_init: float = 3.0
     # Initial per-head temperature of in-block scores in GDN layers (q/k are
     # L2-normalised there, so raw cosine scores would give a flat softmax).

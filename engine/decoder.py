@@ -1,4 +1,4 @@
-"""The block decoder: LowConfidence block diffusion (DESIGN.md section 4), with hooks.
+"""The block decoder: LowConfidence block diffusion (docs/architecture.md §5), with hooks.
 
 Per block, exactly:
 

@@ -87,7 +87,7 @@ class StepEvent(_Repr):
         forced: (L,) bool -- written by the forced fill (none passed) or by
             `max_steps` exhaustion.
         eos_filled: (L,) bool -- masked slots after an accepted EOS, resolved as
-            EOS without a forward (DESIGN.md section 4, rule 7).
+            EOS without a forward (docs/architecture.md §5, rule 7).
         expert_union: (N,) int64 -- distinct routed experts hit by all tokens of
             this forward, per layer (committed + block tokens; -1 = no MoE).
         state_norm: (N,) float32 -- Frobenius norm of each layer's recurrent

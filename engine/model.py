@@ -5,7 +5,7 @@ Reads top-down: CloverModel -> DecoderLayer -> {GatedDeltaNet | GatedAttention}
 block), L block slots, C committed tokens, H heads, K key dim, V value dim,
 E experts, N layers, W window.
 
-What differs from an autoregressive Qwen3.5 (DESIGN.md section 3):
+What differs from an autoregressive Qwen3.5 (docs/architecture.md §3):
 
 * History lives only in per-layer recurrent state, updated by the gated delta
   rule when a block is committed: GDN layers keep their state ``S [H_v, K, V]``
@@ -185,7 +185,7 @@ def block_attention(
     """Bidirectional attention inside one block, with the memory read-out as a softmax unit.
 
     ``a = softmax([scale q_i.k_j]_j ++ [scale q_i.k^w_j]_j ++ [l_i])``;
-    ``o_i = sum_j a_ij v_j + sum_j a^w_ij v^w_j + a_i,mem m_i`` (DESIGN.md section 3).
+    ``o_i = sum_j a_ij v_j + sum_j a^w_ij v^w_j + a_i,mem m_i`` (docs/architecture.md §3).
 
     Args:
         q, k: [B, H, L, K]; v: [B, H, L, V] (k/v already expanded to H heads).
@@ -839,7 +839,7 @@ class CloverModel(nn.Module):
 
     def forward_train(self, clean_ids: torch.Tensor, noisy_ids: torch.Tensor, block_size: int,
                       use_window: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Block-diffusion training forward (DESIGN.md section 7).
+        """Block-diffusion training forward (docs/architecture.md §9).
 
         One pass over the clean sequence gives every block-boundary state (the
         clean blocks are committed one after another, chunk = block); the noisy

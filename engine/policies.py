@@ -5,8 +5,8 @@ Each policy is a small class with one method
 current block. The decoder applies the forced fill (most confident masked
 slot) when a policy accepts nothing, so no policy can stall a block.
 
-Sources: LowConfidence -- the Clover/SGLang threshold rule with ``>=`` (the
-seed's rule; Fast-dLLM v2 and SGLang use ``>``); TopK -- LLaDA's fixed quota
+Sources: LowConfidence -- the Clover threshold rule with ``>=`` (Clover's
+model card; Fast-dLLM v2 and SGLang use ``>``); TopK -- LLaDA's fixed quota
 per step; Margin and Entropy -- Dream's ``topk_margin`` / ``entropy``
 algorithms (as thresholds); Factor -- Fast-dLLM v1's factor rule.
 """

@@ -6,7 +6,7 @@ events in columnar form (one Python list per `StepEvent` field, arrays kept
 per row because the last block can be shorter). It stores the run's decode
 config, model id, prompt and a vocabulary ``{token id: text}`` for every token
 it saw, so a trace recorded on a GPU replays on a laptop without the model or
-the tokenizer (DESIGN.md section 5).
+the tokenizer (docs/architecture.md §6).
 
 On disk (``Trace.save``) a trace is one Arrow table, one row per `StepEvent`,
 written as Parquet (``.parquet`` / ``.pq``) or as an Arrow IPC file

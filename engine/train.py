@@ -1,4 +1,4 @@
-"""Block-diffusion training of a small Clover model on the CPU (DESIGN.md section 7).
+"""Block-diffusion training of a small Clover model on the CPU (docs/architecture.md §9).
 
     python -m engine.train --out models/clover-tiny --minutes 100            # fresh run
     python -m engine.train --out models/clover-tiny --minutes 100 --resume   # continue
@@ -111,7 +111,7 @@ def tiny_config(vocab_size: int = 4096) -> CloverConfig:
     """`clover-tiny`: 4 layers (GDN, attention) x 2, 8 experts top-2, window 512, a 3-tap conv on the
     attention q/k/v (the shipped model got a 4-tap one in stage 3); ~6.2M parameters (25 MB fp32).
     Sized so that a run fits a CPU session: attention layers every other layer so the window can
-    copy, hidden 192 as in the pilot of NOTES.md."""
+    copy, hidden 192 as in the first pilot runs."""
     return CloverConfig(
         name="clover-tiny", vocab_size=vocab_size, hidden_size=192, num_hidden_layers=4,
         full_attention_interval=2, linear_num_key_heads=4, linear_num_value_heads=4,

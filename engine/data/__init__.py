@@ -1,4 +1,4 @@
-"""Training and evaluation corpora for the bundled model (issue 3), deterministic from a seed.
+"""Training and evaluation corpora, deterministic from a seed.
 
 Modules::
 
