@@ -16,6 +16,11 @@ earlier tool response), tokens per forward, NFE, forced-fill rate, wall time
 and tokens/s. All settings run in the same process pool on the same prompts,
 so the tokens/s ratio block-diffusion / block_size 1 is measured side by side.
 
+Open-vocabulary tool calls (`engine.data.open_tools.eval_turns`, ``--open-tasks``): tool
+names, argument keys and enum values from a vocabulary disjoint from training, requests in
+English clauses or ``key: value``, chains that copy from a tool response, and turns that need
+no tool -- exact match and tool-name accuracy per category and phrasing, in the same settings.
+
 Value-copy probe (`value_probe`): the true call in place with its values masked, one
 forward -- copying measured apart from the call's structure. Run twice: in blocks of 32
 (every value slot masked at once: one-shot recall, what a block-diffusion forward faces
@@ -78,6 +83,44 @@ def _agent_job(args: tuple[str, list[int], int, int]) -> list[dict]:
                         n_forced=r.n_forced, wall_s=r.wall_s, exact_match=bool(s["exact_match"]),
                         json_valid=bool(s["json_valid"]), name_correct=bool(s["name_correct"]),
                         fields=s["fields"]))
+    return out
+
+
+def _open_job(args: tuple[str, list[int], int, int]) -> list[dict]:
+    """Open-vocabulary tool-call turns (`engine.data.open_tools.eval_turns`): tools, names and
+    keys the model never saw; scored by `engine.data.open_tools.score_turn`."""
+    from engine.data.open_tools import eval_turns, score_turn
+    from engine.decoder import BlockDecoder, DecodeConfig
+
+    setting, idx, n_tasks, max_new = args
+    turns = eval_turns(n_tasks)
+    if SETTINGS[setting]["memory_mode"] == "state+window" and not _W["model"].config.attention_window:
+        return []
+    dec = BlockDecoder(_W["model"], _W["tok"], DecodeConfig(max_new_tokens=max_new, **SETTINGS[setting]))
+    out = []
+    for i in idx:
+        r = dec.generate(turns[i].prompt, record_trace=False)
+        s = score_turn(r.text, turns[i])
+        out.append(dict(setting=setting, task=i, text=r.text, nfe=r.nfe, n_tokens=len(r.tokens),
+                        n_forced=r.n_forced, wall_s=r.wall_s, exact_match=bool(s["exact_match"]),
+                        json_valid=bool(s["json_valid"]), name_correct=bool(s["name_correct"]),
+                        fields=s["fields"], category=turns[i].category, natural=turns[i].natural))
+    return out
+
+
+def summarise_open(rows: list[dict]) -> dict:
+    """`summarise_agent` of open-vocabulary rows, plus exact match and tool-name accuracy by
+    category (``call``, ``chain``, ``no_tool``) and by phrasing (``natural``, ``keyed``)."""
+    out = summarise_agent(rows)
+    if not out:
+        return out
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+    groups = {c: [r for r in rows if r["category"] == c] for c in ("call", "chain", "no_tool")}
+    groups["natural"] = [r for r in rows if r["natural"] and r["category"] != "no_tool"]
+    groups["keyed"] = [r for r in rows if not r["natural"] and r["category"] != "no_tool"]
+    out["by_group"] = {g: {"n": len(rs), "exact_match": round(mean([r["exact_match"] for r in rs]), 4),
+                           "name_correct": round(mean([r["name_correct"] for r in rs]), 4)}
+                       for g, rs in groups.items() if rs}
     return out
 
 
@@ -203,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stdlib-files", type=int, default=30, help="held-out files for the code metrics (0 = skip)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--probe-tasks", type=int, default=100, help="tasks for the value-copy probe (0 = skip)")
+    ap.add_argument("--open-tasks", type=int, default=100,
+                    help="open-vocabulary tool-call turns (unseen tool names and keys, natural phrasing; 0 = skip)")
     ap.add_argument("--workers", type=int, default=2)
     from engine.threads import add_threads_argument, configure_threads, default_threads
 
@@ -235,11 +280,18 @@ def main(argv: list[str] | None = None) -> int:
     n_files = min(args.stdlib_files, len(stdlib_files("heldout")))
     code_jobs = [([i], 256) for i in range(n_files)]
     code_rows: list = []
+    open_jobs = [(s, list(range(i, min(i + chunk, args.open_tasks))), args.open_tasks, args.max_new_tokens)
+                 for i in range(0, args.open_tasks, chunk) for s in settings]
+    open_rows: dict[str, list] = defaultdict(list)
     with ProcessPoolExecutor(args.workers, initializer=_init, initargs=(args.model, args.threads)) as pool:
-        with tqdm(total=len(jobs) + len(code_jobs), desc="eval", unit="job") as bar:
+        with tqdm(total=len(jobs) + len(open_jobs) + len(code_jobs), desc="eval", unit="job") as bar:
             for res in pool.map(_agent_job, jobs):
                 for r in res:
                     rows[r["setting"]].append(r)
+                bar.update()
+            for res in pool.map(_open_job, open_jobs):
+                for r in res:
+                    open_rows[r["setting"]].append(r)
                 bar.update()
             for res in pool.map(_stdlib_job, code_jobs):
                 code_rows += res
@@ -247,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     report = {"model": str(args.model), "n_tasks": args.tasks, "n_tasks_block_size_1": n_ar, "wall_s_total": time.perf_counter() - t0,
               "threads_per_worker": args.threads, "workers": args.workers,
               "agent": {s: summarise_agent(rows[s]) for s in settings}}
+    if open_rows:
+        report["open_tools"] = {s: summarise_open(open_rows[s]) for s in settings if open_rows[s]}
+        report["open_tools_tasks"] = args.open_tasks
     for mode in ("window", "state"):
         bd, ar = rows.get(f"bd32-{mode}"), rows.get(f"ar1-{mode}")
         if bd and ar:  # tokens/s on the prompts both settings decoded
@@ -287,8 +342,8 @@ def format_table(report: dict) -> str:
             ("field_acc", "{:.3f}"), ("repeat_field_acc", "{:.3f}"), ("tokens_per_forward", "{:.2f}"),
             ("nfe_mean", "{:.1f}"), ("forced_fill_rate", "{:.3f}"), ("tokens_per_s", "{:.1f}")]
     lines = [f"{'agent tasks':28s}" + "".join(f"{s:>14s}" for s in agent),
-             f"{'n_tasks':28s}" + "".join(f"{v['n_tasks']:>14d}" for v in agent.values())]
-    for k, fmt in keys:
+             f"{'n_tasks':28s}" + "".join(f"{v['n_tasks']:>14d}" for v in agent.values())] if agent else []
+    for k, fmt in keys if agent else ():
         lines.append(f"{k:28s}" + "".join(f"{fmt.format(v[k]):>14s}" for v in agent.values()))
     srcs = sorted({s for v in agent.values() for s in v["field_acc_by_source"]})
     for src in srcs:
@@ -307,6 +362,17 @@ def format_table(report: dict) -> str:
         for mode, accs in report.get(key, {}).items():
             lines.append(f"value-copy probe ({mode}, {report['value_probe_tasks']} tasks, {how}): "
                          + ", ".join(f"{k} {v:.3f}" for k, v in accs.items()))
+    if report.get("open_tools"):
+        ot = report["open_tools"]
+        lines.append(f"{'open-vocabulary tools':28s}" + "".join(f"{s:>14s}" for s in ot))
+        for k, fmt in (("exact_match", "{:.3f}"), ("name_correct", "{:.3f}"), ("field_acc", "{:.3f}"),
+                       ("tokens_per_forward", "{:.2f}"), ("forced_fill_rate", "{:.3f}")):
+            lines.append(f"{'  ' + k:28s}" + "".join(f"{fmt.format(v[k]):>14s}" for v in ot.values()))
+        groups = [g for g in ("call", "chain", "no_tool", "natural", "keyed") if any(g in v["by_group"] for v in ot.values())]
+        for g in groups:
+            lines.append(f"{'  ' + g + ' exact / name':28s}" + "".join(
+                f"{v['by_group'][g]['exact_match']:>8.3f}/{v['by_group'][g]['name_correct']:.2f}" if g in v["by_group"]
+                else f"{'':>14s}" for v in ot.values()))
     if "stdlib" in report:
         s = report["stdlib"]
         acc = s["masked_slot_acc_by_index"]

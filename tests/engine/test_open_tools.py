@@ -86,3 +86,21 @@ def test_bad_arguments():
         ot.generate_conversation(random.Random(0), "test")
     with pytest.raises(ValueError, match="n_rounds"):
         ot.generate_conversation(random.Random(0), "train", n_rounds=9)
+
+
+def test_eval_summarises_open_tool_rows_by_group():
+    from engine.eval import format_table, summarise_open
+
+    def row(cat, natural, exact, name):
+        return dict(setting="bd32-window", task=0, text="", nfe=2, n_tokens=6, n_forced=1, wall_s=0.5,
+                    exact_match=exact, json_valid=True, name_correct=name, fields=[], category=cat, natural=natural)
+
+    rows = [row("call", True, True, True), row("call", False, False, True), row("chain", True, False, False),
+            row("no_tool", False, True, True)]
+    s = summarise_open(rows)
+    assert s["exact_match"] == 0.5 and s["tokens_per_forward"] == 3.0
+    assert s["by_group"]["call"] == {"n": 2, "exact_match": 0.5, "name_correct": 1.0}
+    assert s["by_group"]["natural"] == {"n": 2, "exact_match": 0.5, "name_correct": 0.5}
+    assert s["by_group"]["keyed"]["n"] == 1  # the no-tool turn is in neither phrasing group
+    table = format_table({"agent": {}, "open_tools": {"bd32-window": s}})
+    assert "open-vocabulary tools" in table and "chain exact / name" in table
