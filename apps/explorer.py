@@ -44,9 +44,25 @@ import panel as pn  # noqa: E402
 from clover_viz import state as state_module  # noqa: E402
 from clover_viz.panel_views import ExplorerApp  # noqa: E402
 from clover_viz.state import ExplorerState, ModelSpec  # noqa: E402
+from panel.io.resources import CDN_DIST  # noqa: E402
+from panel.theme.fast import Fast  # noqa: E402
 
 # ------------------------------------------------------------------------------ extension
 pn.extension("plotly", notifications=True, sizing_mode="stretch_width")
+
+
+class OfflineFast(Fast):
+    """Panel's Fast design without its web font (Open Sans from fonts.googleapis.com), so the page
+    requests nothing beyond this server and works offline (the system sans-serif is used).
+
+    Its own script is named by its bundled URL: a relative one resolves against the class name.
+    """
+
+    _resources = {
+        **Fast._resources,
+        "font": {},
+        "js_modules": {**Fast._resources["js_modules"], "fast-design": f"{CDN_DIST}bundled/fast/js/fast_design.js"},
+    }
 
 
 # ------------------------------------------------------------------------------ cached model loading
@@ -82,7 +98,7 @@ def create_app(model_dir: str | None = None, dev_sharpen_random: bool | None = N
     app = ExplorerApp(state=state)
     template = pn.template.FastListTemplate(
         title=TITLE, sidebar=[app.sidebar], main=[app.main], sidebar_width=360, accent=ACCENT,
-        header_background=ACCENT, main_layout=None, theme_toggle=False,
+        header_background=ACCENT, main_layout=None, theme_toggle=False, design=OfflineFast,
         busy_indicator=None,  # the periodic drain would keep it spinning; the app shows its own progress
     )
     template.explorer = app  # for tests and scripting

@@ -53,6 +53,50 @@ def _placeholder(title: str, message: str) -> Any:
     return fig
 
 
+class FigurePane(pn.pane.Plotly):
+    """A Plotly pane that only sends: Python -> browser, never back into a Python figure.
+
+    Panel's Plotly pane links a ``go.Figure`` it is given: in-place changes go to the
+    browser as restyle / relayout messages, and the browser's own ``restyle_data`` /
+    ``relayout_data`` are written back into whatever figure the pane holds *then* --
+    a figure Python may have replaced or updated since ("Trace index 0 out of range",
+    and a block view frozen on an earlier step). Here every figure given is copied
+    (``to_dict``) when set, the pane holds only that snapshot, Panel diffs it against
+    what the browser has and sends the difference, and browser events update the
+    pane's event parameters only. Call `show` (or set ``object``) again after changing a figure.
+    """
+
+    def __init__(self, object: Any = None, **params: Any) -> None:
+        params["link_figure"] = False
+        super().__init__(self._snapshot(object), **params)
+
+    @staticmethod
+    def _snapshot(obj: Any) -> Any:
+        return obj.to_dict() if hasattr(obj, "to_dict") and hasattr(obj, "to_plotly_json") else obj
+
+    def show(self, fig: Any) -> None:
+        """Display ``fig`` (a plotly figure, copied now; later changes need another `show`)."""
+        self.object = self._snapshot(fig)
+
+    def _to_figure(self, obj: Any) -> Any:
+        if isinstance(obj, dict) and "data" in obj:
+            return obj  # a snapshot made by plotly: no second validation
+        snap = self._snapshot(obj)
+        return snap if isinstance(snap, dict) else super()._to_figure(obj)
+
+    @classmethod
+    def _plotly_json_wrapper(cls, fig: Any) -> dict[str, Any]:
+        if isinstance(fig, dict):
+            return {"data": [dict(t) for t in fig.get("data", [])], "layout": dict(fig.get("layout", {}))}
+        return super()._plotly_json_wrapper(fig)
+
+    def _update_figure_style(self) -> None:  # the browser's restyle_data: never written into a figure
+        return None
+
+    def _update_figure_layout(self) -> None:  # the browser's relayout_data: likewise
+        return None
+
+
 def _fmt(x: float | None, digits: int = 3) -> str:
     if x is None or x != x:
         return "–"
@@ -63,6 +107,15 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 
 # ----------------------------------------------------------------------------- sidebar
+class _SaveButton(pn.widgets.FileDownload):
+    """FileDownload whose callback may return None: nothing is sent (the callback said why)."""
+
+    def _sync_data(self, fileobj: Any) -> None:
+        if fileobj is None:
+            return
+        super()._sync_data(fileobj)
+
+
 class SettingsPanel(pn.viewable.Viewer):
     """Sidebar controls. Sliders set the state on release (``value_throttled``)."""
 
@@ -80,14 +133,21 @@ class SettingsPanel(pn.viewable.Viewer):
             s.param.prompt, label="Prompt", height=170, sizing_mode="stretch_width",
             styles={"font-family": MONO})
         self.threshold = pn.widgets.FloatSlider.from_param(
-            s.param.threshold, label="Threshold", step=0.01, throttled=True, sizing_mode="stretch_width")
+            s.param.threshold, label="Threshold", step=0.01, throttled=True, sizing_mode="stretch_width",
+            format="0.00")  # "1.00", not "1" 
         self.block_size = pn.widgets.DiscreteSlider.from_param(
             s.param.block_size, label="Block size", throttled=True, sizing_mode="stretch_width")
         self.policy = pn.widgets.Select.from_param(s.param.policy, label="Policy")
         self.memory_mode = pn.widgets.RadioButtonGroup.from_param(
             s.param.memory_mode, label="Memory", color="light", sizing_mode="stretch_width")
         self.memory_note = pn.pane.Markdown("", margin=(0, 10), styles={"font-size": "11px", "color": "#64748b"})
-        self.max_new_tokens = pn.widgets.IntInput.from_param(s.param.max_new_tokens, label="Max new tokens", step=16)
+        # Not bound to the parameter's bounds: the browser would clamp or revert an out-of-range
+        # number silently; the state refuses it and says the valid range instead.
+        lo, hi = s.param.max_new_tokens.bounds
+        self.max_new_tokens = pn.widgets.IntInput(label=f"Max new tokens ({lo}-{hi})", value=s.max_new_tokens,
+                                                  step=16)
+        self.max_new_tokens.param.watch(self._on_max_new_tokens, "value")
+        s.param.watch(lambda e: setattr(self.max_new_tokens, "value", e.new), "max_new_tokens")
         self.repetition = pn.widgets.Checkbox.from_param(s.param.repetition_control, label="Repetition control")
         self.repetition_penalty = pn.widgets.FloatInput.from_param(
             s.param.repetition_penalty, label="penalty (logit)", step=0.5, width=120)
@@ -98,13 +158,13 @@ class SettingsPanel(pn.viewable.Viewer):
         self.stop = pn.widgets.Button(label="Stop", color="danger", disabled=True, sizing_mode="stretch_width")
         self.open = pn.widgets.FileInput(accept=".parquet,.pq,.arrow,.feather", multiple=False,
                                          sizing_mode="stretch_width")
-        self.save = pn.widgets.FileDownload(callback=self._save, filename="clover-trace.parquet",
-                                            label="Save trace (.parquet)", color="default",
-                                            sizing_mode="stretch_width", embed=False)
+        self.save = _SaveButton(callback=self._save, filename="clover-trace.parquet",
+                                label="Save trace (.parquet)", color="default", disabled=True,
+                                sizing_mode="stretch_width", embed=False)
         self.generate.on_click(lambda _e: s.generate())
         self.stop.on_click(lambda _e: s.stop())
         self.open.param.watch(self._open, "value")
-        s.param.watch(self._sync, ["running", "model_label", "window_available"])
+        s.param.watch(self._sync, ["running", "model_label", "window_available", "trace", "n_steps"])
         self._sync()
 
     def _save(self) -> Any:
@@ -114,6 +174,10 @@ class SettingsPanel(pn.viewable.Viewer):
             self.state.error = f"Nothing saved: {exc}"
             return None
 
+    def _on_max_new_tokens(self, event: Any) -> None:
+        if event.new != self.state.max_new_tokens and not self.state.set_max_new_tokens(event.new):
+            self.max_new_tokens.value = self.state.max_new_tokens  # shown again, with the error saying why
+
     def _open(self, event: Any) -> None:
         if event.new:
             self.state.load_trace(event.new, name=self.open.filename or "")
@@ -121,6 +185,7 @@ class SettingsPanel(pn.viewable.Viewer):
     def _sync(self, *_: Any) -> None:
         s = self.state
         self.stop.disabled = not s.running
+        self.save.disabled = s.trace is None or len(s.trace) == 0
         self.generate.label = "Generate (restart)" if s.running else "Generate"
         label = s.model_label or "(not loaded yet)"
         warn = " ⚠" if "random" in label else ""
@@ -266,34 +331,48 @@ class PlaybackBar(pn.viewable.Viewer):
 
 # ----------------------------------------------------------------------------- live views
 class BlockView(pn.viewable.Viewer):
-    """The current block at the playback position; the figure is made once per run and mutated."""
+    """The current block at the playback position.
+
+    The plotly figure is built once per run and updated in place on the Python side
+    (`figures.update_block_figure`); the pane (a `FigurePane`) is handed a snapshot of
+    it, so what the browser shows always equals ``figures.block_figure(trace, position)``.
+    """
 
     state = param.ClassSelector(class_=ExplorerState)
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        self.pane = pn.pane.Plotly(_placeholder("Block view", "press Generate to decode a prompt"),
-                                   sizing_mode="stretch_width", config={"displayModeBar": False})
+        self.pane = FigurePane(_placeholder("Block view", "press Generate to decode a prompt"),
+                               sizing_mode="stretch_width", config={"displayModeBar": False})
         self._fig = None
-        self._trace_id: int | None = None
+        self._trace: Any = None
         self.state.param.watch(self._refresh, ["trace", "trace_version", "position"])
         self._refresh()
+
+    @property
+    def shown_step(self) -> int | None:
+        """The step the figure shows (None: a placeholder)."""
+        s = self.state
+        if self._fig is None or s.trace is None or len(s.trace) == 0:
+            return None
+        return min(s.position, len(s.trace) - 1)
 
     def _refresh(self, *_: Any) -> None:
         s = self.state
         if s.trace is None or len(s.trace) == 0:
             if self._fig is not None or s.trace is not None:
                 msg = "waiting for the first forward..." if s.running else "press Generate to decode a prompt"
-                self.pane.object = _placeholder("Block view", msg)
+                self.pane.show(_placeholder("Block view", msg))
                 self._fig = None
+                self._trace = None
             return
         pos = min(s.position, len(s.trace) - 1)
-        if self._fig is None or self._trace_id != id(s.trace):
+        if self._fig is None or self._trace is not s.trace:
             self._fig = F.block_figure(s.trace, pos)
-            self._trace_id = id(s.trace)
-            self.pane.object = self._fig
+            self._trace = s.trace
         else:
-            F.update_block_figure(self._fig, s.trace, pos)  # the pane forwards the in-place update
+            F.update_block_figure(self._fig, s.trace, pos)
+        self.pane.show(self._fig)
 
     def __panel__(self) -> Any:
         return self.pane
@@ -381,16 +460,16 @@ class CostView(pn.viewable.Viewer):
         self.union = pn.widgets.Select.from_param(self.state.param.union_assumption, label="35B-A3B expert union",
                                                   width=220)
         self.headline = pn.pane.HTML("", sizing_mode="stretch_width")
-        self.cost = pn.pane.Plotly(_placeholder("Cost", "no run yet"), sizing_mode="stretch_width")
-        self.roofline = pn.pane.Plotly(F.roofline_figure(None, device=self.state.device),
+        self.cost = FigurePane(_placeholder("Cost", "no run yet"), sizing_mode="stretch_width")
+        self.roofline = FigurePane(F.roofline_figure(None, device=self.state.device),
                                        sizing_mode="stretch_width")
 
     def refresh(self) -> None:
         s = self.state
         if s.trace is None or len(s.trace) == 0:
             self.headline.object = "<i>no run yet: the roofline shows the devices and the 35B-A3B AR step</i>"
-            self.cost.object = _placeholder("Cost", "no run yet")
-            self.roofline.object = F.roofline_figure(None, device=s.device)
+            self.cost.show(_placeholder("Cost", "no run yet"))
+            self.roofline.show(F.roofline_figure(None, device=s.device))
             return
         try:
             proj = s.cost_projection()
@@ -411,8 +490,8 @@ class CostView(pn.viewable.Viewer):
         self.headline.object = ("<div class='clover-cost' style='font-size:13px;line-height:1.6'>"
                                 + " · ".join(parts) + "<br><span style='color:#64748b'>projected = roofline "
                                 "max(bytes / bandwidth, FLOPs / peak) from engine.cost, not measured</span></div>")
-        self.cost.object = F.cost_figure(s.trace, device=s.device, union_assumption=s.union_assumption)
-        self.roofline.object = F.roofline_figure(s.trace, device=s.device, union_assumption=s.union_assumption)
+        self.cost.show(F.cost_figure(s.trace, device=s.device, union_assumption=s.union_assumption))
+        self.roofline.show(F.roofline_figure(s.trace, device=s.device, union_assumption=s.union_assumption))
 
     def __panel__(self) -> Any:
         return pn.Column(pn.Row(pn.Column(self.device, self.union, width=240), self.headline,
@@ -431,12 +510,12 @@ class FigureTabs(pn.viewable.Viewer):
         super().__init__(**params)
         s = self.state
         kw = dict(sizing_mode="stretch_width")
-        self.heatmap = pn.pane.Plotly(_placeholder("Confidence heatmap", "no run yet"), **kw)
-        self.tpf = pn.pane.Plotly(_placeholder("Tokens per forward", "no run yet"), **kw)
-        self.cumulative = pn.pane.Plotly(_placeholder("Cumulative tokens", "no run yet"), **kw)
-        self.experts = pn.pane.Plotly(_placeholder("Expert union", "no run yet"), **kw)
-        self.state_norm = pn.pane.Plotly(_placeholder("State norms", "no run yet"), **kw)
-        self.memory = pn.pane.Plotly(_placeholder("Memory share", "no run yet"), **kw)
+        self.heatmap = FigurePane(_placeholder("Confidence heatmap", "no run yet"), **kw)
+        self.tpf = FigurePane(_placeholder("Tokens per forward", "no run yet"), **kw)
+        self.cumulative = FigurePane(_placeholder("Cumulative tokens", "no run yet"), **kw)
+        self.experts = FigurePane(_placeholder("Expert union", "no run yet"), **kw)
+        self.state_norm = FigurePane(_placeholder("State norms", "no run yet"), **kw)
+        self.memory = FigurePane(_placeholder("Memory share", "no run yet"), **kw)
         self.cost = CostView(state=s)
         self.tabs = pn.Tabs(
             (self.TABS[0], self.heatmap),
@@ -447,6 +526,9 @@ class FigureTabs(pn.viewable.Viewer):
         )
         self._drawn: dict[int, tuple] = {}
         self._last_draw = 0.0
+        self._heat_fig: Any = None
+        self._heat_trace: Any = None
+        self._heat_key: tuple | None = None
         self.tabs.param.watch(lambda *_e: self.refresh(), "active")
         s.param.watch(lambda *_e: self.refresh(),
                       ["trace", "trace_version", "position", "running", "device", "union_assumption"])
@@ -468,18 +550,43 @@ class FigureTabs(pn.viewable.Viewer):
         empty = trace is None or len(trace) == 0
         pos = 0 if empty else min(s.position, len(trace) - 1)
         if tab == 0:
-            waiting = "waiting for the first forward..." if s.running else "no run yet"
-            self.heatmap.object = (_placeholder("Confidence heatmap", waiting) if empty
-                                   else F.confidence_heatmap(trace, step=pos))
+            if empty:
+                waiting = "waiting for the first forward..." if s.running else "no run yet"
+                self._heat_fig = self._heat_key = None
+                self.heatmap.show(_placeholder("Confidence heatmap", waiting))
+            else:
+                self._draw_heatmap(trace, pos)
         elif tab == 1 and not empty:
-            self.tpf.object = F.tokens_per_forward_figure(trace)
-            self.cumulative.object = F.cumulative_tokens_figure(trace)
+            self.tpf.show(F.tokens_per_forward_figure(trace))
+            self.cumulative.show(F.cumulative_tokens_figure(trace))
         elif tab == 2 and not empty:
-            self.experts.object = F.expert_union_figure(trace)
-            self.state_norm.object = F.state_norm_figure(trace)
-            self.memory.object = F.memory_share_figure(trace, step=pos)
+            self.experts.show(F.expert_union_figure(trace))
+            self.state_norm.show(F.state_norm_figure(trace))
+            self.memory.show(F.memory_share_figure(trace, step=pos))
         elif tab == 3:
             self.cost.refresh()
+
+    def _draw_heatmap(self, trace: Any, pos: int) -> None:
+        """The confidence heatmap at ``pos``, updated in place: rebuilt for a new run, its data
+        replaced when the block (or its number of iterations) changes, else only the cursor moves."""
+        idx = F._index(trace)
+        block = int(idx.block_of[pos])
+        rows = idx.steps_of[block]
+        key = (block, len(rows))
+        if self._heat_fig is None or self._heat_trace is not trace:
+            self._heat_fig = F.confidence_heatmap(trace, block, step=pos)
+            self._heat_trace = trace
+        elif key != self._heat_key:
+            F.update_confidence_heatmap(self._heat_fig, trace, block, step=pos)
+        else:
+            r = rows.index(pos) if pos in rows else None
+            cursor = self._heat_fig.layout.shapes[0]
+            if r is None:
+                cursor.update(visible=False)
+            else:
+                cursor.update(y0=r - 0.5, y1=r + 0.5, visible=True)
+        self._heat_key = key
+        self.heatmap.show(self._heat_fig)
 
     def __panel__(self) -> Any:
         return self.tabs

@@ -38,12 +38,16 @@ import dataclasses
 import difflib
 import io
 import queue
+import re
 import tempfile
 import threading
+import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import param
 
 from engine.cost import DEFAULT_DEVICE, DEVICES, UNION_ASSUMPTIONS
@@ -58,6 +62,7 @@ RANDOM_MODEL_LABEL = "random clover-test (no trained model found)"
 RANDOM_MODEL_SEED = 0
 DEV_WEIGHT_SCALE = 15.0
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
+MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX = 1, 2048
 MEMORY_MODES = ("state", "state+window")
 DEVICE_CHOICES = tuple(DEVICES) + ("this-machine",)
 
@@ -268,14 +273,17 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
     Keys: ``nfe``, ``n_tokens``, ``tokens_per_forward``, ``n_forced``, ``wall_s``,
     ``tok_per_s`` (measured on the machine that ran it), ``stop_reason``,
     ``block_size``, ``threshold``, ``policy``, ``text``.
+
+    While a decode runs, ``n_tokens`` (and so tokens / forward and tokens/s) counts what the
+    run would keep if it ended now -- `generated_ids` -- the same definition as the final
+    numbers: no EOS fills, nothing after an EOS, nothing past a still-masked slot.
     """
     if trace is None:
         return None
     s = trace.summary()
     dc = trace.decode_config or {}
-    n_written = s["n_tokens"]
-    if trace.decode_end is None:  # live: count written slots (generated_tokens lags a block)
-        n_written = sum(ev.n_written for ev in trace.steps)
+    ids = generated_ids(trace)
+    n_written = len(ids)
     wall = s["wall_s"] or 0.0
     return {
         "nfe": int(s["nfe"]),
@@ -288,28 +296,80 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
         "block_size": dc.get("block_size"),
         "threshold": dc.get("threshold"),
         "policy": dc.get("policy"),
-        "text": trace_text(trace),
+        "text": "".join(trace.token_str(t) for t in ids),
     }
+
+
+def eos_token_id(trace: Trace) -> int | None:
+    """The EOS id of the model that recorded ``trace``: from its model config, else from an
+    EOS-filled slot (those hold EOS), else None."""
+    cfg = (trace.meta or {}).get("model_config")
+    if isinstance(cfg, dict) and cfg.get("eos_token_id") is not None:
+        return int(cfg["eos_token_id"])
+    for ev in trace.steps:
+        if ev.eos_filled.any():
+            return int(ev.tokens[int(ev.eos_filled.argmax())])
+    return None
+
+
+# per trace: {block_index: (ids kept from that finished block, hit EOS)}
+_BLOCK_IDS: "weakref.WeakKeyDictionary[Trace, dict[int, tuple[list[int], bool]]]" = weakref.WeakKeyDictionary()
+
+
+def generated_ids(trace: Trace) -> list[int]:
+    """The generated token ids of a trace, finished or still running, by the decoder's rule.
+
+    Finished: the `DecodeEnd` tokens. Running: per block in order, its generated (not
+    pre-filled) slots up to the first slot still masked, cut before the first EOS, stopping
+    there -- exactly what the decoder keeps when it stops now (``stop_reason`` cancelled).
+    Finished blocks are cached, so a live call costs the running block only.
+    """
+    if trace.decode_end is not None:
+        return trace.generated_tokens.tolist()
+    eos = eos_token_id(trace)
+    cache = _BLOCK_IDS.setdefault(trace, {})
+    ended = {b.block_index for b in trace.block_ends}
+    prefilled = {b.block_index: np.asarray(b.prefilled, dtype=bool) for b in trace.block_starts}
+    last: dict[int, Any] = {}
+    steps = trace.steps
+    # the last step of each block not cached yet (walk back from the end: blocks are in order)
+    for ev in reversed(steps):
+        b = ev.block_index
+        if b in cache:
+            break
+        last.setdefault(b, ev)
+    out: list[int] = []
+    for b in sorted(set(cache) | set(last)):
+        if b in cache:
+            ids, hit = cache[b]
+        else:
+            ev = last[b]
+            still = np.asarray(ev.masked_before, dtype=bool) & ~(
+                np.asarray(ev.accepted, dtype=bool) | np.asarray(ev.forced, dtype=bool)
+                | np.asarray(ev.eos_filled, dtype=bool))
+            pre = prefilled.get(b, np.zeros(len(ev.tokens), dtype=bool))
+            toks = np.asarray(ev.tokens).tolist()
+            ids, hit = [], False
+            for t, p, m in zip(toks, pre.tolist(), still.tolist()):
+                if p:
+                    continue
+                if m:
+                    break
+                if eos is not None and t == eos:
+                    hit = True
+                    break
+                ids.append(int(t))
+            if b in ended:
+                cache[b] = (ids, hit)
+        out += ids
+        if hit:
+            break
+    return out
 
 
 def trace_text(trace: Trace) -> str:
     """The generated text of a trace from its stored vocabulary (works without a tokenizer)."""
-    if trace.decode_end is not None:
-        ids = trace.generated_tokens.tolist()
-    else:
-        ids = []
-        for b in trace.blocks:
-            toks = b["end_tokens"]
-            if toks is None:  # the running block: its written slots so far
-                steps = [ev for ev in trace.steps if ev.block_index == b["block_index"]]
-                if not steps:
-                    continue
-                last = steps[-1]
-                written = ~last.masked_before | last.accepted | last.forced | last.eos_filled
-                toks = [t if w else None for t, w in zip(last.tokens.tolist(), written.tolist())]
-            pre = b["prefilled"] if b["prefilled"] is not None else [False] * len(toks)
-            ids += [t for t, p in zip(list(toks), list(pre)) if not p and t is not None]
-    return "".join(trace.token_str(t) for t in ids)
+    return "".join(trace.token_str(t) for t in generated_ids(trace))
 
 
 def text_diff(old: str, new: str) -> list[tuple[str, str]]:
@@ -337,6 +397,26 @@ def _snapshot(event: Any) -> Any:
     if isinstance(event, BlockStart):
         return dataclasses.replace(event, tokens=event.tokens.copy(), prefilled=event.prefilled.copy())
     return event
+
+
+def _trace_error(label: str, path: Path | None, exc: BaseException) -> str:
+    """A trace-loading error for the page: names the user's file and the Open button, not the
+    temporary path it was read from nor the Python API."""
+    detail = str(exc)
+    if path is not None:
+        detail = detail.replace(repr(str(path)), "the file").replace(str(path), "the file")
+    if "is not a trace file" in detail:
+        detail = "it is neither a Parquet nor an Arrow file: " + detail.split("found ", 1)[-1].split(". ")[0]
+    elif "cannot be read" in detail:
+        detail = "it looks like Parquet or Arrow but is damaged"
+    else:  # a table without the explorer's metadata or columns: keep what is wrong, drop API advice
+        detail = re.sub(r"\s*(Save traces with|Use|use) [\w.]+\(\)[^.;]*[.;]?", "", detail)
+        detail = re.sub(r"[;,]?\s*re-save the trace", "", detail)
+        detail = re.sub(r"(engine\.trace\.)?Trace\.\w+\(\)", "the Save trace button", detail).strip().rstrip(".;,")
+    if isinstance(exc, FileNotFoundError):
+        return f"Trace not loaded: {label!r} was not found. Choose a trace file with the Open button."
+    return (f"Trace not loaded: {label!r} is not a trace this explorer can replay ({detail}). Choose a .parquet "
+            "or .arrow file saved with the 'Save trace' button, using the Open button.")
 
 
 @dataclass
@@ -379,7 +459,8 @@ class ExplorerState(param.Parameterized):
     memory_mode = param.Selector(default="state", objects=list(MEMORY_MODES), doc=(
         "'state' keeps history only in recurrent state (Clover); 'state+window' also keeps the last W "
         "committed K/V in attention layers (a labelled non-Clover variant; needs attention_window > 0)."))
-    max_new_tokens = param.Integer(default=128, bounds=(1, 2048), doc="Generated-token budget.")
+    max_new_tokens = param.Integer(default=128, bounds=(MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX),
+                                   doc="Generated-token budget.")
     repetition_control = param.Boolean(default=False, doc="n-gram repetition penalty (model card).")
     repetition_penalty = param.Number(default=2.0, bounds=(0.1, 20.0), doc="Logit penalty when on.")
     eos_bias = param.Boolean(default=False, doc="Progressive EOS bias past a soft length limit (model card).")
@@ -422,6 +503,7 @@ class ExplorerState(param.Parameterized):
         self._quiet = False  # settings changed by the state itself: no re-decode
         self._play_accum = 0.0
         self._closed = False
+        self.stop_timing: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ model
     @property
@@ -479,6 +561,24 @@ class ExplorerState(param.Parameterized):
             repetition_penalty=float(self.repetition_penalty) if self.repetition_control else 0.0,
             eos_bias_soft_limit=int(self.eos_soft_limit) if self.eos_bias else None,
         )
+
+    def set_max_new_tokens(self, value: Any) -> bool:
+        """Set `max_new_tokens` from user input; outside 1..2048 (or not a whole number) set `error`
+        saying the valid range, keep the current value and return False."""
+        lo, hi = MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX
+        try:
+            n = int(value)
+            ok = n == value and lo <= n <= hi
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            self.error = (f"Max new tokens must be a whole number from {lo} to {hi}; got {value}. "
+                          f"Kept {self.max_new_tokens}.")
+            return False
+        if self.error.startswith("Max new tokens"):
+            self.error = ""
+        self.max_new_tokens = n
+        return True
 
     # ------------------------------------------------------------------ decoding
     def generate(self) -> bool:
@@ -550,10 +650,16 @@ class ExplorerState(param.Parameterized):
         return True
 
     def stop(self) -> None:
-        """Cancel the running decode; it stops after its current forward and keeps what it wrote."""
+        """Cancel the running decode; it stops after its current forward and keeps what it wrote.
+
+        `stop_timing` records when (monotonic seconds) and at which NFE (steps shown) the stop
+        was asked for, and, once the decode has ended, when and at which NFE it ended.
+        """
         if self._run is not None and self.running:
             self._run.user_stopped = True
             self._run.cancel.set()
+            self.stop_timing = {"requested_at": time.monotonic(), "nfe_shown": self.n_steps,
+                                "nfe_recorded": len(self.trace) if self.trace is not None else 0}
             self.status = "stopping..."
 
     def wait(self, timeout: float = 30.0) -> bool:
@@ -596,14 +702,18 @@ class ExplorerState(param.Parameterized):
                 if n_new and (n_old == 0 or self.position >= n_old - 1):
                     self.position = n_new - 1  # follow the newest step unless the user scrubbed back
                 if self.running:
-                    self.progress = min(100, int(100 * self._written / max(self._budget, 1)))
-                    blk = self.trace.steps[-1].block_index + 1 if n_new else 1
-                    self.status = f"decoding: block {blk}, {self._written}/{self._budget} tokens, NFE {n_new}"
+                    n_tok = len(generated_ids(self.trace))
+                    self.progress = min(100, int(100 * n_tok / max(self._budget, 1)))
+                    blk = self.trace.step(-1).block_index if n_new else 0  # 0-based, as in the figures
+                    status = f"decoding: block {blk}, {n_tok}/{self._budget} tokens, NFE {n_new}"
+                    self.status = "stopping... " + status if self._run.user_stopped else status
                 self.trace_version += 1
         return applied
 
     def _finish(self, end: DecodeEnd) -> None:
         run = self._run
+        if run is not None and run.user_stopped and self.stop_timing:
+            self.stop_timing = dict(self.stop_timing, ended_at=time.monotonic(), final_nfe=int(end.nfe))
         self.running = False
         self.progress = 100
         tpf = f"{end.tokens_per_forward:.2f}"
@@ -677,6 +787,8 @@ class ExplorerState(param.Parameterized):
         widgets take the trace's settings (without re-decoding). Returns False and sets
         `error` for a file that is not a trace.
         """
+        label = name or ("the uploaded file" if isinstance(source, (bytes, bytearray)) else Path(source).name)
+        path: Path | None = None
         try:
             if isinstance(source, (bytes, bytearray)):
                 with tempfile.TemporaryDirectory() as tmp:
@@ -684,10 +796,11 @@ class ExplorerState(param.Parameterized):
                     path.write_bytes(bytes(source))
                     loaded = Trace.load(path)
             else:
+                path = Path(source)
                 loaded = Trace.load(source)
                 name = name or Path(source).name
-        except (ValueError, FileNotFoundError, OSError) as exc:
-            self.error = f"Trace not loaded: {exc}"
+        except (ValueError, FileNotFoundError, OSError, KeyError, TypeError) as exc:
+            self.error = _trace_error(label, path, exc)
             return False
         if self._run is not None and self.running:
             self._run.superseded = True

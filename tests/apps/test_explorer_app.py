@@ -276,11 +276,14 @@ def test_views_follow_the_state():
         assert app.settings.stop.disabled
         nfe = s.trace.nfe
         assert f'clover-nfe">{nfe}<' in app.summary.numbers.object
-        fig = app.block.pane.object
+        fig = app.block._fig
         assert F.BLOCK_TRACE in [t.name for t in fig.data]
+        assert app.block.pane.object == F.block_figure(s.trace, s.position).to_dict()
         s.seek(0)
-        assert app.block.pane.object is fig  # mutated in place, not rebuilt
+        assert app.block._fig is fig  # the Python figure is updated in place, not rebuilt
         assert "step 1/" in fig.layout.title.text
+        # the pane holds a snapshot equal to the figure built fresh at the shown step
+        assert app.block.pane.object == F.block_figure(s.trace, 0).to_dict()
         assert app.playback.scrub.value == 0 and app.playback.scrub.end == nfe - 1
         app.playback.scrub.value = 2
         assert s.position == 2
