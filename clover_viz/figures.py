@@ -74,37 +74,61 @@ _CELL_H = 46
 class _Index:
     """Per-trace derived data (which steps belong to which block, when each slot was written).
 
-    Rebuilt when the trace grows (live decoding); cached per trace object.
+    Extended in place when the trace grows (live decoding): a new step costs its own slots,
+    not a pass over the whole trace. Cached per trace object.
     """
 
     def __init__(self, trace: Any) -> None:
-        self.n = len(trace)
-        steps = trace.steps
-        self.steps = steps
-        self.block_of = np.array([s.block_index for s in steps], dtype=np.int64)
-        self.iter_of = np.array([s.step_index for s in steps], dtype=np.int64)
-        self.blocks: dict[int, dict[str, Any]] = {b["block_index"]: b for b in trace.blocks}
+        self.n = 0
+        self.steps: list[Any] = []
+        self.block_of = np.zeros(0, dtype=np.int64)
+        self.iter_of = np.zeros(0, dtype=np.int64)
+        self.blocks: dict[int, dict[str, Any]] = {}
         self.steps_of: dict[int, list[int]] = {}
-        for i, b in enumerate(self.block_of.tolist()):
-            self.steps_of.setdefault(b, []).append(i)
         # per block: global step that wrote each slot (-1 never), its confidence and kind
         self.written_at: dict[int, np.ndarray] = {}
         self.written_conf: dict[int, np.ndarray] = {}
         self.written_kind: dict[int, np.ndarray] = {}
-        for b, idx in self.steps_of.items():
-            L = len(steps[idx[0]].tokens)
-            at = np.full(L, -1, dtype=np.int64)
-            conf = np.full(L, np.nan, dtype=np.float64)
-            kind = np.full(L, "", dtype=object)
-            for i in idx:
-                ev = steps[i]
-                for name, mask in (("accepted", ev.accepted), ("forced", ev.forced), ("eos", ev.eos_filled)):
-                    m = np.asarray(mask, dtype=bool)
-                    at[m] = i
-                    kind[m] = name
-                    if name != "eos":
-                        conf[m] = np.asarray(ev.confidence, dtype=np.float64)[m]
-            self.written_at[b], self.written_conf[b], self.written_kind[b] = at, conf, kind
+        self.eos_id: int | None = None
+        cfg = (getattr(trace, "meta", None) or {}).get("model_config")
+        if isinstance(cfg, Mapping) and cfg.get("eos_token_id") is not None:
+            self.eos_id = int(cfg["eos_token_id"])
+        self.html_cache: dict[Any, str] = {}  # text_html fragments of finished blocks
+        self.extend(trace)
+
+    def extend(self, trace: Any) -> None:
+        """Take in the steps (and block starts) recorded since the last call."""
+        steps = trace.steps
+        new = range(self.n, len(steps))
+        starts = trace.block_starts  # a copy of the list: cheap, unlike ``trace.blocks``
+        if len(self.blocks) != len(starts):
+            self.blocks = {b.block_index: {"block_index": b.block_index, "prefilled": b.prefilled,
+                                           "block_size": b.block_size} for b in starts}
+        self.steps = steps
+        self.block_of = np.concatenate([self.block_of, np.array([steps[i].block_index for i in new], dtype=np.int64)])
+        self.iter_of = np.concatenate([self.iter_of, np.array([steps[i].step_index for i in new], dtype=np.int64)])
+        for i in new:
+            ev = steps[i]
+            b = int(ev.block_index)
+            if b not in self.steps_of:
+                L = len(ev.tokens)
+                self.steps_of[b] = []
+                self.written_at[b] = np.full(L, -1, dtype=np.int64)
+                self.written_conf[b] = np.full(L, np.nan, dtype=np.float64)
+                self.written_kind[b] = np.full(L, "", dtype=object)
+            self.steps_of[b].append(i)
+            at, conf, kind = self.written_at[b], self.written_conf[b], self.written_kind[b]
+            for name, mask in (("accepted", ev.accepted), ("forced", ev.forced), ("eos", ev.eos_filled)):
+                m = np.asarray(mask, dtype=bool)
+                if not m.any():
+                    continue
+                at[m] = i
+                kind[m] = name
+                if name != "eos":
+                    conf[m] = np.asarray(ev.confidence, dtype=np.float64)[m]
+                elif self.eos_id is None:  # EOS-filled slots hold EOS: learn the id from them
+                    self.eos_id = int(np.asarray(ev.tokens)[m][0])
+        self.n = len(steps)
 
     def prefilled(self, block: int, length: int) -> np.ndarray:
         info = self.blocks.get(block)
@@ -129,17 +153,21 @@ _INDEX: "weakref.WeakKeyDictionary[Any, _Index]" = weakref.WeakKeyDictionary()
 def _index(trace: Any) -> _Index:
     _check_trace(trace)
     idx = _INDEX.get(trace)
-    if idx is None or idx.n != len(trace):
+    if idx is None or idx.n > len(trace):
         idx = _Index(trace)
         try:
             _INDEX[trace] = idx
         except TypeError:  # not weak-referenceable: no cache
             pass
+    elif idx.n < len(trace):
+        idx.extend(trace)
     return idx
 
 
 def _check_trace(trace: Any) -> None:
-    if not (hasattr(trace, "steps") and hasattr(trace, "blocks") and hasattr(trace, "token_str")):
+    # on the type: ``blocks`` / ``steps`` are properties that walk the whole trace
+    cls = type(trace)
+    if not all(hasattr(cls, a) or hasattr(trace, a) for a in ("steps", "blocks", "token_str")):
         raise TypeError(
             f"expected an engine.trace.Trace (recorded by the decoder or Trace.load(path)), "
             f"got {type(trace).__name__}"
@@ -655,48 +683,91 @@ def text_html(trace: Any, step: int | None = None, color_by: str = "confidence",
     Prompt text is grey; each generated token is a ``<span>`` whose
     background shows its confidence (``color_by="confidence"``, forced fills
     orange) or the iteration of its block at which it was written
-    (``color_by="step"``); its ``title`` (tooltip) says which. Each block
-    starts at a vertical rule; slots still masked at ``step`` are ``░``.
+    (``color_by="step"``, over that block's iterations); its ``title`` (tooltip) says which.
+    Each block starts at a vertical rule; slots still masked at ``step`` are ``░``.
+    The text ends at the first EOS, as the decoder's output does: one ``end`` marker
+    (class ``clover-end``), and nothing after it -- no tokens written beyond the EOS
+    earlier in its block, no EOS fills.
+
+    Blocks finished before ``step``'s block are rendered once per trace and reused, so the
+    cost of a call is the current block's, whatever the length of the trace.
     """
     if color_by not in ("step", "confidence"):
         raise ValueError(f"color_by must be 'step' or 'confidence', got {color_by!r}")
-    cells = _text_cells(trace, step)
-
-    def esc(s: str) -> str:
-        vis = s.replace("\n", "⏎\n")
-        return html.escape(vis, quote=False)
-
+    i = _resolve_step(trace, step)
+    idx = _index(trace)
+    cur = int(idx.block_of[i])
     parts = ['<div class="clover-text" style="font-family:' + C.MONO + ';font-size:13px;line-height:1.7;'
              'white-space:pre-wrap;word-break:break-all;">']
-    first_gen = cells[0]["position_start"] if cells else None
+    blocks = [b for b in idx.steps_of if b <= cur]
     if show_prompt and trace.prompt_ids:
-        head = trace.prompt_ids if first_gen is None else trace.prompt_ids[:first_gen]
-        parts.append(f'<span style="color:#64748b">{esc("".join(trace.token_str(t) for t in head))}</span>')
-    max_iter = max([c["n_iter"] for c in cells] + [1])
-    for c in cells:
-        parts.append(f'<span title="block {c["block"]} (pos {c["position_start"]})" '
-                     'style="border-left:2px solid #94a3b8;margin-left:2px;padding-left:1px"></span>')
-        for s, tok in enumerate(c["tokens"].tolist()):
-            t = trace.token_str(tok)
-            if c["prefilled"][s]:
-                if show_prompt:
-                    parts.append(f'<span style="color:#64748b">{esc(t)}</span>')
-                continue
-            if not c["written"][s]:
-                parts.append('<span style="color:#cbd5e1">░</span>')
-                continue
-            kind, conf, it = c["kind"][s], float(c["confidence"][s]), int(c["iteration"][s])
-            if color_by == "confidence":
-                bg = C.STATE_COLORS["forced"] if kind == "forced" else (
-                    C.STATE_COLORS["eos"] if kind == "eos" else C.accepted_color(conf if conf == conf else 0.0))
-            else:
-                bg = _viridis(it / max(max_iter - 1, 1))
-            fg = "#ffffff" if _dark(bg) else "#111827"
-            tip = f"{kind} at iteration {it} of block {c['block']}" + (f", conf {conf:.3f}" if conf == conf else "")
-            parts.append(f'<span title="{html.escape(tip)}" style="background:{bg};color:{fg};'
-                         f'border-radius:2px">{esc(t) or "∅"}</span>')
+        key = ("prompt", blocks[0] if blocks else None)
+        head = idx.html_cache.get(key)
+        if head is None:
+            first_gen = idx.steps[idx.steps_of[blocks[0]][0]].position_start if blocks else None
+            ids = trace.prompt_ids if first_gen is None else trace.prompt_ids[:first_gen]
+            head = idx.html_cache[key] = (f'<span style="color:#64748b">'
+                                          f'{_esc_text("".join(trace.token_str(t) for t in ids))}</span>')
+        parts.append(head)
+    for b in blocks:
+        if b < cur:  # final: rendered once
+            key = ("block", b, color_by, show_prompt)
+            frag = idx.html_cache.get(key)
+            if frag is None:
+                frag = idx.html_cache[key] = _block_html(trace, idx, b, idx.steps_of[b][-1], color_by, show_prompt)
+        else:
+            frag = _block_html(trace, idx, b, i, color_by, show_prompt)
+        parts.append(frag[0])
+        if frag[1]:  # the text ended at an EOS
+            break
     parts.append("</div>")
     return "".join(parts)
+
+
+def _esc_text(s: str) -> str:
+    return html.escape(s.replace("\n", "⏎\n"), quote=False)
+
+
+def _block_html(trace: Any, idx: _Index, b: int, last: int, color_by: str, show_prompt: bool) -> tuple[str, bool]:
+    """(HTML of block ``b`` as it stands after global step ``last``, whether it ends at an EOS)."""
+    steps_b = idx.steps_of[b]
+    ev = idx.steps[last]
+    toks = np.asarray(ev.tokens).tolist()
+    L = len(toks)
+    at = idx.written_at[b]
+    pre = idx.prefilled(b, L)
+    written = (at >= 0) & (at <= last)
+    n_iter = len(steps_b)
+    eos = idx.eos_id
+    parts = [f'<span title="block {b} (pos {int(ev.position_start)})" '
+             'style="border-left:2px solid #94a3b8;margin-left:2px;padding-left:1px"></span>']
+    ended = False
+    for s_, tok in enumerate(toks):
+        if pre[s_]:
+            if show_prompt:
+                parts.append(f'<span style="color:#64748b">{_esc_text(trace.token_str(tok))}</span>')
+            continue
+        if not written[s_]:
+            parts.append('<span style="color:#cbd5e1">░</span>')
+            continue
+        kind = idx.written_kind[b][s_]
+        if (eos is not None and tok == eos) or kind == "eos":
+            parts.append(f'<span class="clover-end" title="end of text: EOS in block {b}, slot {s_}" '
+                         'style="color:#6d28d9;font-size:11px;padding:0 3px">end</span>')
+            ended = True
+            break
+        conf = float(idx.written_conf[b][s_])
+        j = int(at[s_])
+        it = steps_b.index(j) if j in steps_b else 0
+        if color_by == "confidence":
+            bg = C.STATE_COLORS["forced"] if kind == "forced" else C.accepted_color(conf if conf == conf else 0.0)
+        else:
+            bg = _viridis(it / max(n_iter - 1, 1))
+        fg = "#ffffff" if _dark(bg) else "#111827"
+        tip = f"{kind} at iteration {it} of block {b}" + (f", conf {conf:.3f}" if conf == conf else "")
+        parts.append(f'<span title="{html.escape(tip)}" style="background:{bg};color:{fg};'
+                     f'border-radius:2px">{_esc_text(trace.token_str(tok)) or "∅"}</span>')
+    return "".join(parts), ended
 
 
 _VIRIDIS = ("#440154", "#482878", "#3e4989", "#31688e", "#26828e", "#1f9e89", "#35b779", "#6ece58", "#b5de2b", "#fde725")
