@@ -248,8 +248,16 @@ def load_adapter_model(directory: str | Path, device: str | torch.device = "cpu"
     cfg = read_adapter_config(directory)
     if cfg is None:
         raise ValueError(f"{directory} has no config.json with model_type {ADAPTER_MODEL_TYPE!r}")
-    spec = base_spec(cfg.get("base", ""))
-    lm, _ = load_base(spec.name)
+    if cfg.get("base_path"):  # a small base saved beside the adapter (tests); not for pinned PyPI bases
+        from transformers import AutoModelForCausalLM
+
+        lm = AutoModelForCausalLM.from_pretrained(str(directory / cfg["base_path"]), dtype=torch.float32).eval()
+        spec = BaseSpec(name=cfg.get("base", "local"), package="", version="", file="", sha256="",
+                        mask_token_id=int(cfg["mask_token_id"]), mask_token="",
+                        eos_token_id=int(cfg.get("eos_token_id", lm.config.eos_token_id)), licence="")
+    else:
+        spec = base_spec(cfg.get("base", ""))
+        lm, _ = load_base(spec.name)
     has_lora = (directory / ADAPTER_WEIGHTS).is_file()
     if has_lora:
         _require("peft")

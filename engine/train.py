@@ -570,7 +570,26 @@ def lr_at(frac: float, base: float, warmup_frac: float = 0.02) -> float:
     return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
 
 
+def _hf_objective(argv: list[str] | None) -> bool:
+    """``--objective block-diffusion`` with ``--init-from`` naming a pinned pretrained base
+    (`engine.hf_adapter.BASES`, e.g. ``smollm2-135m-instruct``): the transformers adaptation recipe."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--objective" not in args and not any(a.startswith("--objective=") for a in args):
+        return False
+    from engine.hf_adapter import BASES
+
+    return any(a in BASES or a.split("=", 1)[-1] in BASES for a in args)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if _hf_objective(argv):  # adapting a pretrained transformers model: engine.hf_train
+        from engine.hf_train import main as hf_main
+
+        import sys
+
+        return hf_main(list(sys.argv[1:] if argv is None else argv))
     ap = argparse.ArgumentParser(prog="python -m engine.train", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("runs/clover-train"),
                     help="output checkpoint directory (default runs/clover-train, never the bundled model; "

@@ -1,0 +1,501 @@
+"""Adapt a pretrained transformers chat model to block diffusion (Fast-dLLM v2 style), with LoRA.
+
+    # 1. self-distillation data: the base's own greedy answers (cached under runs/, resumable)
+    python -m engine.hf_train distill --out runs/smollm2/distill.jsonl --n 600 --threads 1
+    # 2. adaptation (also reachable as `python -m engine.train --init-from smollm2-135m-instruct ...`)
+    python -m engine.train --init-from smollm2-135m-instruct --objective block-diffusion \\
+        --out runs/smollm2-bd --data runs/smollm2/distill.jsonl --minutes 70 --threads 1 [--resume]
+
+Objective, per example (one conversation, ChatML, blocks aligned at absolute
+positions k * b from the row's start, as the decoder aligns them):
+
+* **clean stream**, causal mask: the ordinary autoregressive loss on the answer
+  tokens (keeps ``block_size=1`` close to the base's greedy path);
+* **a noisy copy of each block that holds answer tokens**: block k (slots
+  s .. s+b-1) becomes the window ``[x_{s-1}, noisy_s .. noisy_{s+b-2}]`` at
+  positions ``s-1 .. s+b-2`` -- exactly what `engine.hf_model` feeds the model
+  at decode time (token shift) -- attending to the clean prefix ``x_0 ..
+  x_{s-2}`` and bidirectionally to itself. Per block a mask ratio
+  ``t ~ U(0, 1]``; each answer slot is masked with probability t (at least
+  one); prompt slots inside the block stay clean, like the decoder's prefilled
+  prompt head. Loss: cross-entropy of output j against ``x_{s+j}`` on masked
+  slots;
+* **block sizes mixed** per example (``--block-sizes``, default 4/8/16/32
+  weighted 1:2:2:3), so every block size of the explorer is in distribution;
+* loss = masked-slot CE + ``--ar-weight`` x clean AR CE.
+
+Everything goes through one forward per example: ``[clean row ++ windows]``
+with one 4D additive mask and explicit position ids (`build_example`).
+
+Parameters: LoRA (peft; rank ``--lora-r`` on q/k/v/o/gate/up/down) plus the
+MASK input embedding (`engine.hf_adapter`); the base stays frozen and is never
+written. The output directory is a loadable model (``engine.load_model(OUT)``):
+``config.json``, ``adapter_config.json``, ``adapter_model.safetensors`` (bf16),
+``mask_embedding.safetensors``, plus ``train_state.pt`` (optimizer, progress)
+and ``train_log.jsonl``. ``--resume`` continues from them (the learning rate
+follows a cosine over the total ``--minutes``).
+
+Data: the self-distillation file (``distill``: prompts from
+`engine.data.chat_prompts.training_prompts`, answers = the base's greedy
+``generate``) and, with ``--agent-share``, tool-call conversations from
+`engine.data.agent` (ChatML, loss on the assistant turns).
+
+``--tiny`` swaps the base for a tiny random Llama (tests, and the CPU path of
+``benchmarks/adapt_smollm2_gpu.sh``). ``--device cuda --dtype bf16`` is the GPU path
+(autocast bf16, fused AdamW).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine.hf_adapter import (ADAPTER_MODEL_TYPE, BASES, MASK_EMBEDDING, base_spec, chat_prompt,
+                               load_base, locate_base)
+from engine.hf_model import HFBlockConfig, HFBlockDiffusionModel, count_parameters
+
+DEFAULT_BLOCK_WEIGHTS = {4: 1.0, 8: 2.0, 16: 2.0, 32: 3.0}
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+# ----------------------------------------------------------------------------- data
+def build_example(ids: list[int], answer_start: int, b: int, mask_id: int, gen: random.Random,
+                  pad_id: int) -> dict | None:
+    """One training forward for a conversation: clean row + one noisy window per answer block.
+
+    Args:
+        ids: the conversation's token ids (prompt ++ answer ++ EOS).
+        answer_start: index of the first loss-bearing token (the answer).
+        b: block size.
+        mask_id: MASK id.
+        gen: randomness (mask ratio and slots).
+        pad_id: id used to pad the row to a multiple of b (EOS: what the decoder writes after an EOS).
+
+    Returns:
+        dict with ``input_ids`` [Q], ``position_ids`` [Q], ``mask`` [Q, Q] bool (True = attend),
+        ``labels`` [Q] (-100 = no loss) for the window rows, ``ar_labels`` [T] for the clean rows,
+        ``n_clean`` T, ``n_masked``; None if no block holds an answer token.
+    """
+    n_ans_end = len(ids)
+    T = ((len(ids) + b - 1) // b) * b
+    x = ids + [pad_id] * (T - len(ids))
+    # Loss-bearing positions: the answer, the EOS, and the EOS padding of the last block.
+    eligible = [answer_start <= i for i in range(T)]
+    blocks = [k for k in range(1, T // b) if any(eligible[k * b: (k + 1) * b])]
+    if not blocks:
+        return None
+    inp, pos, labels = list(x), list(range(T)), [-100] * T
+    ar_labels = [-100] * T
+    for i in range(T - 1):
+        if eligible[i + 1] and i + 1 <= n_ans_end:  # AR loss through the first EOS pad
+            ar_labels[i] = x[i + 1]
+    spans = []
+    n_masked = 0
+    for k in blocks:
+        s = k * b
+        t = 1.0 - gen.random()  # (0, 1]
+        slots = [j for j in range(b) if eligible[s + j]]
+        masked = [j for j in slots if gen.random() < t] or [gen.choice(slots)]
+        mset = set(masked)
+        n_masked += len(mset)
+        window = [x[s - 1]] + [mask_id if j in mset else x[s + j] for j in range(b - 1)]
+        spans.append((len(inp), s, b))
+        inp += window
+        pos += list(range(s - 1, s + b - 1))
+        labels += [x[s + j] if j in mset else -100 for j in range(b)]
+    Q = len(inp)
+    allowed = torch.zeros(Q, Q, dtype=torch.bool)
+    allowed[:T, :T] = torch.ones(T, T, dtype=torch.bool).tril()
+    for off, s, bb in spans:
+        allowed[off: off + bb, : s - 1] = True  # clean x_0 .. x_{s-2}
+        allowed[off: off + bb, off: off + bb] = True  # the window, bidirectional
+    return {"input_ids": torch.tensor(inp), "position_ids": torch.tensor(pos), "mask": allowed,
+            "labels": torch.tensor(labels), "ar_labels": torch.tensor(ar_labels), "n_clean": T,
+            "n_masked": n_masked}
+
+
+def example_loss(model: HFBlockDiffusionModel, ex: dict, ar_weight: float, device, autocast_dtype=None):
+    """(total loss, masked-slot CE, AR CE) of one `build_example` on ``model``."""
+    ids = ex["input_ids"].to(device)[None]
+    x = model.embed(ids)
+    add = torch.zeros(ex["mask"].shape, dtype=x.dtype if autocast_dtype is None else autocast_dtype, device=device)
+    add.masked_fill_(~ex["mask"].to(device), torch.finfo(add.dtype).min)
+    ctx = (torch.autocast(device_type=device.type, dtype=autocast_dtype) if autocast_dtype is not None
+           else torch.autocast(device_type="cpu", enabled=False))
+    base = model.lm.get_base_model() if hasattr(model.lm, "get_base_model") else model.lm
+    T = ex["n_clean"]
+    labels = torch.cat([ex["ar_labels"][:T], ex["labels"][T:]]).to(device)
+    rows = (labels != -100).nonzero()[:, 0]  # logits only where a loss is taken (the LM head is 49k wide)
+    with ctx:
+        h = base.model(inputs_embeds=x, attention_mask=add[None, None],
+                       position_ids=ex["position_ids"].to(device)[None], use_cache=False).last_hidden_state
+        logits = base.lm_head(h[0, rows]).float()
+    lab = labels[rows]
+    is_ar = rows < T
+    ce = F.cross_entropy(logits, lab, reduction="none")
+    diff = ce[~is_ar].mean() if bool((~is_ar).any()) else ce.new_zeros(())
+    ar = ce[is_ar].mean() if bool(is_ar.any()) else ce.new_zeros(())
+    return diff + ar_weight * ar, diff, ar
+
+
+class ExampleSource:
+    """Yields (token ids, answer_start) examples: self-distillation answers and, optionally, tool-call chats."""
+
+    def __init__(self, tokenizer, distill_path: Path | None, agent_share: float, seed: int, max_len: int,
+                 eos_id: int, synthetic_vocab: int | None = None):
+        self.tok, self.agent_share, self.max_len, self.eos = tokenizer, agent_share, max_len, eos_id
+        self.rng = random.Random(seed)
+        self.rows: list[tuple[list[int], int]] = []
+        self.synthetic_vocab = synthetic_vocab
+        self.path, self._read_lines = (Path(distill_path) if distill_path else None), 0
+        self.reload()
+        self._agent = None
+        if agent_share > 0:
+            from engine.data.agent import iter_conversations
+
+            self._agent = iter_conversations(seed + 1)
+        if not self.rows and synthetic_vocab is None and self._agent is None:
+            raise ValueError(f"no training data: {distill_path} is missing or empty -- run "
+                             "`python -m engine.hf_train distill --out ...` first")
+
+    def reload(self) -> int:
+        """Read rows appended to the distill file since the last call (a distill run may still be writing it)."""
+        if self.path is None or not self.path.is_file():
+            return 0
+        lines = self.path.read_text().splitlines()
+        new = 0
+        for line in lines[self._read_lines:]:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line being written
+                break
+            self._read_lines += 1
+            p = self.tok.encode(chat_prompt(rec["prompt"])).ids
+            a = rec["answer_ids"] + ([self.eos] if rec.get("eos", True) else [])
+            row = (p + a)[: self.max_len]
+            if len(p) < len(row):
+                self.rows.append((row, len(p)))
+                new += 1
+        return new
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def next(self) -> tuple[list[int], int]:
+        if self._agent is not None and (not self.rows or self.rng.random() < self.agent_share):
+            return self._agent_row()
+        if self.synthetic_vocab is not None and not self.rows:
+            n = self.rng.randint(12, self.max_len)
+            ids = [self.rng.randrange(3, self.synthetic_vocab - 2) for _ in range(n)]
+            return ids, self.rng.randint(2, n // 2)
+        return self.rows[self.rng.randrange(len(self.rows))]
+
+    def _agent_row(self) -> tuple[list[int], int]:
+        conv = next(self._agent)
+        text = conv.text
+        # loss from the first assistant turn on (tool calls, answers); the system/user turns are the prompt
+        cut = text.find("<|im_start|>assistant\n")
+        cut = cut + len("<|im_start|>assistant\n") if cut >= 0 else len(text) // 2
+        p = self.tok.encode(text[:cut]).ids
+        ids = (p + self.tok.encode(text[cut:]).ids)[: self.max_len]
+        return ids, min(len(p), len(ids) - 1)
+
+
+# ----------------------------------------------------------------------------- model
+def tiny_lm(vocab: int = 256, seed: int = 0):
+    """A tiny random LlamaForCausalLM (tests; the CPU path of the GPU script)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                   eos_token_id=2, bos_token_id=1, tie_word_embeddings=True)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def make_trainable(lm, r: int, alpha: int, mask_id: int):
+    """Wrap ``lm`` in a peft LoRA and return (peft model, mask_embedding parameter initialised from MASK's row)."""
+    from peft import LoraConfig, get_peft_model
+
+    for p in lm.parameters():
+        p.requires_grad_(False)
+    mask_init = lm.get_input_embeddings().weight[mask_id].detach().clone()
+    plm = get_peft_model(lm, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
+                                        bias="none", task_type="CAUSAL_LM"))
+    return plm, mask_init
+
+
+def save_adapter(model: HFBlockDiffusionModel, out: Path, base_name: str, extra: dict) -> None:
+    """Write the loadable adapter directory (config.json, peft adapter in bf16, MASK embedding)."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    plm = model.lm
+    plm.peft_config["default"].save_pretrained(str(out))  # adapter_config.json only (no README of its own)
+    sd = get_peft_model_state_dict(plm)
+    save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in sd.items()},
+              str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    save_file({"mask_embedding": model.mask_embedding.detach().float().cpu().contiguous()},
+              str(out / MASK_EMBEDDING), metadata={"format": "pt"})
+    if base_name not in BASES:  # a base saved beside the adapter (the tiny test base): base_path
+        base_dir = out / "base"
+        if not (base_dir / "config.json").is_file():
+            _save_base_copy(plm, base_dir)
+        extra = {**extra, "base_path": "base"}
+    cfg = {"model_type": ADAPTER_MODEL_TYPE, "name": out.name, "base": base_name,
+           "mask_token_id": model.config.mask_token_id, "chat_format": "chatml", **extra}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def _save_base_copy(plm, base_dir: Path) -> None:
+    """Save the frozen base weights of a peft model (LoRA layers unwrapped) -- tiny test bases only."""
+    from safetensors.torch import save_file
+
+    base_dir.mkdir(parents=True, exist_ok=True)
+    sd = {}
+    for k, v in plm.get_base_model().state_dict().items():
+        if "lora_" in k:
+            continue
+        sd[k.replace(".base_layer.", ".")] = v.detach().contiguous()
+    cfg = plm.get_base_model().config
+    if cfg.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    cfg.save_pretrained(str(base_dir))
+    save_file(sd, str(base_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+# ----------------------------------------------------------------------------- distill
+@torch.no_grad()
+def distill(out: Path, n: int, batch: int, max_new_tokens: int, seed: int, base: str) -> None:
+    """Append the base's greedy answers to ``n`` training prompts to ``out`` (JSONL; resumes where it stopped)."""
+    from tqdm import tqdm
+
+    from engine.data.chat_prompts import training_prompts
+
+    lm, tok = load_base(base)
+    spec = base_spec(base)
+    prompts = training_prompts(n, seed)
+    done = set()
+    if out.is_file():
+        done = {json.loads(l)["prompt"] for l in out.read_text().splitlines() if l.strip()}
+    todo = [p for p in prompts if p not in done]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tok.padding_side = "left"
+    t0, n_tok = time.perf_counter(), 0
+    with open(out, "a") as fh, tqdm(total=len(todo), desc="distill", unit="prompt") as bar:
+        for i in range(0, len(todo), batch):
+            chunk = todo[i: i + batch]
+            enc = tok([chat_prompt(p) for p in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
+            gen = lm.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                              eos_token_id=spec.eos_token_id, pad_token_id=spec.eos_token_id)
+            for p, row in zip(chunk, gen[:, enc["input_ids"].shape[1]:].tolist()):
+                eos = spec.eos_token_id in row
+                ans = row[: row.index(spec.eos_token_id)] if eos else row
+                n_tok += len(ans)
+                fh.write(json.dumps({"prompt": p, "answer_ids": ans, "eos": eos}) + "\n")
+            fh.flush()
+            bar.update(len(chunk))
+            bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.1f}")
+
+
+# ----------------------------------------------------------------------------- train
+def lr_at(frac: float, base: float, warmup_frac: float = 0.03) -> float:
+    if frac < warmup_frac:
+        return base * frac / warmup_frac
+    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, (frac - warmup_frac) / (1 - warmup_frac))))
+
+
+def parse_block_weights(spec: str | None) -> dict[int, float]:
+    if not spec:
+        return dict(DEFAULT_BLOCK_WEIGHTS)
+    out = {}
+    for part in spec.split(","):
+        b, _, w = part.partition(":")
+        out[int(b)] = float(w or 1)
+    if any(b < 1 for b in out) or not out:
+        raise ValueError(f"--block-sizes {spec!r}: give e.g. 4:1,8:2,16:2,32:3")
+    return out
+
+
+def train(args) -> int:
+    from tqdm import tqdm
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    autocast = torch.bfloat16 if args.dtype == "bf16" else None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.tiny:
+        lm = tiny_lm()
+        from engine.tokenizer import byte_tokenizer
+
+        tok = byte_tokenizer()
+        mask_id, eos_id, base_name = 255, 2, "tiny-random-llama"
+        src = ExampleSource(tok, None, 0.0, args.seed, args.max_len, eos_id, synthetic_vocab=256)
+    else:
+        spec = base_spec(args.init_from)
+        locate_base(spec.name)
+        lm, hf_tok = load_base(spec.name)
+        from engine.hf_adapter import load_base_tokenizer
+
+        _, tok = load_base_tokenizer(spec.name)
+        mask_id, eos_id, base_name = spec.mask_token_id, spec.eos_token_id, spec.name
+        src = ExampleSource(tok, Path(args.data) if args.data else None, args.agent_share, args.seed, args.max_len,
+                            eos_id)
+    plm, mask_init = make_trainable(lm, args.lora_r, args.lora_alpha, mask_id)
+    hcfg = HFBlockConfig.from_hf(lm.config, out.name, mask_id, eos_id, num_parameters=count_parameters(lm))
+    model = HFBlockDiffusionModel(plm, hcfg, mask_init).to(device)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    n_train = sum(p.numel() for p in params)
+    fused = device.type == "cuda"
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98), fused=fused)
+    state_path = out / "train_state.pt"
+    step, elapsed, tokens = 0, 0.0, 0
+    if args.resume and state_path.is_file():
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        st = torch.load(state_path, map_location="cpu", weights_only=True)
+        set_peft_model_state_dict(plm, {k: v.float() for k, v in st["lora"].items()})
+        model.mask_embedding.data.copy_(st["mask_embedding"])
+        opt.load_state_dict(st["optimizer"])
+        step, elapsed, tokens = st["step"], st["elapsed"], st["tokens"]
+        src.rng.seed(args.seed + step)
+        print(f"resumed {out} at step {step} ({elapsed / 60:.1f} min, {tokens} tokens)", file=sys.stderr)
+    bw = parse_block_weights(args.block_sizes)
+    sizes, weights = list(bw), list(bw.values())
+    gen = random.Random(args.seed * 7919 + step)
+    total_s = args.minutes * 60
+    stop_s = min(total_s, elapsed + args.stop_after_min * 60) if args.stop_after_min else total_s
+    log = open(out / "train_log.jsonl", "a")
+    extra = {"recipe": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+             "trainable_parameters": n_train}
+
+    def save():
+        from peft import get_peft_model_state_dict
+
+        save_adapter(model, out, base_name, {**extra, "step": step, "tokens": tokens, "minutes": elapsed / 60})
+        torch.save({"lora": {k: v.detach().cpu() for k, v in get_peft_model_state_dict(plm).items()},
+                    "mask_embedding": model.mask_embedding.detach().cpu(), "optimizer": opt.state_dict(),
+                    "step": step, "elapsed": elapsed, "tokens": tokens}, state_path)
+
+    last_save = elapsed
+    t_mark = time.perf_counter()
+    ema = None
+    bar = tqdm(total=int(total_s), initial=int(elapsed), unit="s", desc="adapt", disable=args.no_progress)
+    print(f"training {n_train:,} parameters (LoRA r={args.lora_r} + MASK embedding); {len(src)} distilled rows",
+          file=sys.stderr)
+    while elapsed < stop_s and (args.max_steps is None or step < args.max_steps):
+        lr = lr_at(elapsed / total_s, args.lr)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        tot_d = tot_a = 0.0
+        n_tok = 0
+        for _ in range(args.accum):
+            ex = None
+            while ex is None:
+                ids, a0 = src.next()
+                b = gen.choices(sizes, weights)[0]
+                ex = build_example(ids, a0, b, mask_id, gen, eos_id)
+            loss, d, a = example_loss(model, ex, args.ar_weight, device, autocast)
+            (loss / args.accum).backward()
+            tot_d += float(d.detach()) / args.accum
+            tot_a += float(a.detach()) / args.accum
+            n_tok += ex["n_clean"]
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        tokens += n_tok
+        now = time.perf_counter()
+        dt, t_mark = now - t_mark, now
+        elapsed += dt
+        ema = tot_d if ema is None else 0.95 * ema + 0.05 * tot_d
+        bar.update(int(elapsed) - bar.n)
+        bar.set_postfix(step=step, diff=f"{ema:.3f}", ar=f"{tot_a:.3f}", tok_s=f"{n_tok / dt:.0f}")
+        log.write(json.dumps({"step": step, "min": round(elapsed / 60, 3), "lr": lr, "diff_loss": tot_d,
+                              "ar_loss": tot_a, "tokens": tokens, "tok_s": n_tok / dt}) + "\n")
+        log.flush()
+        if step % 25 == 0:
+            src.reload()
+        if elapsed - last_save >= args.save_every_min * 60:
+            save()
+            last_save = elapsed
+            if args.snapshot:
+                import shutil
+
+                snap = out / "snapshots" / f"step{step:06d}"
+                snap.mkdir(parents=True, exist_ok=True)
+                for f in ("config.json", "adapter_config.json", "adapter_model.safetensors", MASK_EMBEDDING):
+                    shutil.copy2(out / f, snap / f)
+    bar.close()
+    save()
+    print(f"saved {out} at step {step}: {tokens} tokens in {elapsed / 60:.1f} min "
+          f"({tokens / max(elapsed, 1e-9):.1f} clean tokens/s)", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m engine.train --objective block-diffusion",
+                                 description="Adapt a pretrained chat model to block diffusion (LoRA).")
+    ap.add_argument("--init-from", default="smollm2-135m-instruct", help=f"pinned base: {', '.join(BASES)}")
+    ap.add_argument("--objective", default="block-diffusion", choices=["block-diffusion"])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--data", type=Path, default=Path("runs/smollm2/distill.jsonl"), help="distill JSONL")
+    ap.add_argument("--agent-share", type=float, default=0.0, help="share of tool-call chats (engine.data.agent)")
+    ap.add_argument("--minutes", type=float, default=70.0, help="total time budget (all resumes; lr schedule)")
+    ap.add_argument("--stop-after-min", type=float, default=None, help="stop this invocation early")
+    ap.add_argument("--max-steps", type=int, default=None)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--lora-r", type=int, default=8)
+    ap.add_argument("--lora-alpha", type=int, default=16)
+    ap.add_argument("--ar-weight", type=float, default=0.5)
+    ap.add_argument("--block-sizes", default=None, help="b:weight,... (default 4:1,8:2,16:2,32:3)")
+    ap.add_argument("--accum", type=int, default=4, help="examples per optimizer step")
+    ap.add_argument("--max-len", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core CPU)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="bf16 = autocast (GPU only)")
+    ap.add_argument("--save-every-min", type=float, default=10.0)
+    ap.add_argument("--snapshot", action="store_true", help="keep a copy of each saved adapter under OUT/snapshots")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--tiny", action="store_true", help="tiny random Llama + synthetic rows (tests)")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "distill":
+        ap = argparse.ArgumentParser(prog="python -m engine.hf_train distill")
+        ap.add_argument("--out", type=Path, default=Path("runs/smollm2/distill.jsonl"))
+        ap.add_argument("--n", type=int, default=600)
+        ap.add_argument("--batch", type=int, default=8)
+        ap.add_argument("--max-new-tokens", type=int, default=96)
+        ap.add_argument("--seed", type=int, default=0)
+        ap.add_argument("--threads", type=int, default=1)
+        ap.add_argument("--base", default="smollm2-135m-instruct")
+        a = ap.parse_args(argv[1:])
+        torch.set_num_threads(a.threads)
+        distill(a.out, a.n, a.batch, a.max_new_tokens, a.seed, a.base)
+        return 0
+    args = build_parser().parse_args(argv)
+    if args.dtype == "bf16" and args.device == "cpu":
+        raise SystemExit("error: --dtype bf16 is for --device cuda; on this CPU bf16 is far slower than fp32")
+    return train(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

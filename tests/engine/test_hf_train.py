@@ -1,0 +1,81 @@
+"""The block-diffusion adaptation recipe (engine.hf_train) on a tiny random Llama, CPU, seconds."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from engine.hf_train import build_example, main  # noqa: E402
+
+MASK = 99
+
+
+def test_example_layout_token_shift_and_mask():
+    ids = list(range(10, 30))  # 20 tokens; answer from index 6
+    ex = build_example(ids, 6, 4, MASK, random.Random(0), pad_id=2)
+    T = ex["n_clean"]
+    assert T == 20
+    # blocks holding answer tokens: 1 (slots 4..7) .. 4 -> 4 windows of 4
+    assert ex["input_ids"].shape[0] == T + 4 * 4
+    for w, s in enumerate((4, 8, 12, 16)):
+        off = T + 4 * w
+        win = ex["input_ids"][off: off + 4].tolist()
+        assert win[0] == ids[s - 1]  # the window opens with the last clean token before the block
+        assert ex["position_ids"][off: off + 4].tolist() == list(range(s - 1, s + 3))
+        for j in range(4):
+            lab = int(ex["labels"][off + j])
+            if lab != -100:
+                assert lab == ids[s + j]  # output j predicts slot j
+                assert s + j >= 6  # prompt slots are never masked
+                if j < 3:
+                    assert win[j + 1] == MASK  # a masked slot's input is MASK (slot b-1 is not an input)
+        m = ex["mask"][off: off + 4]
+        assert m[:, : s - 1].all() and not m[:, s - 1: T].any()  # clean prefix x_0..x_{s-2} only
+        assert m[:, off: off + 4].all()  # bidirectional in the window
+        assert not m[:, T:off].any() and not m[:, off + 4:].any()  # no other window
+    assert torch.equal(ex["mask"][:T, :T], torch.ones(T, T, dtype=torch.bool).tril())
+
+
+def test_tiny_training_runs_saves_loads_and_resumes(tmp_path):
+    from engine.checkpoint import load_model
+    from engine.decoder import BlockDecoder, DecodeConfig
+
+    out = tmp_path / "bd"
+    args = ["--tiny", "--out", str(out), "--max-steps", "6", "--minutes", "5", "--no-progress", "--accum", "1"]
+    assert main(args) == 0
+    log = [json.loads(l) for l in (out / "train_log.jsonl").read_text().splitlines()]
+    assert len(log) == 6 and all(torch.isfinite(torch.tensor(r["diff_loss"])) for r in log)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "hf-block-diffusion" and cfg["step"] == 6
+    model = load_model(out)
+    r = BlockDecoder(model, None, DecodeConfig(block_size=8, max_new_tokens=16)).generate([5, 6, 7, 8, 9, 10])
+    assert len(r.tokens) == 16 or r.stop_reason == "eos"
+    args[args.index("--max-steps") + 1] = "8"
+    assert main(args + ["--resume"]) == 0  # resume to step 8
+    assert json.loads((out / "config.json").read_text())["step"] == 8
+
+
+def test_train_cli_dispatches_to_adaptation(monkeypatch):
+    import engine.hf_train as hf
+    from engine import train
+
+    seen = {}
+    monkeypatch.setattr(hf, "train", lambda args: seen.setdefault("args", args) and 0)
+    train.main(["--init-from", "smollm2-135m-instruct", "--objective", "block-diffusion", "--out", "x",
+                "--max-steps", "1"])
+    assert seen["args"].init_from == "smollm2-135m-instruct" and seen["args"].max_steps == 1
+
+
+def test_eval_prompts_fixed_and_disjoint_from_training():
+    from engine.data.chat_prompts import eval_prompts, training_prompts
+
+    ev = eval_prompts()
+    assert len(ev) >= 50 and len(set(ev)) == len(ev)
+    assert not set(ev) & set(training_prompts(5000, 0))
+    assert training_prompts(50, 0) == training_prompts(50, 0)
