@@ -1,25 +1,31 @@
-"""UI latency of the explorer: scrubbing and playback over a recorded 512-token trace.
+"""UI latency of the explorer: scrubbing and playback over a short and a long recorded trace.
 
-Measures, on a trace of ``--tokens`` generated tokens (recorded here from the
-bundled model, or from the labelled clover-test fallback -- random weights
-scaled x15 -- when ``models/clover-tiny`` is absent; cached under ``runs/``):
+Two traces (cached under ``runs/``; recorded here from the bundled model, or from the
+labelled clover-test fallback -- random weights scaled x15 -- when ``models/clover-tiny``
+is absent), decoded alike (a code prompt, block 32, threshold 1.0: one token per forward,
+so every block has 32 iterations): the **short** one of 256 forwards (``--forwards``) and
+the **long** one of 2048 (``--long-forwards``). Blocks of the same shape: the ratio of the
+two measures what the trace's length costs, nothing else.
 
-* **scrub latency**: median (and p90) time from a change of the step slider
-  to updated figure objects, for random jumps -- the ipywidgets `Explorer`
-  (block view, confidence heatmap, text, cumulative-chart cursor, all
-  FigureWidgets mutated in place) and the bare figure path the Panel app uses
-  (`update_block_figure` + `update_confidence_heatmap` + `text_html`, plus
-  serialising the block figure to JSON, what a server sends);
-* **playback**: frames per second stepping through every step in order;
-* a baseline measured in the same run: rebuilding the block figure from
-  scratch per frame instead of updating it in place.
+Per trace and per front end, the Python time of one step:
 
-Browser rendering is not included (no browser here); the numbers are the
-Python side of a frame. Targets (issue 4): median <= 100 ms, >= 30 fps;
-the script prints ratios against them (>= 1.0 meets the target).
+* **ipywidgets `Explorer`** (block view, confidence heatmap, text, cumulative-chart
+  cursor; FigureWidgets mutated in place): a step-slider change;
+* **Panel app** (`clover_viz.panel_views.ExplorerApp`: block view, text, playback bar,
+  the visible Confidence tab, each pane handed its figure snapshot): ``state.seek(i)``,
+  every watcher run, what a playback tick does;
+* for each: **playback** (consecutive steps from the middle of the trace) and **scrub**
+  (random jumps), median and p90 in ms;
+* a baseline: rebuilding the block figure and heatmap from scratch per frame.
 
-Run: ``.venv/bin/python benchmarks/ui_latency.py`` (``--rerecord`` to record
-the trace again, ``--trace PATH`` to use another one).
+Then the **long / short ratio** of the median per-step time for each row: per-step cost
+must not grow with the trace (a ratio near 1; the issue-15 target is <= 1.5), and the
+playback median must hold the fastest speed the app offers (60 steps/s -> 16.7 ms) or at
+least the default (8 steps/s -> 125 ms). Browser rendering is not included (no browser
+here); the numbers are the Python side of a frame.
+
+Run: ``.venv/bin/python benchmarks/ui_latency.py`` (``--rerecord`` to record the traces
+again, ``--trace`` / ``--long-trace`` to use other ones, ``--quick`` for fewer steps).
 """
 
 from __future__ import annotations
@@ -36,13 +42,10 @@ sys.path.insert(0, str(ROOT))
 
 TARGET_MEDIAN_MS = 100.0
 TARGET_FPS = 30.0
-DEFAULT_TRACE = ROOT / "runs" / "ui_latency_512.parquet"
-PROMPT = (
-    "<|im_start|>system\nYou are a helpful assistant with tools:\n"
-    '{"name": "search_orders", "description": "Find orders.", "parameters": {"type": "object", '
-    '"properties": {"customer": {"type": "string"}}, "required": ["customer"]}}<|im_end|>\n'
-    '<|im_start|>user\nFind the orders of (customer: "Maria Lopez").<|im_end|>\n<|im_start|>assistant\n'
-)
+MAX_RATIO = 1.5  # long-trace / short-trace median per-step time
+DEFAULT_TRACE = ROOT / "runs" / "ui_latency_256.parquet"
+DEFAULT_LONG_TRACE = ROOT / "runs" / "ui_latency_2048.parquet"
+PROMPT = "def f(x):\n    return x\n\n"  # code: a trained model does not end it early
 
 
 def record(path: Path, tokens: int, threshold: float) -> None:
@@ -57,6 +60,7 @@ def record(path: Path, tokens: int, threshold: float) -> None:
     trace = result.trace
     trace.meta["model_config"] = demo.model.config.to_dict()
     trace.meta["label"] = demo.label
+    path.parent.mkdir(parents=True, exist_ok=True)
     trace.save(path)
     print(f"  {result.nfe} forwards, {len(result.tokens)} tokens, stop {result.stop_reason}, "
           f"{time.perf_counter() - t0:.1f} s -> {path}", flush=True)
@@ -68,93 +72,94 @@ def timed(fn, *args) -> float:
     return time.perf_counter() - t0
 
 
+def ms(xs: list[float]) -> tuple[float, float]:
+    xs = sorted(xs)
+    return statistics.median(xs) * 1e3, xs[int(0.9 * (len(xs) - 1))] * 1e3
+
+
+def measure(trace, n_play: int, n_jumps: int) -> dict[str, tuple[float, float]]:
+    """Per-step times (median, p90 ms) of each front end on one trace."""
+    from clover_viz import figures as F
+    from clover_viz.panel_views import ExplorerApp
+    from clover_viz.state import ExplorerState
+    from clover_viz.widgets import Explorer
+
+    S = len(trace)
+    rng = random.Random(0)
+    jumps = [rng.randrange(S) for _ in range(n_jumps)]
+    start = max(0, S // 2 - n_play // 2)
+    play = list(range(start, min(S, start + n_play)))
+    out: dict[str, tuple[float, float]] = {}
+
+    ex = Explorer(trace)
+    set_step = lambda i: setattr(ex.step_slider, "value", i)  # noqa: E731
+    out["ipywidgets Explorer: playback"] = ms([timed(set_step, i) for i in play])
+    out["ipywidgets Explorer: scrub"] = ms([timed(set_step, i) for i in jumps])
+    ex.close()
+
+    state = ExplorerState(model_dir="clover-test", auto_redecode=False)
+    app = ExplorerApp(state=state)
+    state.trace, state.n_steps = trace, S
+    state.seek(start)
+    out["Panel app: playback"] = ms([timed(state.seek, i) for i in play])
+    out["Panel app: scrub"] = ms([timed(state.seek, i) for i in jumps])
+    state.close()
+    assert app.block.shown_step == jumps[-1]
+
+    def rebuild(i: int) -> None:
+        F.block_figure(trace, i).to_dict()
+        F.confidence_heatmap(trace, step=i).to_dict()
+        F.text_html(trace, i)
+
+    out["baseline: rebuild figures per step"] = ms([timed(rebuild, i) for i in play[: max(5, n_play // 4)]])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    ap.add_argument("--tokens", type=int, default=512)
-    ap.add_argument("--threshold", type=float, default=0.4,
-                    help="threshold of the recording (low, so a random model accepts slots)")
+    ap.add_argument("--long-trace", type=Path, default=DEFAULT_LONG_TRACE)
+    ap.add_argument("--forwards", type=int, default=256)
+    ap.add_argument("--long-forwards", type=int, default=2048)
     ap.add_argument("--rerecord", action="store_true")
-    ap.add_argument("--jumps", type=int, default=100, help="random scrub jumps to time")
+    ap.add_argument("--steps", type=int, default=120, help="consecutive playback steps to time")
+    ap.add_argument("--jumps", type=int, default=60, help="random scrub jumps to time")
+    ap.add_argument("--quick", action="store_true", help="30 steps and 20 jumps")
     from engine.threads import add_threads_argument, configure_threads
 
     add_threads_argument(ap)
     args = ap.parse_args(argv)
     configure_threads(args.threads)
+    if args.quick:
+        args.steps, args.jumps = 30, 20
 
     if args.rerecord or not args.trace.is_file():
-        record(args.trace, args.tokens, args.threshold)
+        record(args.trace, args.forwards, 1.0)
+    if args.rerecord or not args.long_trace.is_file():
+        record(args.long_trace, args.long_forwards, 1.0)
 
-    import plotly.graph_objects as go
-
-    from clover_viz import figures as F
-    from clover_viz.widgets import Explorer
     from engine.trace import Trace
 
-    trace = Trace.load(args.trace)
-    s = trace.summary()
-    S = len(trace)
-    print(f"trace {args.trace.name}: {S} steps, {s['n_tokens']} tokens, {s['n_blocks']} blocks "
-          f"({trace.meta.get('label', trace.model_id)})")
-    rng = random.Random(0)
-    jumps = [rng.randrange(S) for _ in range(args.jumps)]
+    results = {}
+    for name, path in (("short", args.trace), ("long", args.long_trace)):
+        trace = Trace.load(path)
+        s = trace.summary()
+        print(f"{name} trace {path.name}: {len(trace)} forwards, {s['n_tokens']} tokens, {s['n_blocks']} blocks "
+              f"({trace.meta.get('label', trace.model_id)})", flush=True)
+        results[name] = measure(trace, args.steps, args.jumps)
 
-    # --- ipywidgets Explorer: slider change -> figure widgets updated in place
-    t0 = time.perf_counter()
-    ex = Explorer(trace)
-    build_s = time.perf_counter() - t0
-
-    def scrub(i: int) -> None:
-        ex.step_slider.value = i
-
-    ex_times = [timed(scrub, i) for i in jumps]
-    t0 = time.perf_counter()
-    for i in range(S):
-        scrub(i)
-    ex_fps = S / (time.perf_counter() - t0)
-
-    # --- bare figures (the Panel path): in place, and the rebuild-per-frame baseline
-    block = F.block_figure(trace, 0)
-    conf = F.confidence_heatmap(trace, 0, step=0)
-
-    def frame_in_place(i: int) -> None:
-        F.update_block_figure(block, trace, i)
-        F.update_confidence_heatmap(conf, trace, trace.step(i).block_index, step=i)
-        F.text_html(trace, i)
-        block.to_json()
-
-    def frame_rebuild(i: int) -> None:
-        F.block_figure(trace, i).to_json()
-        F.confidence_heatmap(trace, trace.step(i).block_index, step=i)
-        F.text_html(trace, i)
-
-    fig_times = [timed(frame_in_place, i) for i in jumps]
-    rebuild_times = [timed(frame_rebuild, i) for i in jumps]
-    t0 = time.perf_counter()
-    for i in range(S):
-        frame_in_place(i)
-    fig_fps = S / (time.perf_counter() - t0)
-    assert isinstance(block, go.Figure)
-
-    def ms(xs: list[float]) -> tuple[float, float]:
-        xs = sorted(xs)
-        return statistics.median(xs) * 1e3, xs[int(0.9 * (len(xs) - 1))] * 1e3
-
-    print(f"\nExplorer built in {build_s:.2f} s (figure widgets created once)")
-    print(f"{'path':<40}{'median ms':>10}{'p90 ms':>9}{'fps':>8}{'median/target':>15}{'fps/target':>12}")
-    rows = [
-        ("ipywidgets Explorer (FigureWidgets)", ms(ex_times), ex_fps),
-        ("figures in place + JSON (Panel path)", ms(fig_times), fig_fps),
-    ]
-    for name, (med, p90), fps in rows:
-        print(f"{name:<40}{med:>10.1f}{p90:>9.1f}{fps:>8.1f}{TARGET_MEDIAN_MS / med:>15.2f}{fps / TARGET_FPS:>12.2f}")
-    med_rebuild, p90_rebuild = ms(rebuild_times)
-    print(f"{'baseline: rebuild figures per frame':<40}{med_rebuild:>10.1f}{p90_rebuild:>9.1f}")
-    print(f"\nin-place vs rebuild speed-up (median): {med_rebuild / ms(fig_times)[0]:.2f}x")
-    ok = all(TARGET_MEDIAN_MS / m[0] >= 1 and f / TARGET_FPS >= 1 for _, m, f in rows)
-    print(f"targets (median <= {TARGET_MEDIAN_MS:.0f} ms, >= {TARGET_FPS:.0f} fps): {'met' if ok else 'NOT met'} "
-          "(Python side of a frame: no browser, and outside a kernel widget messages are not serialised)")
-    ex.close()
+    print(f"\n{'per step (Python side)':<38}{'short med':>10}{'p90':>8}{'long med':>10}{'p90':>8}{'long/short':>12}")
+    worst = 0.0
+    for row in results["short"]:
+        (sm, sp), (lm, lp) = results["short"][row], results["long"][row]
+        ratio = lm / sm
+        if not row.startswith("baseline"):
+            worst = max(worst, ratio)
+        print(f"{row:<38}{sm:>10.1f}{sp:>8.1f}{lm:>10.1f}{lp:>8.1f}{ratio:>12.2f}")
+    play = max(results[k][r][0] for k in results for r in results[k] if r.endswith("playback"))
+    print(f"\nworst long/short ratio: {worst:.2f} (target <= {MAX_RATIO}: {'met' if worst <= MAX_RATIO else 'NOT met'})")
+    print(f"slowest playback median {play:.1f} ms per step: holds {1000 / play:.0f} steps/s "
+          f"(app speeds 0.5-60 steps/s, default 8)")
     return 0
 
 

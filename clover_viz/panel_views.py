@@ -26,6 +26,7 @@ Tests: ``.venv/bin/python -m pytest tests/apps -q``
 from __future__ import annotations
 
 import html
+import pickle
 import time
 from typing import Any
 
@@ -53,6 +54,33 @@ def _placeholder(title: str, message: str) -> Any:
     return fig
 
 
+class FigureSnapshot:
+    """A copy of a plotly figure's ``data`` and ``layout`` (plain lists / dicts) for `FigurePane`.
+
+    Not a dict on purpose: param compares a new dict value with the old one key by key
+    before it notifies anyone, which for a heatmap with hover text costs more than drawing.
+    """
+
+    __slots__ = ("data", "layout")
+
+    def __init__(self, data: list, layout: dict) -> None:
+        self.data, self.layout = data, layout
+
+    @classmethod
+    def of(cls, fig: Any, data: list | None = None) -> "FigureSnapshot":
+        """Copy ``fig`` (``data`` given: reuse that copy of the traces, copy only the layout)."""
+        raw_data, raw_layout = getattr(fig, "_data", None), getattr(fig, "_layout", None)
+        if raw_data is None or raw_layout is None:  # not a plotly BaseFigure: its public dict
+            d = fig.to_dict()
+            return cls(d["data"], d["layout"])
+        if data is None:
+            return cls(*pickle.loads(pickle.dumps((raw_data, raw_layout), protocol=pickle.HIGHEST_PROTOCOL)))
+        return cls(data, pickle.loads(pickle.dumps(raw_layout, protocol=pickle.HIGHEST_PROTOCOL)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"data": self.data, "layout": self.layout}
+
+
 class FigurePane(pn.pane.Plotly):
     """A Plotly pane that only sends: Python -> browser, never back into a Python figure.
 
@@ -60,10 +88,10 @@ class FigurePane(pn.pane.Plotly):
     browser as restyle / relayout messages, and the browser's own ``restyle_data`` /
     ``relayout_data`` are written back into whatever figure the pane holds *then* --
     a figure Python may have replaced or updated since ("Trace index 0 out of range",
-    and a block view frozen on an earlier step). Here every figure given is copied
-    (``to_dict``) when set, the pane holds only that snapshot, Panel diffs it against
-    what the browser has and sends the difference, and browser events update the
-    pane's event parameters only. Call `show` (or set ``object``) again after changing a figure.
+    and a block view frozen on an earlier step). Here every figure given to `show` is
+    copied into a `FigureSnapshot`; the pane holds only that copy, Panel diffs it against
+    what the browser has and sends the difference, and browser events update the pane's
+    event parameters only. Call `show` again after changing a figure.
     """
 
     def __init__(self, object: Any = None, **params: Any) -> None:
@@ -72,22 +100,34 @@ class FigurePane(pn.pane.Plotly):
 
     @staticmethod
     def _snapshot(obj: Any) -> Any:
-        return obj.to_dict() if hasattr(obj, "to_dict") and hasattr(obj, "to_plotly_json") else obj
+        return FigureSnapshot.of(obj) if hasattr(obj, "to_plotly_json") else obj
 
-    def show(self, fig: Any) -> None:
-        """Display ``fig`` (a plotly figure, copied now; later changes need another `show`)."""
-        self.object = self._snapshot(fig)
+    def show(self, fig: Any, layout_only: bool = False) -> None:
+        """Display ``fig`` (a plotly figure, copied now; later changes need another `show`).
+
+        ``layout_only``: only the layout changed since the last `show` of this figure (a
+        cursor moved): the traces already copied are reused.
+        """
+        old = self.object
+        if layout_only and isinstance(old, FigureSnapshot):
+            self.object = FigureSnapshot.of(fig, data=old.data)
+        else:
+            self.object = self._snapshot(fig)
+
+    @classmethod
+    def applies(cls, object: Any) -> float | bool | None:
+        return isinstance(object, FigureSnapshot) or super().applies(object)
 
     def _to_figure(self, obj: Any) -> Any:
-        if isinstance(obj, dict) and "data" in obj:
-            return obj  # a snapshot made by plotly: no second validation
+        if isinstance(obj, FigureSnapshot):
+            return obj  # made by plotly: no second validation
         snap = self._snapshot(obj)
-        return snap if isinstance(snap, dict) else super()._to_figure(obj)
+        return snap if isinstance(snap, FigureSnapshot) else super()._to_figure(obj)
 
     @classmethod
     def _plotly_json_wrapper(cls, fig: Any) -> dict[str, Any]:
-        if isinstance(fig, dict):
-            return {"data": [dict(t) for t in fig.get("data", [])], "layout": dict(fig.get("layout", {}))}
+        if isinstance(fig, FigureSnapshot):
+            return {"data": [dict(t) for t in fig.data], "layout": dict(fig.layout)}
         return super()._plotly_json_wrapper(fig)
 
     def _update_figure_style(self) -> None:  # the browser's restyle_data: never written into a figure
@@ -585,6 +625,8 @@ class FigureTabs(pn.viewable.Viewer):
                 cursor.update(visible=False)
             else:
                 cursor.update(y0=r - 0.5, y1=r + 0.5, visible=True)
+            self.heatmap.show(self._heat_fig, layout_only=True)
+            return
         self._heat_key = key
         self.heatmap.show(self._heat_fig)
 

@@ -264,7 +264,7 @@ def test_close_cancels_and_refuses_new_work(state):
 
 def test_views_follow_the_state():
     from clover_viz import figures as F
-    from clover_viz.panel_views import ExplorerApp
+    from clover_viz.panel_views import ExplorerApp, FigureSnapshot
 
     s = ExplorerState(model_dir="clover-test", prompt="Hi", max_new_tokens=12, block_size=4)
     try:
@@ -278,12 +278,12 @@ def test_views_follow_the_state():
         assert f'clover-nfe">{nfe}<' in app.summary.numbers.object
         fig = app.block._fig
         assert F.BLOCK_TRACE in [t.name for t in fig.data]
-        assert app.block.pane.object == F.block_figure(s.trace, s.position).to_dict()
+        assert app.block.pane.object.to_dict() == FigureSnapshot.of(F.block_figure(s.trace, s.position)).to_dict()
         s.seek(0)
         assert app.block._fig is fig  # the Python figure is updated in place, not rebuilt
         assert "step 1/" in fig.layout.title.text
         # the pane holds a snapshot equal to the figure built fresh at the shown step
-        assert app.block.pane.object == F.block_figure(s.trace, 0).to_dict()
+        assert app.block.pane.object.to_dict() == FigureSnapshot.of(F.block_figure(s.trace, 0)).to_dict()
         assert app.playback.scrub.value == 0 and app.playback.scrub.end == nfe - 1
         app.playback.scrub.value = 2
         assert s.position == 2
