@@ -236,7 +236,25 @@ def summarise_agent(rows: list[dict]) -> dict:
     }
 
 
+def _hf_model_dir(argv: list[str] | None) -> bool:
+    """True when ``--model`` names a block-diffusion adapter over a pretrained base (`engine.hf_eval`)."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    model = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--model"),
+                 next((a.split("=", 1)[1] for a in args if a.startswith("--model=")), None))
+    from engine.hf_adapter import read_adapter_config
+
+    return model is not None and read_adapter_config(model) is not None
+
+
 def main(argv: list[str] | None = None) -> int:
+    if _hf_model_dir(argv):
+        import sys
+
+        from engine.hf_eval import main as hf_main
+
+        return hf_main(list(sys.argv[1:] if argv is None else argv))
     ap = argparse.ArgumentParser(prog="python -m engine.eval", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="models/clover-tiny")
     ap.add_argument("--tasks", type=int, default=300)

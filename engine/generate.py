@@ -21,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.generate", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint directory (default {DEFAULT_MODEL})")
     p.add_argument("--prompt", required=True, help="prompt text")
+    p.add_argument("--raw-prompt", action="store_true",
+                   help="chat models: pass --prompt as is instead of wrapping it in a ChatML user turn")
     p.add_argument("--block-size", type=int, default=32)
     p.add_argument("--threshold", type=float, default=0.95)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -62,7 +64,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         model = load_model(args.model)
         tokenizer = load_tokenizer(args.model)
-        result = BlockDecoder(model, tokenizer, dc).generate(args.prompt, record_trace=args.trace is not None)
+        if getattr(model, "chat_format", None) == "chatml" and not args.raw_prompt:
+            from engine.hf_adapter import chat_prompt
+
+            args.prompt = chat_prompt(args.prompt)  # a chat model (models/smollm2-bd): one user turn
+        # the trace's events carry the cost model's bytes and FLOPs printed below (saved only with --trace)
+        result = BlockDecoder(model, tokenizer, dc).generate(args.prompt, record_trace=True)
     except (ValueError, TypeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -231,7 +231,8 @@ def read_adapter_config(directory: str | Path) -> dict[str, Any] | None:
 
 
 def load_adapter_model(directory: str | Path, device: str | torch.device = "cpu",
-                       dtype: torch.dtype | None = None, merge: bool = True) -> HFBlockDiffusionModel:
+                       dtype: torch.dtype | None = None, merge: bool = True,
+                       adapter: bool = True) -> HFBlockDiffusionModel:
     """Build the block-diffusion model of an adapter directory: pinned base + LoRA + MASK embedding.
 
     Args:
@@ -239,6 +240,7 @@ def load_adapter_model(directory: str | Path, device: str | torch.device = "cpu"
             optionally, the peft adapter and ``mask_embedding.safetensors``.
         merge: fold the LoRA into the base weights (faster decoding); False keeps
             the peft model (for training).
+        adapter: False = the unadapted base (no LoRA, MASK's own embedding), for comparisons.
 
     Raises:
         MissingBaseError: base not installed (message: the pip command).
@@ -258,7 +260,7 @@ def load_adapter_model(directory: str | Path, device: str | torch.device = "cpu"
     else:
         spec = base_spec(cfg.get("base", ""))
         lm, _ = load_base(spec.name)
-    has_lora = (directory / ADAPTER_WEIGHTS).is_file()
+    has_lora = adapter and (directory / ADAPTER_WEIGHTS).is_file()
     if has_lora:
         _require("peft")
         from peft import PeftModel
@@ -267,7 +269,7 @@ def load_adapter_model(directory: str | Path, device: str | torch.device = "cpu"
         if merge:
             lm = lm.merge_and_unload()
     mask_emb = None
-    if (directory / MASK_EMBEDDING).is_file():
+    if adapter and (directory / MASK_EMBEDDING).is_file():
         from safetensors.torch import load_file
 
         mask_emb = load_file(str(directory / MASK_EMBEDDING))["mask_embedding"].float()
@@ -278,7 +280,7 @@ def load_adapter_model(directory: str | Path, device: str | torch.device = "cpu"
     if dtype is not None:
         model.to(dtype=dtype)
     model.to(device)
-    model.model_id = directory.name
+    model.model_id = directory.name if adapter else f"{spec.name} (unadapted)"
     model.chat_format = cfg.get("chat_format", "chatml")
     return model.eval()
 
@@ -288,6 +290,10 @@ def load_adapter_tokenizer(directory: str | Path):
     cfg = read_adapter_config(directory)
     if cfg is None:
         raise ValueError(f"{directory} has no config.json with model_type {ADAPTER_MODEL_TYPE!r}")
+    if (Path(directory) / "tokenizer.json").is_file():  # a tokenizer saved beside the adapter (tiny test bases)
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(Path(directory) / "tokenizer.json"))
     _, tok = load_base_tokenizer(cfg.get("base", ""))
     return tok
 

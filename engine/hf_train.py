@@ -341,6 +341,8 @@ def train(args) -> int:
 
         tok = byte_tokenizer()
         mask_id, eos_id, base_name = 255, 2, "tiny-random-llama"
+        out.mkdir(parents=True, exist_ok=True)
+        tok.save(str(out / "tokenizer.json"))  # byte-level, so the eval can encode prompts
         src = ExampleSource(tok, None, 0.0, args.seed, args.max_len, eos_id, synthetic_vocab=256)
     else:
         spec = base_spec(args.init_from)

