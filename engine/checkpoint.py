@@ -195,12 +195,12 @@ def load_model(
     """
     directory = _checkpoint_dir(path_or_dir)
     config_path = directory / CONFIG_NAME
-    if not config_path.is_file():
-        raise ValueError(
-            f"{directory} has no {CONFIG_NAME}; a checkpoint directory holds config.json and "
     hf_kind = _hf_kind(config_path)
     if hf_kind is not None:  # a transformers backbone (engine.hf_model): adapter over a pinned base, or plain
         return _load_hf_model(directory, hf_kind, device, _as_float_dtype(dtype))
+    if not config_path.is_file():
+        raise ValueError(
+            f"{directory} has no {CONFIG_NAME}; a checkpoint directory holds config.json and "
             f"model.safetensors (write one with engine.checkpoint.save_model or "
             f"`python -m engine.checkpoint --init clover-test --out DIR`)"
         )
@@ -337,13 +337,13 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
         ValueError: if the directory or file is missing or the file cannot be parsed.
     """
     path = Path(path_or_dir)
-    if path.is_dir():
-        path = path / TOKENIZER_NAME
-    if not path.is_file():
     if path.is_dir() and _hf_kind(path / CONFIG_NAME) == "adapter":
         from engine.hf_adapter import load_adapter_tokenizer
 
         return load_adapter_tokenizer(path)
+    if path.is_dir():
+        path = path / TOKENIZER_NAME
+    if not path.is_file():
         raise ValueError(
             f"no tokenizer at {path}; save one with save_model(..., tokenizer=tok) or use "
             f"engine.tokenizer.byte_tokenizer() for byte-level presets such as clover-test"
@@ -355,9 +355,6 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
 
 
 # --------------------------------------------------------------------------- helpers
-def _checkpoint_dir(path_or_dir: str | Path) -> Path:
-    path = Path(path_or_dir)
-    if path.is_file():
 def _hf_kind(config_path: Path) -> str | None:
     """``"adapter"`` (engine.hf_adapter), ``"transformers"`` (a plain Llama / Qwen2 / Qwen3
     ``save_pretrained`` directory) or None (a Clover checkpoint, or no readable config)."""
@@ -387,6 +384,9 @@ def _load_hf_model(directory: Path, kind: str, device, dtype) -> torch.nn.Module
     return model.eval()
 
 
+def _checkpoint_dir(path_or_dir: str | Path) -> Path:
+    path = Path(path_or_dir)
+    if path.is_file():
         path = path.parent
     if not path.is_dir():
         raise ValueError(
