@@ -80,6 +80,34 @@ class FigureSnapshot:
     def to_dict(self) -> dict[str, Any]:
         return {"data": self.data, "layout": self.layout}
 
+    def updated(self, traces: dict[int, dict[str, Any]], layout: dict[str, Any]) -> "FigureSnapshot":
+        """A new snapshot: these trace and layout properties merged in as ``fig.update`` /
+        ``fig.update_layout`` would (dicts merge, ``None`` unsets, ``title_text`` is
+        ``title.text``), without plotly validating them again -- the payload functions of
+        `clover_viz.figures` make values plotly accepts unchanged (tests compare with the
+        figure built fresh). Untouched traces are shared with this snapshot.
+        """
+        data = list(self.data)
+        for i, props in traces.items():
+            data[i] = _merge(dict(data[i]), props)
+        return FigureSnapshot(data, _merge(dict(self.layout), layout))
+
+    def trace_index(self, name: str) -> int:
+        return next(i for i, t in enumerate(self.data) if t.get("name") == name)
+
+
+def _merge(dst: dict[str, Any], src: dict[str, Any]) -> dict[str, Any]:
+    for key, value in src.items():
+        if key.endswith("_text") and "_" not in key[:-5]:  # plotly's magic underscore: title_text
+            key, value = key[:-5], {"text": value}
+        if value is None:
+            dst.pop(key, None)
+        elif isinstance(value, dict) and isinstance(dst.get(key), dict):
+            dst[key] = _merge(dict(dst[key]), value)
+        else:
+            dst[key] = value
+    return dst
+
 
 class FigurePane(pn.pane.Plotly):
     """A Plotly pane that only sends: Python -> browser, never back into a Python figure.
@@ -408,11 +436,13 @@ class BlockView(pn.viewable.Viewer):
             return
         pos = min(s.position, len(s.trace) - 1)
         if self._fig is None or self._trace is not s.trace:
-            self._fig = F.block_figure(s.trace, pos)
+            self._fig = F.block_figure(s.trace, pos)  # validated by plotly once per run
             self._trace = s.trace
-        else:
-            F.update_block_figure(self._fig, s.trace, pos)
-        self.pane.show(self._fig)
+            self._base = FigureSnapshot.of(self._fig)
+            self.pane.object = self._base
+        else:  # the step's payload merged into that copy: no plotly validation per step
+            heat, layout = F._block_payload(s.trace, pos)
+            self.pane.object = self._base.updated({self._base.trace_index(F.BLOCK_TRACE): heat}, layout)
 
     def __panel__(self) -> Any:
         return self.pane
@@ -567,6 +597,7 @@ class FigureTabs(pn.viewable.Viewer):
         self._drawn: dict[int, tuple] = {}
         self._last_draw = 0.0
         self._heat_fig: Any = None
+        self._heat_base: FigureSnapshot | None = None
         self._heat_trace: Any = None
         self._heat_key: tuple | None = None
         self.tabs.param.watch(lambda *_e: self.refresh(), "active")
@@ -613,22 +644,24 @@ class FigureTabs(pn.viewable.Viewer):
         block = int(idx.block_of[pos])
         rows = idx.steps_of[block]
         key = (block, len(rows))
-        if self._heat_fig is None or self._heat_trace is not trace:
-            self._heat_fig = F.confidence_heatmap(trace, block, step=pos)
+        shown = self.heatmap.object
+        if self._heat_fig is None or self._heat_trace is not trace or not isinstance(shown, FigureSnapshot):
+            self._heat_fig = F.confidence_heatmap(trace, block, step=pos)  # validated once per run
             self._heat_trace = trace
-        elif key != self._heat_key:
-            F.update_confidence_heatmap(self._heat_fig, trace, block, step=pos)
-        else:
+            self._heat_base = FigureSnapshot.of(self._heat_fig)
+            self.heatmap.object = self._heat_base
+        elif key != self._heat_key:  # another block, or it grew: its payload merged in
+            data, layout = F._confidence_payload(trace, block, pos)
+            base = self._heat_base
+            self.heatmap.object = base.updated({base.trace_index(n): props for n, props in data.items()}, layout)
+        else:  # the same rows: only the cursor (the layout's first shape) moves
             r = rows.index(pos) if pos in rows else None
-            cursor = self._heat_fig.layout.shapes[0]
-            if r is None:
-                cursor.update(visible=False)
-            else:
-                cursor.update(y0=r - 0.5, y1=r + 0.5, visible=True)
-            self.heatmap.show(self._heat_fig, layout_only=True)
-            return
+            shapes = [dict(sh) for sh in shown.layout.get("shapes", [])]
+            if shapes:
+                shapes[0].update(visible=False) if r is None else shapes[0].update(y0=r - 0.5, y1=r + 0.5,
+                                                                                  visible=True)
+            self.heatmap.object = FigureSnapshot(shown.data, dict(shown.layout, shapes=shapes))
         self._heat_key = key
-        self.heatmap.show(self._heat_fig)
 
     def __panel__(self) -> Any:
         return self.tabs

@@ -428,6 +428,7 @@ class _Run:
     thread: threading.Thread | None = None
     superseded: bool = False
     user_stopped: bool = False
+    step_times: list = dataclasses.field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- the state
@@ -624,6 +625,8 @@ class ExplorerState(param.Parameterized):
         events = self._events
 
         def hook(ev: Any, _rid: int = run.run_id) -> None:
+            if isinstance(ev, StepEvent):
+                run.step_times.append(time.monotonic())  # when each forward ended (stop timing)
             events.put((_rid, "event", _snapshot(ev)))
 
         def work() -> None:
@@ -713,7 +716,9 @@ class ExplorerState(param.Parameterized):
     def _finish(self, end: DecodeEnd) -> None:
         run = self._run
         if run is not None and run.user_stopped and self.stop_timing:
-            self.stop_timing = dict(self.stop_timing, ended_at=time.monotonic(), final_nfe=int(end.nfe))
+            asked = self.stop_timing["requested_at"]
+            self.stop_timing = dict(self.stop_timing, ended_at=time.monotonic(), final_nfe=int(end.nfe),
+                                    forwards_after_request=sum(t > asked for t in run.step_times))
         self.running = False
         self.progress = 100
         tpf = f"{end.tokens_per_forward:.2f}"

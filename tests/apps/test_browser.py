@@ -17,6 +17,7 @@ Run: ``.venv/bin/python -m pytest tests/apps/test_browser.py -q``
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ import socket
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,6 +73,14 @@ def served_app():
         sessions.append(tpl.explorer.state)
         return tpl
 
+    records: list = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    keep = Keep(level=logging.WARNING)
+    logging.getLogger().addHandler(keep)
     server = pn.serve(make, port=port, address="127.0.0.1", websocket_origin=[f"127.0.0.1:{port}"],
                       threaded=True, show=False, title="Clover Explorer test")
     deadline = time.monotonic() + 30
@@ -79,10 +89,20 @@ def served_app():
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 break
         time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}/", chromium, sessions
+    yield Served(f"http://127.0.0.1:{port}/", chromium, sessions, records)
+    logging.getLogger().removeHandler(keep)
     for st in sessions:
         st.close()
     server.stop()
+
+
+class Served(tuple):
+    """(url, chromium, sessions) plus ``records``: WARNING+ log records of the server."""
+
+    def __new__(cls, url, chromium, sessions, records):
+        obj = super().__new__(cls, (url, chromium, sessions))
+        obj.records = records
+        return obj
 
 
 @pytest.fixture
@@ -95,6 +115,9 @@ def page(served_app):
         try:
             pg = browser.new_page(viewport={"width": 1400, "height": 1000})
             pg.set_default_timeout(TIMEOUT_MS)
+            pg.requests = []  # every URL the page asked for (the offline check)
+            pg.on("request", lambda r: pg.requests.append(r.url))
+            pg.on("requestfailed", lambda r: pg.requests.append("FAILED " + r.url))
             pg.goto(url, timeout=TIMEOUT_MS)
             yield pg, sessions
         finally:
@@ -164,3 +187,216 @@ def test_generate_then_threshold_drag_redecodes(page):
     # The comparison keeps the previous run: "prev <first NFE>" under the NFE, and the compare table.
     assert f"prev {first_nfe}" in pg.locator(".clover-stats").first.inner_text()
     pg.get_by_text("this run", exact=True).first.wait_for(timeout=TIMEOUT_MS)
+
+
+# ----------------------------------------------------------------------------- issue 15: the live view
+_FIND_JS = """
+(root, pred) => {
+  const out = [];
+  const walk = (r) => {
+    for (const el of r.querySelectorAll('*')) {
+      if (pred(el)) out.push(el);
+      if (el.shadowRoot) walk(el.shadowRoot);
+    }
+  };
+  walk(root);
+  return out;
+}
+"""
+_BLOCK_JS = """() => {
+  const find = %s;
+  const plots = find(document, (el) => el.classList && el.classList.contains('js-plotly-plot')
+                                      && el.data && el.data.length && el.data[0].name === 'block cells');
+  if (!plots.length) return null;
+  const gd = plots[0];
+  return {z: gd.data[0].z, text: gd.data[0].text, states: gd.data[0].customdata.map(r => r.map(c => c[0])),
+          title: gd.layout.title.text};
+}""" % _FIND_JS
+_TEXT_JS = """(cls) => {
+  const find = %s;
+  const el = find(document, (e) => e.classList && e.classList.contains(cls))[0];
+  return el ? el.textContent.trim() : null;
+}""" % _FIND_JS
+
+
+def _card(pg, cls: str) -> str | None:
+    return pg.evaluate(_TEXT_JS, cls)
+
+
+def _expected_block(state) -> dict:
+    from clover_viz import figures as F
+
+    fig = F.block_figure(state.trace, min(state.position, len(state.trace) - 1)).to_dict()
+    d = fig["data"][0]
+    return {"z": d["z"], "text": d["text"], "states": [[c[0] for c in row] for row in d["customdata"]],
+            "title": fig["layout"]["title"]["text"]}
+
+
+def _set_max_new_tokens(pg, n: int) -> None:
+    box = pg.get_by_label(re.compile(r"Max new tokens")).first
+    box.fill(str(n))
+    box.press("Enter")
+
+
+def _wait_block_matches(pg, state, timeout_s: float = 10.0) -> dict:
+    """Poll the browser's block plot until it equals the figure built fresh from the trace."""
+    deadline = time.monotonic() + timeout_s
+    shown = None
+    while time.monotonic() < deadline:
+        want = _expected_block(state)
+        shown = pg.evaluate(_BLOCK_JS)
+        if shown == want:
+            return shown
+        time.sleep(0.2)
+    raise AssertionError(f"the block view does not show the trace at step {state.position}:\n"
+                         f"page title {shown and shown['title']!r}\nwanted {want['title']!r}")
+
+
+def test_block_view_equals_the_trace_after_live_runs(page, served_app):
+    """Issue 15, item 7: after every live decode (block sizes 8 / 32 / 64), the plot in the
+    browser equals `block_figure(trace, position)` -- cells, states and title -- and the
+    server logged no write-back error ("Trace index 0 out of range")."""
+    pg, sessions = page
+    pg.get_by_text("press Generate to decode a prompt").first.wait_for(timeout=TIMEOUT_MS)
+    prompt = pg.locator("textarea").first
+    prompt.fill("def add(a, b):\n    return")
+    prompt.blur()
+    _set_max_new_tokens(pg, 96)
+    handle = pg.locator(".noUi-handle").nth(1)  # sidebar sliders: threshold, then block size
+    state = None
+    runs = 0
+    for size, key in ((32, None), (8, "ArrowLeft"), (64, "End")):
+        if key == "ArrowLeft":  # 32 -> 16 -> 8: each release re-decodes
+            for _ in range(2):
+                handle.focus()
+                handle.press(key)
+                time.sleep(0.3)
+        elif key:
+            handle.focus()
+            handle.press(key)
+        for _ in range(2):
+            state = sessions[-1]
+            old = state.trace
+            pg.get_by_role("button", name=re.compile("Generate")).first.click()
+            deadline = time.monotonic() + TIMEOUT_MS / 1000
+            while state.trace is old or state.running:
+                assert time.monotonic() < deadline, state.status
+                time.sleep(0.05)
+            _wait_done(pg)
+            assert state.trace.decode_config["block_size"] == size, state.trace.decode_config
+            assert state.position == len(state.trace) - 1
+            _wait_block_matches(pg, state)
+            runs += 1
+        # step back and forward: still the fresh figure
+        pg.get_by_role("button", name="◀ step").first.click()
+        pg.get_by_role("button", name="step ▶").first.click()
+        _wait_block_matches(pg, state)
+    assert runs == 6
+    bad = [r.getMessage() for r in served_app.records if "out of range" in r.getMessage()
+           or r.levelno >= logging.ERROR]
+    assert not bad, bad[:3]
+
+
+def test_stop_takes_effect_within_one_forward_and_a_refresh(page):
+    """Issue 15, item 8: Stop during a long decode ends it after the forward in flight; the page
+    says "stopped" within one forward plus the refresh interval (plus the browser round trip)."""
+    pg, sessions = page
+    pg.get_by_text("press Generate to decode a prompt").first.wait_for(timeout=TIMEOUT_MS)
+    _set_max_new_tokens(pg, 2048)
+    pg.get_by_role("button", name=re.compile("Generate")).first.click()
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while True:
+        nfe = _card(pg, "clover-nfe")
+        if nfe and nfe.isdigit() and int(nfe) >= 16:
+            break
+        assert time.monotonic() < deadline, nfe
+        time.sleep(0.05)
+    state = sessions[-1]
+    nfe_at_click = int(_card(pg, "clover-nfe"))
+    t_click = time.monotonic()
+    pg.get_by_role("button", name="Stop").first.click()
+    pg.locator('.clover-status[data-running="0"]', has_text=re.compile(r"^stopped")).first.wait_for(
+        timeout=TIMEOUT_MS)
+    t_page = time.monotonic() - t_click
+    timing = state.stop_timing
+    final_nfe = int(_card(pg, "clover-nfe"))
+    forward_s = float(np.median(state.trace.column("wall_s")))
+    tick_s = 0.1
+    print(f"\nstop: NFE {nfe_at_click} shown at the click, {final_nfe} final; click -> server "
+          f"{timing['requested_at'] - t_click:.3f} s; forwards after the request "
+          f"{timing['forwards_after_request']}; click -> page says stopped {t_page:.3f} s "
+          f"(one forward {forward_s * 1e3:.1f} ms, refresh {tick_s * 1e3:.0f} ms)")
+    assert state.trace.decode_end.stop_reason == "cancelled" and final_nfe == timing["final_nfe"]
+    assert timing["forwards_after_request"] <= 1  # the forward in flight, no more
+    # The click reaches the session within a refresh interval (plus slack for this shared machine) ...
+    assert timing["requested_at"] - t_click < tick_s + 1.0
+    # ... and the page shows the end within one forward + one refresh of that (plus the round trip).
+    assert t_page < forward_s + tick_s + 1.5, t_page
+    # What the page showed at the click and the final NFE: only the forwards of that interval.
+    assert final_nfe - nfe_at_click <= 1 + (t_page + tick_s) / forward_s, (nfe_at_click, final_nfe)
+
+
+def test_live_counters_never_go_backwards(page):
+    """Issue 15, item 9: the tokens card only grows during a decode and ends at the final count."""
+    pg, sessions = page
+    pg.get_by_text("press Generate to decode a prompt").first.wait_for(timeout=TIMEOUT_MS)
+    _set_max_new_tokens(pg, 160)
+    pg.get_by_role("button", name=re.compile("Generate")).first.click()
+    seen = []
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while time.monotonic() < deadline:
+        tok = _card(pg, "clover-tokens")
+        st = pg.evaluate(_TEXT_JS, "clover-status") or ""
+        if tok and tok.isdigit():
+            seen.append(int(tok))
+        if st.startswith("done"):
+            break
+        time.sleep(0.05)
+    final = sessions[-1].trace.summary()["n_tokens"]
+    assert seen and seen == sorted(seen), seen
+    assert int(_card(pg, "clover-tokens")) == final
+
+
+def test_small_things_and_offline(page, served_app, tmp_path):
+    """Issue 15, item 11: the threshold reads 1.00; max new tokens outside 1..2048 says the range;
+    Save is off before a run; a garbage trace names the file and the Open button; closing a tab
+    mid-decode logs nothing; the page requests nothing beyond the server (no web font)."""
+    pg, sessions = page
+    pg.get_by_text("press Generate to decode a prompt").first.wait_for(timeout=TIMEOUT_MS)
+    state = sessions[-1]
+    n_records = len(served_app.records)
+    # Save before any run: disabled, and nothing logged
+    save = pg.get_by_role("button", name=re.compile("Save trace"))
+    assert save.first.is_disabled()
+    # max new tokens: 0 / 100000 / -5 are refused with the range, the value kept
+    for bad in (0, 100000, -5):
+        _set_max_new_tokens(pg, bad)
+        pg.get_by_text(re.compile(r"Max new tokens must be a whole number from 1 to 2048; got " + str(bad))
+                       ).first.wait_for(timeout=TIMEOUT_MS)
+        assert state.max_new_tokens == 32
+    _set_max_new_tokens(pg, 32)
+    # threshold at the top reads 1.00
+    group = pg.locator(".bk-input-group", has=pg.get_by_text("Threshold", exact=False)).first
+    group.locator(".noUi-handle").first.focus()
+    group.locator(".noUi-handle").first.press("End")
+    pg.get_by_text(re.compile(r"Threshold:\s*1\.00")).first.wait_for(timeout=TIMEOUT_MS)
+    # a garbage trace file
+    junk = tmp_path / "my-run.parquet"
+    junk.write_bytes(b"this is not a trace")
+    pg.locator("input[type=file]").first.set_input_files(str(junk))
+    msg = pg.get_by_text(re.compile(r"Trace not loaded: 'my-run.parquet'")).first
+    msg.wait_for(timeout=TIMEOUT_MS)
+    text = msg.inner_text()
+    assert "Open button" in text and "/tmp" not in text and "Trace.save" not in text, text
+    # closing a tab mid-decode
+    _set_max_new_tokens(pg, 2048)
+    pg.get_by_role("button", name=re.compile("Generate")).first.click()
+    pg.locator('.clover-status[data-running="1"]').first.wait_for(timeout=TIMEOUT_MS)
+    time.sleep(0.5)
+    pg.close()
+    time.sleep(3)
+    assert not state.running
+    logged = [r.getMessage()[:200] for r in served_app.records[n_records:]]
+    assert not logged, logged[:5]
+    external = [u for u in pg.requests if "127.0.0.1" not in u]
+    assert not external, external

@@ -278,12 +278,17 @@ def test_views_follow_the_state():
         assert f'clover-nfe">{nfe}<' in app.summary.numbers.object
         fig = app.block._fig
         assert F.BLOCK_TRACE in [t.name for t in fig.data]
-        assert app.block.pane.object.to_dict() == FigureSnapshot.of(F.block_figure(s.trace, s.position)).to_dict()
-        s.seek(0)
-        assert app.block._fig is fig  # the Python figure is updated in place, not rebuilt
-        assert "step 1/" in fig.layout.title.text
-        # the pane holds a snapshot equal to the figure built fresh at the shown step
-        assert app.block.pane.object.to_dict() == FigureSnapshot.of(F.block_figure(s.trace, 0)).to_dict()
+        # at every step the pane holds a copy equal to the figure built fresh from the trace there;
+        # so does the confidence heatmap (rebuilt for a run, merged per block, cursor per step)
+        app.tabs.tabs.active = 0
+        for pos in [s.position, 0, 1, 2, nfe - 1, 3, 3, nfe // 2, 0]:
+            s.seek(pos)
+            app.tabs.refresh(force=True)
+            assert app.block.pane.object.to_dict() == FigureSnapshot.of(F.block_figure(s.trace, pos)).to_dict()
+            assert app.tabs.heatmap.object.to_dict() == FigureSnapshot.of(
+                F.confidence_heatmap(s.trace, step=pos)).to_dict(), pos
+        assert app.block._fig is fig  # not rebuilt per step
+        assert "step 1/" in app.block.pane.object.layout["title"]["text"]
         assert app.playback.scrub.value == 0 and app.playback.scrub.end == nfe - 1
         app.playback.scrub.value = 2
         assert s.position == 2
