@@ -64,12 +64,12 @@ def _load(kind: str, model_dir: str):
     return load_adapter_model(model_dir, adapter=kind == "adapted")
 
 
-def _init(model_dir: str, threads: int, kinds: tuple[str, ...]) -> None:
+def _init(model_dir: str, threads: int, kinds: tuple[str, ...], device: str = "cpu") -> None:
     torch.set_num_threads(threads)
     from engine.hf_adapter import load_adapter_tokenizer
 
     _W["tok"] = load_adapter_tokenizer(model_dir)
-    _W["models"] = {k: _load(k, model_dir) for k in kinds}
+    _W["models"] = {k: _load(k, model_dir).to(device) for k in kinds}
 
 
 def _ref_job(args: tuple[int, list[int], int]) -> dict:
@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base-settings", default=None, help="settings for --compare-base (default: --settings)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (fp32 either way: agreement is measured exactly)")
     ap.add_argument("--out", type=Path, default=None, help="JSON output (default MODEL/eval.json)")
     args = ap.parse_args(argv)
     from tqdm import tqdm
@@ -185,7 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     tok = _W["tok"]
     ids = [tok.encode(chat_prompt(p)).ids for p in prompts]
     ctx = None
-    pool = ProcessPoolExecutor(args.workers, initializer=_init, initargs=(args.model, args.threads, kinds))
+    mp_ctx = None
+    if args.device != "cpu":
+        import multiprocessing
+
+        mp_ctx = multiprocessing.get_context("spawn")  # CUDA cannot be re-initialised in a forked worker
+    pool = ProcessPoolExecutor(args.workers, initializer=_init, initargs=(args.model, args.threads, kinds, args.device),
+                               mp_context=mp_ctx)
     with pool:
         refs = [None] * len(prompts)
         ref_wall = 0.0
@@ -201,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                      for i, x in enumerate(ids)]
         rows = list(tqdm(pool.map(_decode_job, jobs), total=len(jobs), desc="block decoding"))
     report = {"model": args.model, "n_prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-              "threads": args.threads, "workers": args.workers,
+              "threads": args.threads, "workers": args.workers, "device": args.device,
               "reference": {"tokens_per_s": ref_tok_s, "mean_len": sum(map(len, refs)) / len(refs)}}
     for kind in kinds:
         by = {}

@@ -125,25 +125,42 @@ def build_example(ids: list[int], answer_start: int, b: int, mask_id: int, gen: 
 
 def example_loss(model: HFBlockDiffusionModel, ex: dict, ar_weight: float, device, autocast_dtype=None):
     """(total loss, masked-slot CE, AR CE) of one `build_example` on ``model``."""
-    ids = ex["input_ids"].to(device)[None]
+    return batch_loss(model, [ex], ar_weight, device, autocast_dtype)
+
+
+def batch_loss(model: HFBlockDiffusionModel, exs: list[dict], ar_weight: float, device, autocast_dtype=None,
+               pad_id: int = 0):
+    """(total loss, masked-slot CE, AR CE) of several `build_example` rows in one padded forward.
+
+    Rows are padded to the longest; a padding position attends only to itself and
+    carries no loss. Logits are computed only where a loss is taken (the LM head is
+    49k wide on SmolLM2).
+    """
+    n, Q = len(exs), max(int(e["input_ids"].shape[0]) for e in exs)
+    ids = torch.full((n, Q), pad_id, dtype=torch.long)
+    pos = torch.zeros((n, Q), dtype=torch.long)
+    allowed = torch.eye(Q, dtype=torch.bool).repeat(n, 1, 1)
+    labels = torch.full((n, Q), -100, dtype=torch.long)
+    is_ar = torch.zeros((n, Q), dtype=torch.bool)
+    for b, e in enumerate(exs):
+        q, T = int(e["input_ids"].shape[0]), e["n_clean"]
+        ids[b, :q], pos[b, :q], allowed[b, :q, :q] = e["input_ids"], e["position_ids"], e["mask"]
+        labels[b, :T], labels[b, T:q], is_ar[b, :T] = e["ar_labels"][:T], e["labels"][T:], True
+    ids, pos, allowed, labels, is_ar = (t.to(device) for t in (ids, pos, allowed, labels, is_ar))
     x = model.embed(ids)
-    add = torch.zeros(ex["mask"].shape, dtype=x.dtype if autocast_dtype is None else autocast_dtype, device=device)
-    add.masked_fill_(~ex["mask"].to(device), torch.finfo(add.dtype).min)
+    add = torch.zeros(allowed.shape, dtype=x.dtype if autocast_dtype is None else autocast_dtype, device=device)
+    add.masked_fill_(~allowed, torch.finfo(add.dtype).min)
     ctx = (torch.autocast(device_type=device.type, dtype=autocast_dtype) if autocast_dtype is not None
            else torch.autocast(device_type="cpu", enabled=False))
     base = model.lm.get_base_model() if hasattr(model.lm, "get_base_model") else model.lm
-    T = ex["n_clean"]
-    labels = torch.cat([ex["ar_labels"][:T], ex["labels"][T:]]).to(device)
-    rows = (labels != -100).nonzero()[:, 0]  # logits only where a loss is taken (the LM head is 49k wide)
+    sel = labels != -100
     with ctx:
-        h = base.model(inputs_embeds=x, attention_mask=add[None, None],
-                       position_ids=ex["position_ids"].to(device)[None], use_cache=False).last_hidden_state
-        logits = base.lm_head(h[0, rows]).float()
-    lab = labels[rows]
-    is_ar = rows < T
-    ce = F.cross_entropy(logits, lab, reduction="none")
-    diff = ce[~is_ar].mean() if bool((~is_ar).any()) else ce.new_zeros(())
-    ar = ce[is_ar].mean() if bool(is_ar.any()) else ce.new_zeros(())
+        h = base.model(inputs_embeds=x, attention_mask=add[:, None], position_ids=pos, use_cache=False).last_hidden_state
+        logits = base.lm_head(h[sel]).float()
+    ce = F.cross_entropy(logits, labels[sel], reduction="none")
+    a = is_ar[sel]
+    diff = ce[~a].mean() if bool((~a).any()) else ce.new_zeros(())
+    ar = ce[a].mean() if bool(a.any()) else ce.new_zeros(())
     return diff + ar_weight * ar, diff, ar
 
 
@@ -276,13 +293,15 @@ def _save_base_copy(plm, base_dir: Path) -> None:
 
 # ----------------------------------------------------------------------------- distill
 @torch.no_grad()
-def distill(out: Path, n: int, batch: int, max_new_tokens: int, seed: int, base: str) -> None:
+def distill(out: Path, n: int, batch: int, max_new_tokens: int, seed: int, base: str,
+            device: str = "cpu", dtype: str = "fp32") -> None:
     """Append the base's greedy answers to ``n`` training prompts to ``out`` (JSONL; resumes where it stopped)."""
     from tqdm import tqdm
 
     from engine.data.chat_prompts import training_prompts
 
-    lm, tok = load_base(base)
+    lm, tok = load_base(base, torch.bfloat16 if dtype == "bf16" else torch.float32)
+    lm.to(device)
     spec = base_spec(base)
     prompts = training_prompts(n, seed)
     done = set()
@@ -295,7 +314,8 @@ def distill(out: Path, n: int, batch: int, max_new_tokens: int, seed: int, base:
     with open(out, "a") as fh, tqdm(total=len(todo), desc="distill", unit="prompt") as bar:
         for i in range(0, len(todo), batch):
             chunk = todo[i: i + batch]
-            enc = tok([chat_prompt(p) for p in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
+            enc = tok([chat_prompt(p) for p in chunk], return_tensors="pt", padding=True,
+                      add_special_tokens=False).to(device)
             gen = lm.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                               eos_token_id=spec.eos_token_id, pad_token_id=spec.eos_token_id)
             for p, row in zip(chunk, gen[:, enc["input_ids"].shape[1]:].tolist()):
@@ -406,16 +426,18 @@ def train(args) -> int:
         tot_d = tot_a = 0.0
         n_tok = 0
         for _ in range(args.accum):
-            ex = None
-            while ex is None:
+            exs = []
+            while len(exs) < args.batch:
                 ids, a0 = src.next()
                 b = gen.choices(sizes, weights)[0]
                 ex = build_example(ids, a0, b, mask_id, gen, eos_id)
-            loss, d, a = example_loss(model, ex, args.ar_weight, device, autocast)
+                if ex is not None:
+                    exs.append(ex)
+            loss, d, a = batch_loss(model, exs, args.ar_weight, device, autocast, pad_id=eos_id)
             (loss / args.accum).backward()
             tot_d += float(d.detach()) / args.accum
             tot_a += float(a.detach()) / args.accum
-            n_tok += ex["n_clean"]
+            n_tok += sum(e["n_clean"] for e in exs)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
@@ -464,7 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lora-alpha", type=int, default=16)
     ap.add_argument("--ar-weight", type=float, default=0.5)
     ap.add_argument("--block-sizes", default=None, help="b:weight,... (default 4:1,8:2,16:2,32:3)")
-    ap.add_argument("--accum", type=int, default=4, help="examples per optimizer step")
+    ap.add_argument("--accum", type=int, default=4, help="forwards (of --batch examples) per optimizer step")
+    ap.add_argument("--batch", type=int, default=1, help="examples per forward (padded; GPU: 32-128)")
     ap.add_argument("--max-len", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core CPU)")
@@ -489,9 +512,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--seed", type=int, default=0)
         ap.add_argument("--threads", type=int, default=1)
         ap.add_argument("--base", default="smollm2-135m-instruct")
+        ap.add_argument("--device", default="cpu")
+        ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
         a = ap.parse_args(argv[1:])
         torch.set_num_threads(a.threads)
-        distill(a.out, a.n, a.batch, a.max_new_tokens, a.seed, a.base)
+        distill(a.out, a.n, a.batch, a.max_new_tokens, a.seed, a.base, a.device, a.dtype)
         return 0
     args = build_parser().parse_args(argv)
     if args.dtype == "bf16" and args.device == "cpu":

@@ -79,3 +79,21 @@ def test_eval_prompts_fixed_and_disjoint_from_training():
     assert len(ev) >= 50 and len(set(ev)) == len(ev)
     assert not set(ev) & set(training_prompts(5000, 0))
     assert training_prompts(50, 0) == training_prompts(50, 0)
+
+
+def test_gpu_script_cpu_path_on_tiny_config(tmp_path):
+    """benchmarks/adapt_smollm2_gpu.sh with TINY=1: train + eval steps on a tiny random Llama, on the CPU."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "gpu-tiny"
+    env = dict(os.environ, TINY="1", PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    p = subprocess.run(["bash", str(root / "benchmarks" / "adapt_smollm2_gpu.sh"), str(out)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    report = json.loads((out / "eval.json").read_text())
+    assert set(report["adapted"]) == {"1/0.95", "8/0.95"} and "8/0.95" in report["base"]
+    assert "tok/fwd" in p.stdout
