@@ -42,7 +42,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from engine.cost import forward_cost
+from engine.cost.meter import CostMeter
 from engine.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
 from engine.model import MEMORY_MODES, CloverModel
 from engine.policies import POLICIES, make_policy
@@ -351,12 +351,93 @@ class BlockDecoder:
             config: overrides the decoder's `DecodeConfig` for this call.
 
         Returns:
-            `DecodeResult`. Never prints.
+            `DecodeResult`. Never prints. ``bytes_read`` / ``flops`` are filled when
+            events are observed (a hook or the trace); a bare decode does no cost work.
 
         Raises:
             TypeError / ValueError: a bad prompt (see `encode_prompt`), or a ``block_size``
                 above the model's context (``max_position_embeddings``).
         """
+        dc = self._check_config(config)
+        ids = self.encode_prompt(prompt)
+        cfg = self.model.config
+        B, P = dc.block_size, len(ids)
+        is_cancelled = (cancel.is_set if isinstance(cancel, threading.Event) else cancel) or (lambda: False)
+        observers = list(self._hooks) + list(hooks)
+        trace = self._new_trace(dc, ids) if record_trace else None
+        if trace is not None:
+            observers.append(trace)
+
+        def emit(ev):
+            for fn in observers:
+                fn(ev)
+
+        state = self.model.setup_state(1, dc.memory_mode)
+        meter = CostMeter(cfg, self.model.dtype.itemsize, dc.memory_mode, state.window, B) if observers else None
+        select = _Selector(dc, cfg, self._undecodable(cfg.vocab_size, cfg.eos_token_id).to(self.model.device))
+        committed, head = split_prompt(ids, B)
+        commit = torch.tensor([committed], device=self.model.device) if committed else None
+        seq = list(committed)  # every token of finished blocks (for the processors)
+        budget = min(dc.max_new_tokens, cfg.max_position_embeddings - P)
+        stop_reason = "max_new_tokens" if budget == dc.max_new_tokens else "context"
+        generated: list[int] = []
+        nfe = n_forced = block_index = 0
+        t_start = time.perf_counter()
+        while budget > 0:
+            n_gen = min(B - len(head), budget)
+            blk = _Block(block_index, len(seq), head, n_gen, cfg.mask_token_id, self.model.device)
+            if observers:
+                emit(BlockStart(block_index, blk.pos0, B, blk.L, blk.prefilled.cpu().numpy().copy(),
+                                blk.ids[0].cpu().numpy().copy()))  # copies: the block is filled in place
+            cancelled = False
+            while bool(blk.masked.any()):
+                t0 = time.perf_counter()
+                n_commit = 0 if commit is None else commit.shape[1]
+                out = self.model(blk.ids, state, commit_ids=commit, block_size=B, observe=bool(observers))
+                commit = None
+                step = select.step(out.logits[0], blk, seq, P, last_step=dc.max_steps is not None
+                                   and blk.step + 1 >= dc.max_steps)
+                nfe += 1
+                n_forced += int(step.forced.sum())
+                if observers:
+                    cost = meter.forward(n_commit, blk.L, None if out.expert_union is None else
+                                         out.expert_union.tolist(), context_len=blk.pos0 - n_commit)
+                    emit(self._step_event(blk, step, out, n_commit + blk.L, time.perf_counter() - t0,
+                                          dc.top_candidates, cost))
+                blk.step += 1
+                if is_cancelled():
+                    cancelled = True
+                    break
+            if observers:
+                emit(BlockEnd(block_index, blk.pos0, blk.ids[0].cpu().numpy().copy(), blk.step,
+                              cfg.eos_token_id in blk.ids[0, len(head):].tolist()))
+            tokens, hit_eos = finished_tokens(blk.ids[0].tolist()[len(head):], cfg.eos_token_id,
+                                              cfg.mask_token_id, cancelled)
+            generated += tokens
+            if hit_eos or cancelled:
+                stop_reason = "eos" if hit_eos else "cancelled"
+                break
+            budget -= n_gen
+            seq += blk.ids[0].tolist()
+            commit, head = blk.ids, []
+            block_index += 1
+
+        wall_s = time.perf_counter() - t_start
+        tpf = len(generated) / nfe if nfe else 0.0
+        bytes_read = None if meter is None else meter.bytes_read
+        flops = None if meter is None else meter.flops
+        if observers:
+            emit(DecodeEnd(np.asarray(generated, dtype=np.int64), nfe, tpf, n_forced, wall_s, stop_reason,
+                           bytes_read, flops))
+        text = self.tokenizer.decode(generated) if self.tokenizer is not None else ""
+        return DecodeResult(
+            text=text, tokens=generated, prompt_ids=ids, nfe=nfe, tokens_per_forward=tpf,
+            n_forced=n_forced, wall_s=wall_s, tokens_per_s=len(generated) / wall_s if wall_s > 0 else 0.0,
+            stop_reason=stop_reason, trace=trace, bytes_read=bytes_read, flops=flops,
+        )
+
+    def _check_config(self, config: DecodeConfig | None) -> DecodeConfig:
+        """The decode's settings (`config` or the decoder's), checked against the model."""
         dc = config or self.config
         if not isinstance(dc, DecodeConfig):
             raise TypeError(f"config must be a DecodeConfig, got {type(dc).__name__}")
@@ -366,170 +447,148 @@ class BlockDecoder:
                 f"block_size {dc.block_size} is larger than the model's context of {ctx_len} positions "
                 f"(max_position_embeddings); use a block_size of at most {ctx_len}"
             )
-        ids = self.encode_prompt(prompt)
+        return dc
+
+    def _new_trace(self, dc: DecodeConfig, ids: list[int]):
+        """An empty `engine.trace.Trace` for this decode (settings, model id and config in its metadata)."""
+        from engine.trace import Trace
+
         cfg = self.model.config
-        mask_id, eos_id = cfg.mask_token_id, cfg.eos_token_id
-        policy = make_policy(dc.policy, threshold=dc.threshold, tokens_per_step=dc.tokens_per_step,
-                             max_entropy=dc.max_entropy, factor=dc.factor)
-        rep = (RepetitionControl(dc.repetition_penalty, dc.repetition_ngram, dc.repetition_window)
-               if dc.repetition_penalty > 0 else None)
-        eos_bias = (ProgressiveEOSBias(dc.eos_bias_soft_limit, dc.eos_bias_rate)
-                    if dc.eos_bias_soft_limit is not None else None)
-        is_cancelled = (cancel.is_set if isinstance(cancel, threading.Event) else cancel) or (lambda: False)
-
-        trace = None
-        observers = list(self._hooks) + list(hooks)
-        if record_trace:
-            from engine.trace import Trace
-
-            tok_text = (lambda i: self.tokenizer.decode([i], skip_special_tokens=False)) if self.tokenizer else None
-            trace = Trace(decode_config=dc.to_dict(), model_id=getattr(self.model, "model_id", cfg.name),
-                          token_text=tok_text, prompt_ids=ids, meta={"model_config": cfg.to_dict()})
-            observers.append(trace)
-        observe = bool(observers)
-
-        def emit(ev):
-            for fn in observers:
-                fn(ev)
-
-        device = self.model.device
-        B = dc.block_size
-        P = len(ids)
-        n_full = (P // B) * B
-        state = self.model.setup_state(1, dc.memory_mode)
-        commit = torch.tensor([ids[:n_full]], device=device) if n_full else None
-        head = ids[n_full:]
-        seq = list(ids[:n_full])  # every token of finished blocks (for processors)
-        budget = min(dc.max_new_tokens, cfg.max_position_embeddings - P)
-        generated: list[int] = []
-        nfe = n_forced = 0
-        bytes_total = flops_total = 0.0
-        weight_bytes = self.model.dtype.itemsize
-        stop_reason = "max_new_tokens" if budget == dc.max_new_tokens else "context"
-        t_start = time.perf_counter()
-        block_index = 0
-        vocab_mask = torch.zeros(cfg.vocab_size, dtype=torch.bool, device=device)
-        vocab_mask[mask_id] = True
-        vocab_mask |= self._undecodable(cfg.vocab_size, eos_id).to(device)  # ids the tokenizer has no token for
-
-        while budget > 0:
-            n_gen = min(B - len(head), budget)
-            L = len(head) + n_gen
-            pos0 = len(seq)
-            block = torch.tensor([head + [mask_id] * n_gen], device=device)  # [1, L]
-            prefilled = torch.zeros(L, dtype=torch.bool, device=device)
-            prefilled[: len(head)] = True
-            masked = ~prefilled
-            if observe:
-                emit(BlockStart(block_index, pos0, B, L, prefilled.cpu().numpy().copy(),
-                                block[0].cpu().numpy().copy()))  # copies: the block is filled in place
-            step = 0
-            cancelled = False
-            while bool(masked.any()):
-                t0 = time.perf_counter()
-                n_fwd = L + (0 if commit is None else commit.shape[1])
-                out = self.model(block, state, commit_ids=commit, block_size=B, observe=observe)
-                commit = None
-                logits = out.logits[0]  # [L, V]
-                firings = []
-                if rep is not None or eos_bias is not None:
-                    cur = seq + block[0].tolist()
-                    mlist = masked.tolist()
-                    if rep is not None:
-                        firings += rep(logits, cur, pos0, mlist, mask_id, P)
-                    if eos_bias is not None:
-                        firings += eos_bias(logits, cur, pos0, mlist, mask_id, P, eos_id)
-                logits = logits.masked_fill(vocab_mask, float("-inf"))  # MASK is never a candidate
-                probs = torch.softmax(logits, dim=-1)
-                conf, cand = probs.max(-1)  # [L]
-                accepted = policy.select(conf, masked, probs) & masked
-                forced = torch.zeros_like(masked)
-                if dc.max_steps is not None and step + 1 >= dc.max_steps:
-                    forced = masked & ~accepted
-                elif not bool(accepted.any()):
-                    forced[torch.where(masked, conf, torch.full_like(conf, -1.0)).argmax()] = True
-                write = accepted | forced
-                masked_before = masked
-                block[0] = torch.where(write, cand, block[0])
-                masked = masked & ~write
-                eos_filled = torch.zeros_like(masked)
-                is_eos = (block[0] == eos_id) & ~masked & ~prefilled
-                if bool(is_eos.any()):
-                    first = int(is_eos.nonzero()[0, 0])
-                    eos_filled = masked & (torch.arange(L, device=device) > first)
-                    block[0] = torch.where(eos_filled, torch.full_like(cand, eos_id), block[0])
-                    masked = masked & ~eos_filled
-                nfe += 1
-                n_forced += int(forced.sum())
-                cost = forward_cost(cfg, n_fwd, None if out.expert_union is None else out.expert_union.tolist(),
-                                    weight_bytes=weight_bytes,
-                                    n_commit_tokens=n_fwd - L, block_len=L, memory_mode=dc.memory_mode,
-                                    window=state.window, commit_block_len=B, context_len=pos0 - (n_fwd - L))
-                bytes_total += cost.bytes_read
-                flops_total += cost.flops
-                if observe:
-                    emit(self._step_event(block_index, step, pos0, block[0], masked_before, conf, cand,
-                                          probs, accepted, forced, eos_filled, out, n_fwd,
-                                          time.perf_counter() - t0, firings, dc.top_candidates, cost))
-                step += 1
-                if is_cancelled():
-                    cancelled = True
-                    break
-            final = block[0].tolist()
-            if observe:
-                hit = eos_id in final[len(head):]
-                emit(BlockEnd(block_index, pos0, block[0].cpu().numpy().copy(), step, hit))
-            gen_part = final[len(head):]
-            if cancelled and mask_id in gen_part:
-                gen_part = gen_part[: gen_part.index(mask_id)]  # keep the written prefix
-            if eos_id in gen_part:
-                generated += gen_part[: gen_part.index(eos_id)]
-                stop_reason = "eos"
-                break
-            generated += gen_part
-            if cancelled:
-                stop_reason = "cancelled"
-                break
-            budget -= n_gen
-            seq += final
-            commit = block
-            head = []
-            block_index += 1
-
-        wall_s = time.perf_counter() - t_start
-        tpf = len(generated) / nfe if nfe else 0.0
-        if observe:
-            emit(DecodeEnd(np.asarray(generated, dtype=np.int64), nfe, tpf, n_forced, wall_s, stop_reason,
-                           bytes_total, flops_total))
-        text = self.tokenizer.decode(generated) if self.tokenizer is not None else ""
-        return DecodeResult(
-            text=text, tokens=generated, prompt_ids=ids, nfe=nfe, tokens_per_forward=tpf,
-            n_forced=n_forced, wall_s=wall_s, tokens_per_s=len(generated) / wall_s if wall_s > 0 else 0.0,
-            stop_reason=stop_reason, trace=trace, bytes_read=bytes_total, flops=flops_total,
-        )
+        tok_text = (lambda i: self.tokenizer.decode([i], skip_special_tokens=False)) if self.tokenizer else None
+        return Trace(decode_config=dc.to_dict(), model_id=getattr(self.model, "model_id", cfg.name),
+                     token_text=tok_text, prompt_ids=ids, meta={"model_config": cfg.to_dict()})
 
     @staticmethod
-    def _step_event(block_index, step, pos0, tokens, masked_before, conf, cand, probs, accepted,
-                    forced, eos_filled, out, n_fwd, wall_s, firings, top_k, cost) -> StepEvent:
+    def _step_event(blk: "_Block", st: "_Step", out, n_fwd: int, wall_s: float, top_k: int, cost) -> StepEvent:
         """Copy one iteration's tensors to the host (only called when a hook is registered)."""
-        mb = masked_before.cpu().numpy()
-        k = min(top_k, probs.shape[-1])
-        tp, tt = probs.topk(k, dim=-1)
-        confidence = np.where(mb, conf.float().cpu().numpy(), np.nan).astype(np.float32)
-        candidate = np.where(mb, cand.cpu().numpy(), -1).astype(np.int64)
+        mb = st.masked_before.cpu().numpy()
+        k = min(top_k, st.probs.shape[-1])
+        tp, tt = st.probs.topk(k, dim=-1)
+        confidence = np.where(mb, st.conf.float().cpu().numpy(), np.nan).astype(np.float32)
+        candidate = np.where(mb, st.cand.cpu().numpy(), -1).astype(np.int64)
         top_tokens = np.where(mb[:, None], tt.cpu().numpy(), -1).astype(np.int64)
         top_probs = np.where(mb[:, None], tp.float().cpu().numpy(), np.nan).astype(np.float32)
         return StepEvent(
-            block_index=block_index, step_index=step, position_start=pos0,
-            tokens=np.array(tokens.cpu().numpy(), dtype=np.int64), masked_before=mb.copy(), confidence=confidence,
-            candidate=candidate, top_tokens=top_tokens, top_probs=top_probs,
-            accepted=accepted.cpu().numpy(), forced=forced.cpu().numpy(),
-            eos_filled=eos_filled.cpu().numpy(),
+            block_index=blk.index, step_index=blk.step, position_start=blk.pos0,
+            tokens=np.array(blk.ids[0].cpu().numpy(), dtype=np.int64), masked_before=mb.copy(),
+            confidence=confidence, candidate=candidate, top_tokens=top_tokens, top_probs=top_probs,
+            accepted=st.accepted.cpu().numpy(), forced=st.forced.cpu().numpy(),
+            eos_filled=st.eos_filled.cpu().numpy(),
             # None where the backbone has no such thing (a transformers model: no experts, no recurrent state)
             expert_union=None if out.expert_union is None else out.expert_union.cpu().numpy(),
             state_norm=None if out.state_norm is None else out.state_norm.cpu().numpy().astype(np.float32),
             memory_share=None if out.memory_share is None else out.memory_share[:, 0].float().cpu().numpy(),
-            n_tokens_forward=int(n_fwd), wall_s=float(wall_s), firings=tuple(firings),
+            n_tokens_forward=int(n_fwd), wall_s=float(wall_s), firings=tuple(st.firings),
             bytes_read=float(cost.bytes_read), flops=float(cost.flops),
             arithmetic_intensity=float(cost.arithmetic_intensity),
         )
+
+
+# ---------------------------------------------------------------------- the steps of a decode
+def split_prompt(ids: list[int], block_size: int) -> tuple[list[int], list[int]]:
+    """Split a prompt at the last block boundary (blocks sit at absolute positions k * block_size).
+
+    Returns:
+        (committed, head): the whole blocks, committed into history by the first forward, and
+        the partial last block, which pre-fills the head of the first generation block.
+    """
+    n_full = (len(ids) // block_size) * block_size
+    return list(ids[:n_full]), list(ids[n_full:])
+
+
+def finished_tokens(gen_part: list[int], eos_id: int, mask_id: int, cancelled: bool) -> tuple[list[int], bool]:
+    """The answer tokens of a finished (or cancelled) block's generation slots.
+
+    Args:
+        gen_part: the block's generation slots (prompt head excluded).
+        cancelled: the decode was cancelled mid-block: keep the written prefix, up to the
+            first slot still MASK.
+
+    Returns:
+        (tokens, hit_eos): the slots up to and excluding the first EOS, and whether there was one.
+    """
+    if cancelled and mask_id in gen_part:
+        gen_part = gen_part[: gen_part.index(mask_id)]
+    if eos_id in gen_part:
+        return gen_part[: gen_part.index(eos_id)], True
+    return gen_part, False
+
+
+class _Block:
+    """The block being denoised: its ids (filled in place), which slots are prompt, which masked."""
+
+    def __init__(self, index: int, pos0: int, head: list[int], n_gen: int, mask_id: int, device):
+        self.index, self.pos0, self.step = index, pos0, 0
+        self.L = len(head) + n_gen
+        self.ids = torch.tensor([head + [mask_id] * n_gen], device=device)  # [1, L]
+        self.prefilled = torch.zeros(self.L, dtype=torch.bool, device=device)
+        self.prefilled[: len(head)] = True
+        self.masked = ~self.prefilled
+
+
+@dataclass
+class _Step:
+    """What one denoising step decided, per slot ([L] tensors)."""
+
+    masked_before: torch.Tensor
+    conf: torch.Tensor
+    cand: torch.Tensor
+    probs: torch.Tensor  # [L, V]
+    accepted: torch.Tensor
+    forced: torch.Tensor
+    eos_filled: torch.Tensor
+    firings: list
+
+
+class _Selector:
+    """Rules 2-7 of the module docstring for one decode: processors, candidates, the policy,
+    the forced fill, the EOS fill. `step` writes the block in place."""
+
+    def __init__(self, dc: DecodeConfig, cfg, undecodable: torch.Tensor):
+        self.dc, self.mask_id, self.eos_id = dc, cfg.mask_token_id, cfg.eos_token_id
+        self.policy = make_policy(dc.policy, threshold=dc.threshold, tokens_per_step=dc.tokens_per_step,
+                                  max_entropy=dc.max_entropy, factor=dc.factor)
+        self.rep = (RepetitionControl(dc.repetition_penalty, dc.repetition_ngram, dc.repetition_window)
+                    if dc.repetition_penalty > 0 else None)
+        self.eos_bias = (ProgressiveEOSBias(dc.eos_bias_soft_limit, dc.eos_bias_rate)
+                         if dc.eos_bias_soft_limit is not None else None)
+        self.never = undecodable.clone()  # [V] ids that are never candidates: MASK, ids without a token
+        self.never[self.mask_id] = True
+
+    def step(self, logits: torch.Tensor, blk: _Block, seq: list[int], prompt_len: int, last_step: bool) -> _Step:
+        """One iteration's decisions from the forward's logits [L, V]; writes `blk` in place.
+
+        Args:
+            seq: every token of the finished blocks (the processors' history).
+            prompt_len: P, the prompt's length (processors never act on prompt tokens).
+            last_step: `max_steps` runs out here: every remaining slot is written (forced).
+        """
+        firings: list = []
+        if self.rep is not None or self.eos_bias is not None:
+            cur = seq + blk.ids[0].tolist()
+            mlist = blk.masked.tolist()
+            if self.rep is not None:
+                firings += self.rep(logits, cur, blk.pos0, mlist, self.mask_id, prompt_len)
+            if self.eos_bias is not None:
+                firings += self.eos_bias(logits, cur, blk.pos0, mlist, self.mask_id, prompt_len, self.eos_id)
+        logits = logits.masked_fill(self.never, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        conf, cand = probs.max(-1)  # [L]
+        masked = blk.masked
+        accepted = self.policy.select(conf, masked, probs) & masked
+        forced = torch.zeros_like(masked)
+        if last_step:
+            forced = masked & ~accepted
+        elif not bool(accepted.any()):  # forced fill: the most confident masked slot
+            forced[torch.where(masked, conf, torch.full_like(conf, -1.0)).argmax()] = True
+        write = accepted | forced
+        blk.ids[0] = torch.where(write, cand, blk.ids[0])
+        blk.masked = masked & ~write
+        eos_filled = torch.zeros_like(masked)
+        is_eos = (blk.ids[0] == self.eos_id) & ~blk.masked & ~blk.prefilled
+        if bool(is_eos.any()):  # slots after the first EOS are EOS, without more forwards
+            first = int(is_eos.nonzero()[0, 0])
+            eos_filled = blk.masked & (torch.arange(blk.L, device=blk.ids.device) > first)
+            blk.ids[0] = torch.where(eos_filled, torch.full_like(cand, self.eos_id), blk.ids[0])
+            blk.masked = blk.masked & ~eos_filled
+        return _Step(masked, conf, cand, probs, accepted, forced, eos_filled, firings)

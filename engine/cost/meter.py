@@ -1,0 +1,52 @@
+"""A decode's cost accounting: the decoder reports each forward's facts (tokens in it,
+committed tokens, block slots, prefix length, expert union); the meter prices them with
+`engine.cost.formulas.forward_cost` and keeps the totals. The decoder builds one only when
+a hook is registered, so a decode without hooks does no cost work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from engine.cost.formulas import ForwardCost, forward_cost
+
+
+class CostMeter:
+    """Bytes read and FLOPs of every forward of one decode, and their sums.
+
+    Args:
+        config: the model's config (a `CloverConfig`, or a transformers backbone's config,
+            priced by the dense formula).
+        weight_bytes: bytes per weight (the model's dtype itemsize).
+        memory_mode: the decode's memory mode (``state+window`` prices the window's K/V).
+        window: W of the decode's state (0 without a window).
+        block_size: the decode's block size (committed blocks are attention segments of it).
+    """
+
+    def __init__(self, config: Any, weight_bytes: float, memory_mode: str, window: int, block_size: int):
+        self.config, self.weight_bytes = config, float(weight_bytes)
+        self.memory_mode, self.window, self.block_size = memory_mode, int(window), int(block_size)
+        self.bytes_read = 0.0
+        self.flops = 0.0
+
+    def forward(self, n_commit_tokens: int, block_len: int, expert_union: Sequence[int] | None,
+                context_len: int) -> ForwardCost:
+        """Price one forward and add it to the totals.
+
+        Args:
+            n_commit_tokens: committed tokens folded in by this forward (C).
+            block_len: slots of the current block in it (L).
+            expert_union: (N,) distinct routed experts per layer, or None (no MoE).
+            context_len: tokens of history before the committed ones (a KV cache's length).
+
+        Returns:
+            The forward's `ForwardCost` (bytes, FLOPs, breakdown).
+        """
+        cost = forward_cost(self.config, n_commit_tokens + block_len,
+                            None if expert_union is None else list(expert_union), weight_bytes=self.weight_bytes,
+                            n_commit_tokens=n_commit_tokens, block_len=block_len, memory_mode=self.memory_mode,
+                            window=self.window, commit_block_len=self.block_size, context_len=context_len)
+        self.bytes_read += cost.bytes_read
+        self.flops += cost.flops
+        return cost
