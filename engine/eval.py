@@ -65,47 +65,41 @@ def _init(model_dir: str, threads: int) -> None:
     _W["tok"] = load_tokenizer(model_dir)
 
 
-def _agent_job(args: tuple[str, list[int], int, int]) -> list[dict]:
-    from engine.data.agent import eval_tasks, score_call
+def _decode_and_score(setting: str, idx: list[int], turns: list, max_new: int, score, extra=None) -> list[dict]:
+    """Decode ``turns[i].prompt`` for i in `idx` in `setting` (worker process) and score each
+    text with ``score(text, turn)``; one row per task (``extra(turn)`` adds fields)."""
     from engine.decoder import BlockDecoder, DecodeConfig
 
-    setting, idx, n_tasks, max_new = args
-    tasks = eval_tasks(n=n_tasks)
-    window_ok = _W["model"].config.attention_window > 0
-    if SETTINGS[setting]["memory_mode"] == "state+window" and not window_ok:
-        return []
-    dec = BlockDecoder(_W["model"], _W["tok"], DecodeConfig(max_new_tokens=max_new, **SETTINGS[setting]))
-    out = []
-    for i in idx:
-        r = dec.generate(tasks[i].prompt, record_trace=False)
-        s = score_call(r.text, tasks[i])
-        out.append(dict(setting=setting, task=i, text=r.text, nfe=r.nfe, n_tokens=len(r.tokens),
-                        n_forced=r.n_forced, wall_s=r.wall_s, exact_match=bool(s["exact_match"]),
-                        json_valid=bool(s["json_valid"]), name_correct=bool(s["name_correct"]),
-                        fields=s["fields"]))
-    return out
-
-
-def _open_job(args: tuple[str, list[int], int, int]) -> list[dict]:
-    """Open-vocabulary tool-call turns (`engine.data.open_tools.eval_turns`): tools, names and
-    keys the model never saw; scored by `engine.data.open_tools.score_turn`."""
-    from engine.data.open_tools import eval_turns, score_turn
-    from engine.decoder import BlockDecoder, DecodeConfig
-
-    setting, idx, n_tasks, max_new = args
-    turns = eval_turns(n_tasks)
     if SETTINGS[setting]["memory_mode"] == "state+window" and not _W["model"].config.attention_window:
         return []
     dec = BlockDecoder(_W["model"], _W["tok"], DecodeConfig(max_new_tokens=max_new, **SETTINGS[setting]))
     out = []
     for i in idx:
         r = dec.generate(turns[i].prompt, record_trace=False)
-        s = score_turn(r.text, turns[i])
+        s = score(r.text, turns[i])
         out.append(dict(setting=setting, task=i, text=r.text, nfe=r.nfe, n_tokens=len(r.tokens),
                         n_forced=r.n_forced, wall_s=r.wall_s, exact_match=bool(s["exact_match"]),
                         json_valid=bool(s["json_valid"]), name_correct=bool(s["name_correct"]),
-                        fields=s["fields"], category=turns[i].category, natural=turns[i].natural))
+                        fields=s["fields"], **(extra(turns[i]) if extra else {})))
     return out
+
+
+def _agent_job(args: tuple[str, list[int], int, int]) -> list[dict]:
+    """Fixed-tool agent tasks (`engine.data.agent.eval_tasks`), scored by `score_call`."""
+    from engine.data.agent import eval_tasks, score_call
+
+    setting, idx, n_tasks, max_new = args
+    return _decode_and_score(setting, idx, eval_tasks(n=n_tasks), max_new, score_call)
+
+
+def _open_job(args: tuple[str, list[int], int, int]) -> list[dict]:
+    """Open-vocabulary tool-call turns (`engine.data.open_tools.eval_turns`): tools, names and
+    keys the model never saw; scored by `engine.data.open_tools.score_turn`."""
+    from engine.data.open_tools import eval_turns, score_turn
+
+    setting, idx, n_tasks, max_new = args
+    return _decode_and_score(setting, idx, eval_turns(n_tasks), max_new, score_turn,
+                             lambda t: {"category": t.category, "natural": t.natural})
 
 
 def summarise_open(rows: list[dict]) -> dict:

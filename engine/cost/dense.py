@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.cost.formulas import DENSE_COMPONENTS, NORM_FLOPS_PER_ELEMENT, ForwardCost
+from engine.cost.formulas import DENSE_COMPONENTS, NORM_FLOPS_PER_ELEMENT, ForwardCost, check_token_counts
 
 def dense_param_counts(config: Any) -> dict[str, int]:
     """Per-layer and model-wide parameter counts of a Llama / Qwen2 / Qwen3-style dense transformer.
@@ -58,14 +58,7 @@ def dense_forward_cost(
     ``config`` is an `engine.hf_model.HFBlockConfig` or its ``to_dict()``; the
     returned `ForwardCost` is keyed by `DENSE_COMPONENTS`.
     """
-    T, C = int(n_tokens), int(n_commit_tokens)
-    if T < 1:
-        raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
-    if not 0 <= C <= T:
-        raise ValueError(f"n_commit_tokens must be in [0, n_tokens={T}], got {n_commit_tokens}")
-    L = T - C if block_len is None else int(block_len)
-    if L < 0 or C + L != T:
-        raise ValueError(f"n_commit_tokens ({C}) + block_len ({block_len}) must equal n_tokens ({T})")
+    T, C, L = check_token_counts(n_tokens, n_commit_tokens, block_len)
     if context_len < 0:
         raise ValueError(f"context_len must be >= 0, got {context_len}")
     g = (lambda k: config[k]) if isinstance(config, Mapping) else (lambda k: getattr(config, k))

@@ -291,6 +291,26 @@ def _segment_lengths(n_commit: int, commit_block_len: int, block_len: int) -> li
     return segs + ([block_len] if block_len else [])
 
 
+def check_token_counts(n_tokens: int, n_commit_tokens: int, block_len: int | None) -> tuple[int, int, int]:
+    """(T, C, L) of a forward: T tokens in all, C of them committed, L block slots (default T - C).
+
+    Raises:
+        ValueError: T < 1, C outside [0, T], or C + L != T.
+    """
+    T, C = int(n_tokens), int(n_commit_tokens)
+    if T < 1:
+        raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
+    if not 0 <= C <= T:
+        raise ValueError(f"n_commit_tokens must be in [0, n_tokens={T}], got {n_commit_tokens}")
+    L = T - C if block_len is None else int(block_len)
+    if L < 0 or C + L != T:
+        raise ValueError(
+            f"n_commit_tokens ({C}) + block_len ({block_len}) must equal n_tokens ({T}); "
+            "n_tokens counts the committed tokens and the block slots together"
+        )
+    return T, C, L
+
+
 def forward_cost(
     config: CloverConfig | str,
     n_tokens: int,
@@ -347,17 +367,7 @@ def forward_cost(
         return dense_forward_cost(config, n_tokens, weight_bytes, n_commit_tokens, block_len,
                                   context_len=context_len, act_bytes=act_bytes, include_kv=include_state)
     cfg = _as_config(config)
-    T, C = int(n_tokens), int(n_commit_tokens)
-    if T < 1:
-        raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
-    if not 0 <= C <= T:
-        raise ValueError(f"n_commit_tokens must be in [0, n_tokens={T}], got {n_commit_tokens}")
-    L = T - C if block_len is None else int(block_len)
-    if L < 0 or C + L != T:
-        raise ValueError(
-            f"n_commit_tokens ({C}) + block_len ({block_len}) must equal n_tokens ({T}); "
-            "n_tokens counts the committed tokens and the block slots together"
-        )
+    T, C, L = check_token_counts(n_tokens, n_commit_tokens, block_len)
     if weight_bytes <= 0 or act_bytes <= 0 or state_bytes <= 0:
         raise ValueError(
             f"weight_bytes, act_bytes, state_bytes must be > 0, got {weight_bytes}, {act_bytes}, {state_bytes}"
