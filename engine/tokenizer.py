@@ -1,19 +1,22 @@
-"""Tokenizer helpers (the `tokenizers` library; no hub downloads).
+"""Tokenizer helpers (the `tokenizers` library; no hub downloads) and the project's one list
+of special tokens.
 
-`byte_tokenizer()` builds the fallback byte-level tokenizer used by the
-``clover-test`` preset: one token per byte (ids 0..255, GPT-2 byte alphabet)
-followed by the special tokens in `SPECIAL_TOKENS` (ids 256..). Trained BPE
-tokenizers (the bundled model) keep the same special-token names.
+`SPECIAL_TOKENS` is the chat layout's vocabulary of special tokens, in id order: the bundled
+model's BPE (`engine.data.tokenizer`) gives them ids 0..7, `byte_tokenizer()` ids 256..263.
+Which one ends generation is the model config's ``eos_token_id`` (the bundled model:
+``<|im_end|>``; the byte-level ``clover-test`` preset: ``<|endoftext|>``), never a name here.
+
+`byte_tokenizer()` builds the fallback byte-level tokenizer used by the ``clover-test``
+preset: one token per byte (ids 0..255, GPT-2 byte alphabet) followed by `SPECIAL_TOKENS`.
 """
 
 from __future__ import annotations
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-EOS_TOKEN = "<|endoftext|>"
-MASK_TOKEN = "<|mask|>"
 SPECIAL_TOKENS = (
-    EOS_TOKEN, MASK_TOKEN, "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+    "<|endoftext|>", "<|mask|>", "<|im_start|>", "<|im_end|>",
+    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
 )
 
 
@@ -21,7 +24,7 @@ def byte_tokenizer() -> Tokenizer:
     """A byte-level tokenizer without merges: ids 0..255 are bytes, then specials.
 
     Returns:
-        `tokenizers.Tokenizer`; ``<|endoftext|>`` is id 256 and ``<|mask|>`` id 257
+        `tokenizers.Tokenizer` of 264 tokens; ``<|endoftext|>`` is id 256 and ``<|mask|>`` id 257
         (the ``clover-test`` preset's eos/mask ids).
     """
     alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -33,7 +36,7 @@ def byte_tokenizer() -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(list(SPECIAL_TOKENS))
-    assert tok.token_to_id(EOS_TOKEN) == 256 and tok.token_to_id(MASK_TOKEN) == 257
+    assert tok.token_to_id("<|endoftext|>") == 256 and tok.token_to_id("<|mask|>") == 257
     return tok
 
 

@@ -29,10 +29,8 @@ from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|mask|>", "<|im_start|>", "<|im_end|>",
-    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
-)
+from engine.tokenizer import SPECIAL_TOKENS  # noqa: E402  (the one list; ids 0..7 here)
+
 EOT_ID, MASK_ID, IM_START_ID, IM_END_ID = 0, 1, 2, 3
 TOOL_CALL_ID, TOOL_CALL_END_ID, TOOL_RESPONSE_ID, TOOL_RESPONSE_END_ID = 4, 5, 6, 7
 

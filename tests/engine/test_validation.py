@@ -184,11 +184,11 @@ def test_trace_column_of_the_wrong_type(tmp_path, trace_table, column, values, e
 
 # ---------------------------------------------------------------- item 5: undecodable ids
 def test_ids_the_tokenizer_cannot_decode_are_never_candidates(model):
-    """clover-test's LM head has 320 outputs, the byte tokenizer 262 tokens: ids 262..319 decode to
+    """clover-test's LM head has 320 outputs, the byte tokenizer 264 tokens: ids 264..319 decode to
     nothing. Even when the model favours them they are never candidates (MASK neither); EOS stays one."""
     tok = byte_tokenizer()
     n_tok = tok.get_vocab_size()
-    assert (n_tok, CFG.vocab_size) == (262, 320)
+    assert (n_tok, CFG.vocab_size) == (264, 320)
     bias = torch.zeros(CFG.vocab_size)
     bias[n_tok:] = 8.0  # the model now prefers undecodable ids
     handle = model.lm_head.register_forward_hook(lambda mod, inp, out: out + bias.to(out.dtype))
