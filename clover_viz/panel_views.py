@@ -36,7 +36,11 @@ import param
 from clover_viz import figures as F
 from clover_viz.state import ExplorerState, run_stats
 
-LIVE_REDRAW_S = 0.75  # heavy charts redraw at most this often while a decode streams in
+LIVE_REDRAW_S = 5.0  # heavy charts (a Plotly render of 150-500 ms in the browser) redraw at most this often while a decode streams in
+# The block view and the text redraw at most this often while a decode streams in: each redraw
+# costs the browser a Plotly render (~100-200 ms in a software-rendered Chromium on a busy
+# machine); at every tick it fell behind and a click on Stop waited seconds in its queue.
+LIVE_VIEW_S = 0.5
 MONO = "JetBrains Mono, Menlo, Consolas, monospace"
 
 
@@ -414,7 +418,8 @@ class BlockView(pn.viewable.Viewer):
                                sizing_mode="stretch_width", config={"displayModeBar": False})
         self._fig = None
         self._trace: Any = None
-        self.state.param.watch(self._refresh, ["trace", "trace_version", "position"])
+        self._last = 0.0
+        self.state.param.watch(self._refresh, ["trace", "trace_version", "position", "running"])
         self._refresh()
 
     @property
@@ -435,6 +440,10 @@ class BlockView(pn.viewable.Viewer):
                 self._trace = None
             return
         pos = min(s.position, len(s.trace) - 1)
+        now = time.monotonic()
+        if s.running and self._trace is s.trace and now - self._last < LIVE_VIEW_S:
+            return  # streaming: a later tick (or the end of the run) draws
+        self._last = now
         if self._fig is None or self._trace is not s.trace:
             self._fig = F.block_figure(s.trace, pos)  # validated by plotly once per run
             self._trace = s.trace
@@ -460,7 +469,8 @@ class TextView(pn.viewable.Viewer):
                                          "border-radius": "6px", "padding": "6px", "background": "white"})
         self.show_prompt = pn.widgets.Checkbox(label="show prompt", value=False, margin=(0, 10))
         self.show_prompt.param.watch(self._refresh, "value")
-        self.state.param.watch(self._refresh, ["trace", "trace_version", "position"])
+        self._last = 0.0
+        self.state.param.watch(self._refresh, ["trace", "trace_version", "position", "running"])
         self._refresh()
 
     def _refresh(self, *_: Any) -> None:
@@ -468,6 +478,10 @@ class TextView(pn.viewable.Viewer):
         if s.trace is None or len(s.trace) == 0:
             self.pane.object = '<div style="color:#94a3b8">the decoded text appears here</div>'
             return
+        now = time.monotonic()
+        if s.running and now - self._last < LIVE_VIEW_S:
+            return  # streaming: a later tick (or the end of the run) draws
+        self._last = now
         pos = min(s.position, len(s.trace) - 1)
         self.pane.object = F.text_html(s.trace, pos, show_prompt=self.show_prompt.value)
 

@@ -322,18 +322,21 @@ def test_stop_takes_effect_within_one_forward_and_a_refresh(page):
     final_nfe = int(_card(pg, "clover-nfe"))
     forward_s = float(np.median(state.trace.column("wall_s")))
     tick_s = 0.1
+    took = timing["ended_at"] - t_click
     print(f"\nstop: NFE {nfe_at_click} shown at the click, {final_nfe} final; click -> server "
           f"{timing['requested_at'] - t_click:.3f} s; forwards after the request "
-          f"{timing['forwards_after_request']}; click -> page says stopped {t_page:.3f} s "
-          f"(one forward {forward_s * 1e3:.1f} ms, refresh {tick_s * 1e3:.0f} ms)")
+          f"{timing['forwards_after_request']}; click -> decode ended {took:.3f} s; click -> page says "
+          f"stopped {t_page:.3f} s (one forward {forward_s * 1e3:.1f} ms, refresh {tick_s * 1e3:.0f} ms)")
     assert state.trace.decode_end.stop_reason == "cancelled" and final_nfe == timing["final_nfe"]
     assert timing["forwards_after_request"] <= 1  # the forward in flight, no more
     # The click reaches the session within a refresh interval (plus slack for this shared machine) ...
     assert timing["requested_at"] - t_click < tick_s + 1.0
-    # ... and the page shows the end within one forward + one refresh of that (plus the round trip).
-    assert t_page < forward_s + tick_s + 1.5, t_page
-    # What the page showed at the click and the final NFE: only the forwards of that interval.
-    assert final_nfe - nfe_at_click <= 1 + (t_page + tick_s) / forward_s, (nfe_at_click, final_nfe)
+    # ... the decode ends within one forward of that (plus a refresh to drain it) ...
+    assert timing["ended_at"] - timing["requested_at"] < 2 * forward_s + tick_s + 0.5
+    # ... so the page's NFE moved on only by the forwards of that interval ...
+    assert final_nfe - nfe_at_click <= 2 + (took + tick_s) / forward_s, (nfe_at_click, final_nfe)
+    # ... and the page says so promptly (it was 10-15 s: the browser drowned in redraws).
+    assert t_page < 5.0, t_page
 
 
 def test_live_counters_never_go_backwards(page):
