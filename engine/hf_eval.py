@@ -114,6 +114,42 @@ def _decode_job(args: tuple[str, int, list[int], int, float, int, list[int]]) ->
             "ref_len": n}
 
 
+def _speed_job(args: tuple[int, list[int], int, list[int], float]) -> dict:
+    """Back to back in one worker: the base's generate, then the adapted model at each block size (tokens/s)."""
+    from engine.decoder import BlockDecoder, DecodeConfig
+
+    i, ids, max_new, sizes, thr = args
+    base, m = _W["models"]["base"], _W["models"]["adapted"]
+    t0 = time.perf_counter()
+    ref = base.greedy_generate(ids, max_new)
+    out = {"i": i, "generate": (len(ref), time.perf_counter() - t0)}
+    for B in sizes:
+        r = BlockDecoder(m, None, DecodeConfig(block_size=B, threshold=thr, max_new_tokens=max_new)).generate(
+            ids, record_trace=False)
+        out[B] = (len(r.tokens), r.wall_s, r.nfe)
+    return out
+
+
+def _read_ref_cache(path: Path | None, ids: list[list[int]], max_new: int) -> list[dict | None]:
+    """Cached reference answers per prompt (None where missing or made for other ids / token budget)."""
+    out: list[dict | None] = [None] * len(ids)
+    if path is None or not Path(path).is_file():
+        return out
+    data = json.loads(Path(path).read_text())
+    if data.get("max_new_tokens") != max_new:
+        return out
+    by_prompt = {tuple(e["prompt_ids"]): e for e in data.get("entries", [])}
+    return [by_prompt.get(tuple(x)) for x in ids]
+
+
+def _write_ref_cache(path: Path, ids: list[list[int]], refs: list, walls: list[float], max_new: int) -> None:
+    entries = [{"prompt_ids": x, "tokens": r, "wall_s": w} for x, r, w in zip(ids, refs, walls) if r is not None]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps({"max_new_tokens": max_new, "entries": entries}) + "\n")
+    os.replace(tmp, path)
+
+
 def summarise(rows: list[dict], ref_tok_s: float) -> dict:
     tokens = sum(len(r["tokens"]) for r in rows)
     nfe = sum(r["nfe"] for r in rows)
@@ -143,6 +179,14 @@ def format_table(report: dict) -> str:
             lines.append(f"{kind:<10}{b:>6}{t:>8}{s['token_agreement']:>8.3f}{s['exact']:>8.3f}"
                          f"{s['tokens_per_forward']:>9.2f}{s['forced_share']:>8.2f}{s['tokens_per_s']:>8.2f}"
                          f"{(s['speed_vs_generate'] or 0):>7.2f}x")
+    sp = report.get("speed")
+    if sp:
+        lines.append("")
+        lines.append(f"speed, back to back on the first {sp['prompts']} prompts (threshold {sp['threshold']}): "
+                     f"base generate {sp['generate_tokens_per_s']:.2f} tokens/s")
+        for B, v in sp["by_block_size"].items():
+            lines.append(f"  block {B:>3}: {v['tokens_per_s']:.2f} tokens/s, {v['tokens_per_forward']:.2f} tokens/forward, "
+                         f"{v['speed_vs_generate']:.2f}x generate")
     lines.append("")
     lines.append("error by slot index (blocks started on the reference path; adapted model):")
     for key, s in report.get("adapted", {}).items():
@@ -172,6 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (fp32 either way: agreement is measured exactly)")
     ap.add_argument("--out", type=Path, default=None, help="JSON output (default MODEL/eval.json)")
+    ap.add_argument("--base-prompts", type=int, default=None, help="--compare-base on the first N prompts only")
+    ap.add_argument("--ref-cache", type=Path, default=None,
+                    help="JSON cache of the base's greedy answers and their timings (reused when prompts match)")
+    ap.add_argument("--refs-only", action="store_true", help="compute (and cache) the references, then stop")
+    ap.add_argument("--speed-prompts", type=int, default=0,
+                    help="first N prompts: base generate and block decoding timed back to back (tokens/s ratio)")
+    ap.add_argument("--speed-block-sizes", default="4,8,16,32")
+    ap.add_argument("--speed-threshold", type=float, default=0.95)
     args = ap.parse_args(argv)
     from tqdm import tqdm
 
@@ -194,19 +246,40 @@ def main(argv: list[str] | None = None) -> int:
     pool = ProcessPoolExecutor(args.workers, initializer=_init, initargs=(args.model, args.threads, kinds, args.device),
                                mp_context=mp_ctx)
     with pool:
-        refs = [None] * len(prompts)
-        ref_wall = 0.0
-        for r in tqdm(pool.map(_ref_job, [(i, x, args.max_new_tokens) for i, x in enumerate(ids)]),
-                      total=len(ids), desc="reference (base generate)"):
-            refs[r["i"]] = r["tokens"]
-            ref_wall += r["wall_s"]
+        cache = _read_ref_cache(args.ref_cache, ids, args.max_new_tokens)
+        refs, ref_walls = [c["tokens"] if c else None for c in cache], [c["wall_s"] if c else 0.0 for c in cache]
+        todo = [(i, x, args.max_new_tokens) for i, x in enumerate(ids) if refs[i] is None]
+        for r in tqdm(pool.map(_ref_job, todo), total=len(todo), desc="reference (base generate)"):
+            refs[r["i"]], ref_walls[r["i"]] = r["tokens"], r["wall_s"]
+            if args.ref_cache:
+                _write_ref_cache(args.ref_cache, ids, refs, ref_walls, args.max_new_tokens)
+        ref_wall = sum(ref_walls)
         ref_tok_s = sum(len(r) for r in refs) / ref_wall if ref_wall else 0.0
+        if args.refs_only:
+            print(f"references: {len(refs)} prompts, base generate {ref_tok_s:.2f} tokens/s")
+            return 0
         jobs = [("adapted", i, x, B, t, args.max_new_tokens, refs[i]) for (B, t) in settings
                 for i, x in enumerate(ids)]
         if args.compare_base:
+            nb = len(ids) if args.base_prompts is None else args.base_prompts
             jobs += [("base", i, x, B, t, args.max_new_tokens, refs[i]) for (B, t) in base_settings
-                     for i, x in enumerate(ids)]
+                     for i, x in enumerate(ids[:nb])]
         rows = list(tqdm(pool.map(_decode_job, jobs), total=len(jobs), desc="block decoding"))
+        speed = None
+        if args.speed_prompts:
+            sizes = [int(b) for b in args.speed_block_sizes.split(",")]
+            sj = [(i, ids[i], args.max_new_tokens, sizes, args.speed_threshold) for i in range(args.speed_prompts)]
+            srows = list(tqdm(pool.map(_speed_job, sj), total=len(sj), desc="speed (back to back)"))
+            g_tok = sum(r["generate"][0] for r in srows)
+            g_s = sum(r["generate"][1] for r in srows)
+            speed = {"prompts": args.speed_prompts, "threshold": args.speed_threshold,
+                     "generate_tokens_per_s": g_tok / g_s if g_s else None, "by_block_size": {}}
+            for B in sizes:
+                tok_n, wall, nfe = (sum(r[B][k] for r in srows) for k in range(3))
+                tps = tok_n / wall if wall else 0.0
+                speed["by_block_size"][str(B)] = {
+                    "tokens_per_s": tps, "tokens_per_forward": tok_n / max(nfe, 1),
+                    "speed_vs_generate": tps / (g_tok / g_s) if g_s and g_tok else None}
     report = {"model": args.model, "n_prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "threads": args.threads, "workers": args.workers, "device": args.device,
               "reference": {"tokens_per_s": ref_tok_s, "mean_len": sum(map(len, refs)) / len(refs)}}
@@ -217,7 +290,11 @@ def main(argv: list[str] | None = None) -> int:
                 by.setdefault(f"{r['B']}/{r['thr']:.2f}", []).append(r)
         if by:
             report[kind] = {k: summarise(v, ref_tok_s) for k, v in by.items()}
-    report["answers"] = {"prompts": prompts, "reference": [tok.decode(r) for r in refs]}
+    report["speed"] = speed
+    report["answers"] = {"prompts": prompts, "reference": [tok.decode(r) for r in refs],
+                         "reference_ids": refs}
+    if args.ref_cache:
+        report["reference"]["cache"] = str(args.ref_cache)
     out = args.out or Path(args.model) / "eval.json"
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(format_table(report))
