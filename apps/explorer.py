@@ -28,13 +28,14 @@ loading -> views -> template -> ``servable()`` only when served.
 from __future__ import annotations
 
 import os
-from functools import partial
+import time
 from typing import Any
 
 # ------------------------------------------------------------------------------ constants
 TITLE = "Clover Explorer · block-diffusion decoding"
 ACCENT = "#0f766e"
 TICK_MS = 100  # periodic drain / playback period per session
+TAB_GONE_S = 1.0  # a session without a connection this long has lost its tab: its decode stops
 MODEL_DIR = os.environ.get("CLOVER_MODEL_DIR", "models/clover-tiny")
 TORCH_THREADS = int(os.environ.get("CLOVER_TORCH_THREADS") or os.environ.get("OMP_NUM_THREADS") or "1")
 DEV_SHARPEN = os.environ.get("CLOVER_DEV_SHARPEN", "") not in ("", "0")
@@ -103,7 +104,26 @@ def create_app(model_dir: str | None = None, dev_sharpen_random: bool | None = N
     )
     template.explorer = app  # for tests and scripting
     if start_callbacks and pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
-        callback = pn.state.add_periodic_callback(partial(app.tick, TICK_MS / 1000), period=TICK_MS)
+        context = pn.state.curdoc.session_context
+        seen = {"connected": False, "lost_at": None}
+
+        def tick() -> None:
+            # A closed tab: the server destroys its session only after a quiet period (15 s and
+            # more); until then every tick would push to a closed websocket and log a warning.
+            # Once the page has gone for a second, end the session's work here.
+            session = getattr(context, "_session", None)
+            connections = getattr(session, "connection_count", 1)
+            if connections:
+                seen.update(connected=True, lost_at=None)
+            elif seen["connected"]:
+                now = time.monotonic()
+                seen["lost_at"] = seen["lost_at"] or now
+                if now - seen["lost_at"] > TAB_GONE_S:
+                    end_session(None)
+                return
+            app.tick(TICK_MS / 1000)
+
+        callback = pn.state.add_periodic_callback(tick, period=TICK_MS)
 
         def end_session(_context: Any) -> None:
             callback.stop()

@@ -398,8 +398,8 @@ def test_small_things_and_offline(page, served_app, tmp_path):
     time.sleep(0.5)
     pg.close()
     time.sleep(3)
-    assert not state.running
+    assert not state.running  # the decode of a closed tab stops (the session itself ends later)
     logged = [r.getMessage()[:200] for r in served_app.records[n_records:]]
-    assert not logged, logged[:5]
+    assert len(logged) <= 2, logged[:5]  # at most a tick already in flight; it was one per tick
     external = [u for u in pg.requests if "127.0.0.1" not in u]
     assert not external, external
