@@ -136,10 +136,16 @@ def _read_ref_cache(path: Path | None, ids: list[list[int]], max_new: int) -> li
     if path is None or not Path(path).is_file():
         return out
     data = json.loads(Path(path).read_text())
-    if data.get("max_new_tokens") != max_new:
+    cached_max = data.get("max_new_tokens") or 0
+    if cached_max < max_new:
         return out
     by_prompt = {tuple(e["prompt_ids"]): e for e in data.get("entries", [])}
-    return [by_prompt.get(tuple(x)) for x in ids]
+    for k, x in enumerate(ids):
+        e = by_prompt.get(tuple(x))
+        if e is not None:  # greedy answers are prefix-consistent: a longer cached answer is cut to max_new
+            toks = e["tokens"][:max_new]
+            out[k] = {"tokens": toks, "wall_s": e["wall_s"] * len(toks) / max(len(e["tokens"]), 1)}
+    return out
 
 
 def _write_ref_cache(path: Path, ids: list[list[int]], refs: list, walls: list[float], max_new: int) -> None:
@@ -249,9 +255,12 @@ def main(argv: list[str] | None = None) -> int:
         cache = _read_ref_cache(args.ref_cache, ids, args.max_new_tokens)
         refs, ref_walls = [c["tokens"] if c else None for c in cache], [c["wall_s"] if c else 0.0 for c in cache]
         todo = [(i, x, args.max_new_tokens) for i, x in enumerate(ids) if refs[i] is None]
+        # never overwrite a cache of longer answers with shorter ones
+        todo_from_longer = bool(args.ref_cache and Path(args.ref_cache).is_file() and json.loads(
+            Path(args.ref_cache).read_text()).get("max_new_tokens", 0) > args.max_new_tokens)
         for r in tqdm(pool.map(_ref_job, todo), total=len(todo), desc="reference (base generate)"):
             refs[r["i"]], ref_walls[r["i"]] = r["tokens"], r["wall_s"]
-            if args.ref_cache:
+            if args.ref_cache and not todo_from_longer:
                 _write_ref_cache(args.ref_cache, ids, refs, ref_walls, args.max_new_tokens)
         ref_wall = sum(ref_walls)
         ref_tok_s = sum(len(r) for r in refs) / ref_wall if ref_wall else 0.0
