@@ -325,3 +325,52 @@ def test_text_diff_marks_insertions_and_deletions():
     ops = text_diff("abcdef", "abXdef")
     assert ops == [("equal", "ab"), ("delete", "c"), ("insert", "X"), ("equal", "def")]
     assert "".join(t for op, t in ops if op != "delete") == "abXdef"
+
+
+def test_issue15_small_items_in_the_views(tmp_path, caplog):
+    """Issue 15, item 11, without a browser: the max-new-tokens range is said, not reverted
+    silently; Save before a run is disabled and logs nothing; a garbage trace names the file
+    and the Open button; the status counts blocks from 0 as the figures do; the threshold
+    slider formats two decimals."""
+    import logging
+
+    from clover_viz.panel_views import ExplorerApp
+
+    s = ExplorerState(model_dir="clover-test", prompt="Hello, block diffusion", max_new_tokens=24, block_size=8)
+    try:
+        app = ExplorerApp(state=s)
+        box = app.settings.max_new_tokens
+        assert "1-2048" in box.label
+        for bad in (0, 100000, -5):
+            box.value = bad
+            assert s.max_new_tokens == 24 and box.value == 24
+            assert "from 1 to 2048" in s.error and str(bad) in s.error
+        box.value = 40
+        assert s.max_new_tokens == 40 and s.error == ""
+        assert app.settings.threshold.format is not None  # "1.00", not "1"
+        # Save before any run: disabled; a click anyway logs no traceback and says why
+        assert app.settings.save.disabled
+        with caplog.at_level(logging.WARNING):
+            app.settings.save._clicks += 1
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert "Nothing saved" in s.error
+        # a garbage file from the Open button
+        app.settings.open.filename = "my-run.parquet"
+        app.settings.open.value = b"not a trace at all"
+        assert "'my-run.parquet'" in s.error and "Open button" in s.error
+        assert "/tmp" not in s.error and "trace.bin" not in s.error and "Trace.save" not in s.error
+        # the status names the block as the figures do (0-based)
+        statuses = []
+        assert s.generate()
+        while s.running:
+            time.sleep(0.02)
+            s.tick(0.02)
+            if s.running and s.status.startswith("decoding: block"):
+                statuses.append((s.status, s.trace.step(-1).block_index))
+        assert statuses
+        for status, block in statuses:
+            assert status.startswith(f"decoding: block {block},"), (status, block)
+        assert not app.settings.save.disabled
+    finally:
+        s.close()
+        s.wait(5)
