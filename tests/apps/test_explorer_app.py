@@ -371,7 +371,7 @@ def test_issue15_small_items_in_the_views(tmp_path):
         while s.running:
             time.sleep(0.02)
             s.tick(0.02)
-            if s.running and s.status.startswith("decoding: block"):
+            if s.running and s.status.startswith("decoding: block") and len(s.trace):
                 statuses.append((s.status, s.trace.step(-1).block_index))
         assert statuses
         for status, block in statuses:
