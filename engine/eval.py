@@ -21,7 +21,7 @@ names, argument keys and enum values from a vocabulary disjoint from training, r
 English clauses or ``key: value``, chains that copy from a tool response, and turns that need
 no tool -- exact match and tool-name accuracy per category and phrasing, in the same settings.
 
-Value-copy probe (`value_probe`): the true call in place with its values masked, one
+Value-copy probe (`engine.training.probes.value_probe`): the true call in place with its values masked, one
 forward -- copying measured apart from the call's structure. Run twice: in blocks of 32
 (every value slot masked at once: one-shot recall, what a block-diffusion forward faces
 first) and in blocks of 1 (teacher-forced: each value token with every earlier token
@@ -46,6 +46,8 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+
+from engine.training.probes import value_probe
 
 SETTINGS = {
     "bd32-window": dict(block_size=32, threshold=0.95, memory_mode="state+window"),
@@ -144,58 +146,6 @@ def _stdlib_job(args: tuple[list[int], int]) -> list[dict]:
             pred = logits.argmax(-1).tolist()
             out.append(dict(decoded_correct=[int(a == b) for a, b in zip(gen, truth)],
                             slot_correct=[int(a == b) for a, b in zip(pred, truth)], nfe=r.nfe))
-    return out
-
-
-@torch.no_grad()
-def value_probe(model, tokenizer, n_tasks: int = 60, block_size: int = 32) -> dict:
-    """Copy probe: the ground-truth call is in place, only its values (and the tool name) are
-    masked, all at once, and one training-style forward predicts them (argmax).
-
-    Isolates copying from structure: a model that has the layout but cannot copy scores only
-    the predictable tokens (``USR-``, ``-``, digits by chance). Token accuracy (share of masked
-    value tokens right) by source -- ``request``, ``tool_response``, ``repeat`` (``confirm_*``
-    fields), ``name`` -- in both memory modes.
-
-    Args:
-        model: a `CloverModel`; tokenizer: its `tokenizers.Tokenizer`; n_tasks: held-out tasks
-            (`eval_tasks`, seeds >= 10,000,000); block_size: blocks of the forward (1 =
-            teacher-forced: each masked token sees every earlier token clean).
-
-    Returns:
-        ``{"window": {source: acc}, "state": {source: acc}}`` (accuracies in [0, 1]).
-    """
-    from engine.data.agent import argument_spans, eval_tasks
-
-    was_training = model.training
-    model.eval()
-    hits: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    modes = [("window", True), ("state", False)] if model.config.attention_window else [("state", False)]
-    for t in eval_tasks(n=n_tasks):
-        enc = tokenizer.encode(t.prompt + t.target)
-        p0, tgt = len(t.prompt), t.target
-        at = tgt.index('"name": "') + len('"name": "')
-        spans = [("name", p0 + at, p0 + at + len(t.name))]
-        for f, a, b in argument_spans(tgt, t.fields):
-            spans.append(("repeat" if f.is_repeat_of_earlier_field else f.source, p0 + a, p0 + b))
-        ids = enc.ids + [model.config.eos_token_id] * (-len(enc.ids) % block_size)
-        clean = torch.tensor([ids])
-        noisy = clean.clone()
-        which = []
-        for src, a, b in spans:
-            idx = [j for j, (s0, s1) in enumerate(enc.offsets) if s0 < b and s1 > a]
-            which.append((src, idx))
-            noisy[0, idx] = model.config.mask_token_id
-        for mode, win in modes:
-            h, _ = model.forward_train(clean, noisy, block_size, win)
-            pred = model.lm_head(h[0]).argmax(-1)
-            for src, idx in which:
-                hits[(mode, src)][0] += int((pred[idx] == clean[0, idx]).sum())
-                hits[(mode, src)][1] += len(idx)
-    model.train(was_training)
-    out: dict = {}
-    for (mode, src), (ok, n) in sorted(hits.items()):
-        out.setdefault(mode, {})[src] = round(ok / max(n, 1), 4)
     return out
 
 
