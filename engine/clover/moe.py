@@ -1,0 +1,66 @@
+"""Sparse mixture of experts, Qwen3.5-MoE layout (docs/architecture.md §3)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.config import CloverConfig
+
+
+class SparseMoE(nn.Module):
+    """Softmax router over E experts (fp32), top-k, renormalised; SwiGLU experts;
+    a shared SwiGLU expert scaled by ``sigmoid(Linear(x))`` (Qwen3.5-MoE).
+
+    Returns the output and the expert union (distinct routed experts over all
+    tokens of the forward) as a Python int -- the host sync is needed anyway to
+    loop over the hit experts.
+    """
+
+    def __init__(self, cfg: CloverConfig):
+        super().__init__()
+        D, F_, E = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
+        self.top_k, self.norm_topk = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.gate = nn.Linear(D, E, bias=False)  # router
+        self.gate_up_proj = nn.Parameter(torch.randn(E, 2 * F_, D) * 0.02)
+        self.down_proj = nn.Parameter(torch.randn(E, D, F_) * 0.02)
+        Fs = cfg.shared_expert_intermediate_size
+        self.shared_gate_up = nn.Linear(D, 2 * Fs, bias=False)
+        self.shared_down = nn.Linear(Fs, D, bias=False)
+        self.shared_expert_gate = nn.Linear(D, 1, bias=False)
+        self.last_topk: torch.Tensor | None = None  # [T, k] ids of the last forward (for hooks/tests)
+        self.aux_loss: torch.Tensor | None = None  # load-balancing loss of the last training forward
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # [T, D]
+        probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E]
+        w, idx = probs.topk(self.top_k, dim=-1)  # [T, k]
+        if self.norm_topk:
+            w = w / w.sum(-1, keepdim=True)
+        self.last_topk = idx.detach()
+        if self.training:  # Switch-Transformer load balancing: E * sum_e f_e * P_e (1.0 when uniform)
+            E = probs.shape[-1]
+            f = torch.zeros(E, device=x.device).index_add_(0, idx.reshape(-1), torch.ones(idx.numel(), device=x.device))
+            self.aux_loss = E * (f / idx.numel() * probs.mean(0)).sum()
+        # group the T*k (token, expert) pairs by expert; run each hit expert once on its rows
+        flat = idx.reshape(-1)  # [T*k]
+        order = flat.argsort(stable=True)
+        counts = torch.bincount(flat, minlength=probs.shape[-1]).tolist()
+        xs = x[order // self.top_k]  # [T*k, D]
+        ys, start, hit = [], 0, 0
+        for e, n in enumerate(counts):
+            if n:
+                h = xs[start:start + n] @ self.gate_up_proj[e].t()  # [n, 2F]
+                gte, up = h.chunk(2, -1)
+                ys.append((F.silu(gte) * up) @ self.down_proj[e].t())  # [n, D]
+                start += n
+                hit += 1
+        y = torch.cat(ys) * w.reshape(-1)[order, None].to(x.dtype)
+        y_pairs = torch.empty_like(y)
+        y_pairs[order] = y  # back to (token, slot) order
+        out = y_pairs.view(-1, self.top_k, x.shape[-1]).sum(1)  # [T, D]
+        gte, up = self.shared_gate_up(x).chunk(2, -1)
+        shared = self.shared_down(F.silu(gte) * up) * torch.sigmoid(self.shared_expert_gate(x))
+        return (out + shared).reshape(shape), hit

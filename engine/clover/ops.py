@@ -1,0 +1,181 @@
+"""Building blocks of the Clover model (docs/architecture.md §3): norms, RoPE, the in-block
+attention with the memory unit, one-row-per-block reshapes, the causal conv with a carried
+tail, and the gated-delta-rule state update."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.gated_delta_rule import gated_delta_rule
+
+
+class RMSNorm(nn.Module):
+    """Qwen3.5 RMSNorm: ``x / rms(x) * (1 + w)`` in fp32, ``w`` initialised to 0."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """GDN output norm: ``w * rmsnorm(x) * silu(z)`` per head, ``w`` initialised to 1."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        return (y * F.silu(z.float())).to(x.dtype)
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, rot_dim: int, theta: float) -> torch.Tensor:
+    """Rotary embedding on the first `rot_dim` dims of the last axis (rotate-half form).
+
+    Args:
+        x: [B, H, T, D]; pos: [T] absolute positions (int64).
+    """
+    if rot_dim == 0:
+        return x
+    inv_freq = theta ** (-torch.arange(0, rot_dim, 2, dtype=torch.float32, device=x.device) / rot_dim)
+    ang = pos.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, rot/2]
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)  # [T, rot]
+    xr, xp = x[..., :rot_dim], x[..., rot_dim:]
+    x1, x2 = xr[..., : rot_dim // 2], xr[..., rot_dim // 2:]
+    rotated = torch.cat([-x2, x1], -1)
+    return torch.cat([(xr.float() * cos + rotated.float() * sin).to(x.dtype), xp], -1)
+
+
+def block_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: torch.Tensor | float,
+    mem_out: torch.Tensor,
+    mem_logit: torch.Tensor,
+    extra_k: torch.Tensor | None = None,
+    extra_v: torch.Tensor | None = None,
+    extra_valid: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bidirectional attention inside one block, with the memory read-out as a softmax unit.
+
+    ``a = softmax([scale q_i.k_j]_j ++ [scale q_i.k^w_j]_j ++ [l_i])``;
+    ``o_i = sum_j a_ij v_j + sum_j a^w_ij v^w_j + a_i,mem m_i`` (docs/architecture.md §3).
+
+    Args:
+        q, k: [B, H, L, K]; v: [B, H, L, V] (k/v already expanded to H heads).
+        scale: float or [H] per-head score scale.
+        mem_out: [B, H, L, V] state read-out; mem_logit: [B, H, L].
+        extra_k / extra_v: [B, H, W, K] / [B, H, W, V] window keys (or None);
+        extra_valid: [W] bool, which window slots hold a token.
+
+    Returns:
+        o: [B, H, L, V]; memory share [B, H, L] (fp32).
+    """
+    if torch.is_tensor(scale):
+        scale = scale.view(1, -1, 1, 1)
+    scores = [(q @ k.transpose(-1, -2)).float() * scale]  # [B, H, L, L]
+    if extra_k is not None:
+        sw = (q @ extra_k.transpose(-1, -2)).float() * scale  # [B, H, L, W]
+        keep = extra_valid.view(1, 1, 1, -1) if extra_valid.dim() == 1 else extra_valid[:, None, None, :]
+        scores.append(sw.masked_fill(~keep, float("-inf")))
+    scores.append(mem_logit.float()[..., None])
+    a = torch.softmax(torch.cat(scores, -1), dim=-1)
+    L = k.shape[-2]
+    o = a[..., :L].to(v.dtype) @ v
+    if extra_k is not None:
+        o = o + a[..., L:-1].to(v.dtype) @ extra_v
+    share = a[..., -1]
+    o = o + share[..., None].to(v.dtype) * mem_out
+    return o, share
+
+
+
+def dt_bias_init(n: int, dt_min: float = 1e-3, dt_max: float = 0.1) -> torch.Tensor:
+    """flash-linear-attention's GatedDeltaNet init: softplus(dt_bias) log-uniform in
+    [dt_min, dt_max], so the initial decay per token is exp(-A * dt) ~ 0.9-1.0."""
+    dt = torch.exp(torch.empty(n).uniform_(math.log(dt_min), math.log(dt_max)))
+    return dt + torch.log(-torch.expm1(-dt))  # inverse softplus
+
+
+def to_blocks(t: torch.Tensor, L: int) -> torch.Tensor:
+    """[B, H, n, ...] -> [B * n/L, H, L, ...]: one batch row per block."""
+    B, H, n = t.shape[:3]
+    t = t.reshape(B, H, n // L, L, *t.shape[3:]).transpose(1, 2)
+    return t.reshape(B * (n // L), H, L, *t.shape[4:])
+
+
+def from_blocks(t: torch.Tensor, B: int) -> torch.Tensor:
+    """Inverse of `to_blocks`: [B * nb, H, L, ...] -> [B, H, nb * L, ...]."""
+    nb, H, L = t.shape[0] // B, t.shape[1], t.shape[2]
+    t = t.reshape(B, nb, H, L, *t.shape[3:]).transpose(1, 2)
+    return t.reshape(B, H, nb * L, *t.shape[4:])
+
+
+def delta_update(S: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                 naive: bool = False) -> torch.Tensor:
+    """Fold a committed chunk into state S [B, H, K, V] (fp32) with the gated delta rule; returns the new S.
+
+    k: [B, C, H, K] (L2-normalised inside), v: [B, C, H, V], g / beta: [B, C, H]. ``naive``: the
+    token-loop definition (`kernels.gated_delta_rule.naive`) instead of the dispatcher's fast path.
+    """
+    _, S_new = gated_delta_rule(k, k, v, g, beta, initial_state=S, output_final_state=True,
+                                use_qk_l2norm_in_kernel=True, impl="naive" if naive else None)
+    return S_new
+
+
+def causal_conv_step(x: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor, n_commit: int) -> torch.Tensor:
+    """Causal depthwise conv (no activation) over ``[tail ++ commit ++ block]``; the tail then
+    becomes the last (kernel-1) inputs of ``[tail ++ commit]`` (never the block).
+
+    Args:
+        x: [B, T, channels] projections, the first `n_commit` of them committed tokens;
+        weight: [channels, 1, kernel] (``nn.Conv1d`` depthwise weight);
+        tail: [B, kernel-1, channels], updated in place.
+
+    Returns:
+        [B, T, channels], dtype of x.
+    """
+    k1 = weight.shape[-1] - 1
+    channels = x.shape[-1]
+    conv_in = torch.cat([tail.to(x.dtype), x], 1)  # [B, k-1+T, channels]
+    out = F.conv1d(conv_in.transpose(1, 2), weight, groups=channels).transpose(1, 2)
+    kept = conv_in[:, : k1 + n_commit]
+    tail.copy_(kept[:, kept.shape[1] - k1:].detach().to(tail.dtype))
+    return out
+
+
+def causal_conv_train(x: torch.Tensor, weight: torch.Tensor, n: int, L: int) -> torch.Tensor:
+    """`causal_conv_step` for a training pass x = [clean n ++ noisy n]: the clean half from a zero
+    tail; each noisy block b sees the clean inputs just before clean block b as its tail -- what
+    the decoder sees when it decodes block b.
+
+    Args:
+        x: [B, 2n, channels]; weight: [channels, 1, kernel]; L: block size (n a multiple of L).
+
+    Returns:
+        [B, 2n, channels], dtype of x.
+    """
+    k1 = weight.shape[-1] - 1
+    channels = x.shape[-1]
+    B, nb = x.shape[0], n // L
+    clean_in = torch.cat([x.new_zeros(B, k1, channels), x[:, :n]], 1)  # [B, k-1+n, ch]
+    clean = F.conv1d(clean_in.transpose(1, 2), weight, groups=channels).transpose(1, 2)
+    idx = (torch.arange(nb, device=x.device) * L)[:, None] + torch.arange(k1, device=x.device)
+    tails = clean_in[:, idx]  # [B, nb, k-1, ch]
+    noisy_in = torch.cat([tails, x[:, n:].reshape(B, nb, L, channels)], 2)
+    noisy = F.conv1d(noisy_in.reshape(B * nb, k1 + L, channels).transpose(1, 2), weight,
+                     groups=channels).transpose(1, 2).reshape(B, n, channels)
+    return torch.cat([clean, noisy], 1)
