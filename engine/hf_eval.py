@@ -167,7 +167,8 @@ def summarise(rows: list[dict], ref_tok_s: float) -> dict:
     return {
         "n": len(rows), "token_agreement": sum(r["agree"] for r in rows) / len(rows),
         "exact": sum(r["exact"] for r in rows) / len(rows), "tokens_per_forward": tokens / max(nfe, 1),
-        "forced_share": sum(r["n_forced"] for r in rows) / max(tokens, 1), "tokens_per_s": tok_s,
+        "forced_share": sum(r["n_forced"] for r in rows) / max(tokens, 1),
+        "forced_per_forward": sum(r["n_forced"] for r in rows) / max(nfe, 1), "tokens_per_s": tok_s,
         "speed_vs_generate": tok_s / ref_tok_s if ref_tok_s else None,
         "error_by_slot": [round(e / n, 4) if n else None for e, n in zip(se, sn)], "slots_counted": sn,
     }
@@ -177,14 +178,20 @@ def format_table(report: dict) -> str:
     lines = [f"model {report['model']} vs its base's greedy generate ({report['n_prompts']} prompts, "
              f"<= {report['max_new_tokens']} new tokens, {report['threads']} thread(s)/worker); "
              f"base generate: {report['reference']['tokens_per_s']:.2f} tokens/s"]
-    hdr = f"{'model':<10}{'block':>6}{'thresh':>8}{'agree':>8}{'exact':>8}{'tok/fwd':>9}{'forced':>8}{'tok/s':>8}{'vs gen':>8}"
+    hdr = (f"{'model':<10}{'block':>6}{'thresh':>8}{'agree':>8}{'exact':>8}{'tok/fwd':>9}{'forced/fwd':>11}"
+           f"{'tok/s':>8}{'vs ref*':>8}")
     lines += [hdr, "-" * len(hdr)]
     for kind in ("adapted", "base"):
         for key, s in report.get(kind, {}).items():
             b, t = key.split("/")
             lines.append(f"{kind:<10}{b:>6}{t:>8}{s['token_agreement']:>8.3f}{s['exact']:>8.3f}"
-                         f"{s['tokens_per_forward']:>9.2f}{s['forced_share']:>8.2f}{s['tokens_per_s']:>8.2f}"
+                         f"{s['tokens_per_forward']:>9.2f}"
+                         f"{s.get('forced_per_forward', s['forced_share'] * s['tokens_per_forward']):>11.2f}"
+                         f"{s['tokens_per_s']:>8.2f}"
                          f"{(s['speed_vs_generate'] or 0):>7.2f}x")
+    lines.append("* tokens/s over the base generate's tokens/s of the reference pass"
+                 + (" (cached: timed in another run, under other load -- compare with the speed section)"
+                    if report["reference"].get("cache") else " (same run)"))
     sp = report.get("speed")
     if sp:
         lines.append("")
