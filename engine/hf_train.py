@@ -228,7 +228,7 @@ class ExampleSource:
 
 
 # ----------------------------------------------------------------------------- model
-def tiny_lm(vocab: int = 256, seed: int = 0):
+def tiny_lm(vocab: int = 320, seed: int = 0):
     """A tiny random LlamaForCausalLM (tests; the CPU path of the GPU script)."""
     import transformers
 
@@ -356,14 +356,17 @@ def train(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.tiny:
-        lm = tiny_lm()
         from engine.tokenizer import byte_tokenizer
 
-        tok = byte_tokenizer()
-        mask_id, eos_id, base_name = 255, 2, "tiny-random-llama"
+        tok = byte_tokenizer()  # bytes + the project's special tokens (< 320 ids)
+        V = 320
+        if tok.get_vocab_size() >= V:
+            raise SystemExit(f"--tiny: the byte tokenizer has {tok.get_vocab_size()} ids, the tiny model {V}")
+        lm = tiny_lm(V)
+        mask_id, eos_id, base_name = V - 1, 2, "tiny-random-llama"
         out.mkdir(parents=True, exist_ok=True)
         tok.save(str(out / "tokenizer.json"))  # byte-level, so the eval can encode prompts
-        src = ExampleSource(tok, None, 0.0, args.seed, args.max_len, eos_id, synthetic_vocab=256)
+        src = ExampleSource(tok, None, 0.0, args.seed, args.max_len, eos_id, synthetic_vocab=V)
     else:
         spec = base_spec(args.init_from)
         locate_base(spec.name)
