@@ -4,7 +4,7 @@
 import, so the Panel app (`clover_viz.panel_views`, `apps/explorer.py`), the
 ipywidgets views and the tests all drive the same object.
 
-Threading model (STYLE.md, "Front ends")::
+Threading model (a worker thread decodes; only the UI thread touches params)::
 
     generate() --(UI thread)--> validate prompt, model, settings; new Trace; start worker
     worker thread: BlockDecoder.generate(hooks=[queue.put], cancel=Event) -- touches no param
