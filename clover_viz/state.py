@@ -178,7 +178,8 @@ class LoadedModel:
 def resolve_model(model_dir: str, dev_sharpen_random: bool = False) -> ModelSpec:
     """Turn the model-directory text into a `ModelSpec` (no loading).
 
-    Relative paths are tried against the working directory, then the repository root.
+    Relative paths are tried against the working directory, then the repository root; a bare
+    name also as a bundled model, ``models/<name>`` (``clover-tiny``, ``smollm2-bd``).
 
     Raises:
         ValueError: for a directory that does not exist (other than the default one) or
@@ -195,6 +196,8 @@ def resolve_model(model_dir: str, dev_sharpen_random: bool = False) -> ModelSpec
         )
     path = Path(text).expanduser()
     candidates = [path] if path.is_absolute() else [Path.cwd() / path, REPO_ROOT / path]
+    if not path.is_absolute() and len(path.parts) == 1:  # a bundled model by name: "smollm2-bd"
+        candidates.append(REPO_ROOT / "models" / path)
     found = next((p for p in candidates if p.is_dir()), None)
     if found is None:
         if text.rstrip("/") == DEFAULT_MODEL_DIR:

@@ -380,3 +380,12 @@ def test_issue15_small_items_in_the_views(tmp_path):
     finally:
         s.close()
         s.wait(5)
+
+
+def test_bundled_models_resolve_by_name():
+    """The model field takes a bundled model's name as well as its directory."""
+    for name in ("clover-tiny", "smollm2-bd"):
+        spec = resolve_model(name)
+        assert spec.kind == "checkpoint" and spec.path == str((ROOT / "models" / name).resolve())
+    with pytest.raises(ValueError, match="no model directory"):
+        resolve_model("no-such-model")
