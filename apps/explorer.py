@@ -36,7 +36,6 @@ TITLE = "Clover Explorer · block-diffusion decoding"
 ACCENT = "#0f766e"
 TICK_MS = 100  # periodic drain / playback period per session
 TAB_GONE_S = 1.0  # a session without a connection this long has lost its tab: its decode stops
-MODEL_DIR = os.environ.get("CLOVER_MODEL_DIR", "models/clover-tiny")
 TORCH_THREADS = int(os.environ.get("CLOVER_TORCH_THREADS") or os.environ.get("OMP_NUM_THREADS") or "1")
 DEV_SHARPEN = os.environ.get("CLOVER_DEV_SHARPEN", "") not in ("", "0")
 
@@ -47,6 +46,8 @@ from clover_viz.panel_views import ExplorerApp  # noqa: E402
 from clover_viz.state import ExplorerState, ModelSpec  # noqa: E402
 from panel.io.resources import CDN_DIST  # noqa: E402
 from panel.theme.fast import Fast  # noqa: E402
+
+MODEL_DIR = os.environ.get("CLOVER_MODEL_DIR", state_module.DEFAULT_MODEL_DIR)
 
 # ------------------------------------------------------------------------------ extension
 pn.extension("plotly", notifications=True, sizing_mode="stretch_width")

@@ -28,7 +28,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshot.png")
-    p.add_argument("--model", default="models/clover-tiny")
+    p.add_argument("--model", default=None, help="model directory (default: the bundled model)")
     p.add_argument("--chromium", default="/usr/bin/chromium")
     p.add_argument("--width", type=int, default=1440)
     p.add_argument("--height", type=int, default=1700)
@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     from playwright.sync_api import sync_playwright
 
     sys.path.insert(0, str(ROOT))
-    from clover_viz.state import resolve_model
+    from clover_viz.state import DEFAULT_MODEL_DIR, resolve_model
+
+    args.model = args.model or DEFAULT_MODEL_DIR
 
     spec = importlib.util.spec_from_file_location("clover_explorer_app_shot", ROOT / "apps" / "explorer.py")
     app_module = importlib.util.module_from_spec(spec)

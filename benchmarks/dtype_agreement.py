@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine.checkpoint import DEFAULT_MODEL_DIR  # noqa: E402
 from engine.threads import add_threads_argument, configure_threads  # noqa: E402
 
 
@@ -75,7 +76,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="models/clover-tiny")
+    ap.add_argument("--model", default=DEFAULT_MODEL_DIR)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--tasks", type=int, default=12, help="held-out agent prompts")
     ap.add_argument("--code", type=int, default=4, help="held-out stdlib code prefixes (256 tokens)")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-BUNDLED_MODEL_DIR = "models/clover-tiny"
+from engine.checkpoint import DEFAULT_MODEL_DIR as BUNDLED_MODEL_DIR  # noqa: E402
 FALLBACK_SEED = 0
 FALLBACK_SCALE = 15.0
 

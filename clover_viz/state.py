@@ -56,7 +56,7 @@ from engine.policies import POLICIES
 from engine.trace import Trace
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL_DIR = "models/clover-tiny"
+from engine.checkpoint import DEFAULT_MODEL_DIR  # noqa: E402  (one place for the default)
 RANDOM_MODEL_NAME = "clover-test"
 RANDOM_MODEL_LABEL = "random clover-test (no trained model found)"
 RANDOM_MODEL_SEED = 0

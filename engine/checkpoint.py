@@ -37,6 +37,8 @@ from tokenizers import Tokenizer
 
 from engine.config import CloverConfig
 
+DEFAULT_MODEL_DIR = "models/clover-tiny"
+"""The bundled model every entry point opens by default (relative to the repository root)."""
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"

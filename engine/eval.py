@@ -200,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return hf_main(list(sys.argv[1:] if argv is None else argv))
     ap = argparse.ArgumentParser(prog="python -m engine.eval", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="models/clover-tiny")
+    from engine.checkpoint import DEFAULT_MODEL_DIR
+
+    ap.add_argument("--model", default=DEFAULT_MODEL_DIR)
     ap.add_argument("--tasks", type=int, default=300)
     ap.add_argument("--ar-tasks", type=int, default=None,
                     help="tasks for the block_size-1 settings (default: --tasks); the speed ratio uses the common ones")

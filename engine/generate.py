@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-DEFAULT_MODEL = "models/clover-tiny"
+from engine.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_MODEL  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
