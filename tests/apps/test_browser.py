@@ -373,9 +373,17 @@ def test_small_things_and_offline(page, served_app, tmp_path):
     assert save.first.is_disabled()
     # max new tokens: 0 / 100000 / -5 are refused with the range, the value kept
     for bad in (0, 100000, -5):
-        _set_max_new_tokens(pg, bad)
-        pg.get_by_text(re.compile(r"Max new tokens must be a whole number from 1 to 2048; got " + str(bad))
-                       ).first.wait_for(timeout=TIMEOUT_MS)
+        msg = pg.get_by_text(re.compile(r"Max new tokens must be a whole number from 1 to 2048; got " + str(bad)))
+        for attempt in range(3):  # a loaded machine can drop the Enter before the value syncs: type it again
+            _set_max_new_tokens(pg, bad)
+            try:
+                msg.first.wait_for(timeout=TIMEOUT_MS // 3)
+                break
+            except Exception as e:  # playwright TimeoutError
+                if type(e).__name__ != "TimeoutError":
+                    raise
+                if attempt == 2:
+                    raise
         assert state.max_new_tokens == 32
     _set_max_new_tokens(pg, 32)
     # threshold at the top reads 1.00
