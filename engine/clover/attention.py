@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.clover.ops import (
+    MixerInputs,
     RMSNorm,
     block_attention,
     causal_conv_step,
@@ -26,25 +26,6 @@ from kernels.gated_delta_rule.naive import l2norm
 
 BAND_MAX_BLOCK = 8
 """Training with a window: blocks of at most this many slots use `GatedAttention._band_blocks`."""
-
-
-class AttnInputs(NamedTuple):
-    """One forward's projections in an attention layer (T tokens, Hq query / Hkv kv heads, D head dim).
-
-    q_rot: [B, Hq, T, D] and k_rot: [B, Hkv, T, D] RoPE'd; vh: [B, Hkv, T, D]; q_read: [B, Hq, T, D]
-    fp32 memory read query (l2norm(q) / sqrt(D)); mem_logit: [B, Hq, T] fp32; k, v: [B, T, Hkv, D]
-    for the memory update; g, beta: [B, T, Hkv] fp32 memory gates.
-    """
-
-    q_rot: torch.Tensor
-    k_rot: torch.Tensor
-    vh: torch.Tensor
-    q_read: torch.Tensor
-    mem_logit: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    g: torch.Tensor
-    beta: torch.Tensor
 
 
 class GatedAttention(nn.Module):
@@ -109,7 +90,7 @@ class GatedAttention(nn.Module):
         o = o.transpose(1, 2) * torch.sigmoid(gate)  # o: [B, Hq, T, D] -> [B, T, Hq, D]
         return self.o_proj(o.reshape(B, T, self.Hq * self.D))
 
-    def _inputs(self, x: torch.Tensor, q: torch.Tensor, p: Pass, st: LayerState) -> AttnInputs:
+    def _inputs(self, x: torch.Tensor, q: torch.Tensor, p: Pass, st: LayerState) -> MixerInputs:
         B, T, _ = x.shape
         k, v = self.k_proj(x), self.v_proj(x)
         if self.conv1d is not None:
@@ -133,10 +114,10 @@ class GatedAttention(nn.Module):
         mem_logit = scale * torch.einsum("bhtd,hd->bht", qh.float(), self.mem_w.float())
         mem_logit = mem_logit + self.mem_b_logit.view(1, -1, 1)
         q_read = l2norm(qh.float()) * scale  # [B, Hq, T, D]
-        return AttnInputs(q_rot, k_rot, vh, q_read, mem_logit, k, v, g, beta)
+        return MixerInputs(q_rot, k_rot, vh, q_read, mem_logit, k, v, g, beta)
 
     # ------------------------------------------------------------ decode and reference
-    def _stepwise(self, inp: AttnInputs, p: Pass, st: LayerState) -> torch.Tensor:
+    def _stepwise(self, inp: MixerInputs, p: Pass, st: LayerState) -> torch.Tensor:
         """Chunk by chunk (`Pass.segments`); decode pushes each committed chunk into the ring
         buffer, reference slices the window from this pass's committed K/V. Writes the state."""
         rep, W, scale = self.Hq // self.Hkv, p.window, self.D**-0.5
@@ -176,7 +157,7 @@ class GatedAttention(nn.Module):
         return st.win_k, st.win_v, valid
 
     @staticmethod
-    def _window_slice(inp: AttnInputs, p: Pass, seg_pos: int):
+    def _window_slice(inp: MixerInputs, p: Pass, seg_pos: int):
         """Reference: an explicit slice of this pass's committed K/V before `seg_pos`, left-padded to W."""
         W = p.window
         hk, hv = inp.k_rot[:, :, : p.n_commit], inp.vh[:, :, : p.n_commit]
@@ -189,14 +170,14 @@ class GatedAttention(nn.Module):
         return F.pad(ek, (0, 0, pad, 0)), F.pad(ev, (0, 0, pad, 0)), valid
 
     # --------------------------------------------------------------- train and prefill
-    def _boundary_states(self, inp: AttnInputs, p: Pass, st: LayerState) -> tuple[torch.Tensor, torch.Tensor]:
+    def _boundary_states(self, inp: MixerInputs, p: Pass, st: LayerState) -> tuple[torch.Tensor, torch.Tensor]:
         """States before every commit chunk, [B*nb, Hq, D, D] (GQA-expanded, one row per chunk), and after the last."""
         n, L = p.n_commit, p.chunk
         B, rep = inp.vh.shape[0], self.Hq // self.Hkv
         S_b, S = chunk_states(inp.k[:, :n].float(), inp.v[:, :n].float(), inp.g[:, :n], inp.beta[:, :n], st.S, L)
         return S_b.repeat_interleave(rep, 1).transpose(1, 2).reshape(B * (n // L), self.Hq, self.D, self.D), S
 
-    def _windows(self, inp: AttnInputs, p: Pass):
+    def _windows(self, inp: MixerInputs, p: Pass):
         """Block b's window: the committed K/V at [bL - W, bL), for b = 0..nb (nb = the block after
         the commit). Returns keys, values [B, nb+1, Hq, W, D] and valid [nb+1, W]."""
         n, L, W = p.n_commit, p.chunk, p.window
@@ -210,7 +191,7 @@ class GatedAttention(nn.Module):
         starts = torch.arange(nb + 1, device=pad.device) * L
         return wk, wv, j[None, :] >= (W - starts)[:, None]
 
-    def _blocks(self, inp: AttnInputs, sl: slice, S_b: torch.Tensor, L: int, windows=None) -> torch.Tensor:
+    def _blocks(self, inp: MixerInputs, sl: slice, S_b: torch.Tensor, L: int, windows=None) -> torch.Tensor:
         """Every block of L tokens in `sl` at once, block b reading S_b[b] and window b: [B, Hq, len(sl), D]."""
         B, rep, scale = inp.vh.shape[0], self.Hq // self.Hkv, self.D**-0.5
         nb = S_b.shape[0] // B
@@ -228,7 +209,7 @@ class GatedAttention(nn.Module):
             to_blocks(inp.mem_logit[:, :, sl], L), ek, ev, vv)
         return from_blocks(o, B)
 
-    def _train(self, inp: AttnInputs, p: Pass, st: LayerState) -> torch.Tensor:
+    def _train(self, inp: MixerInputs, p: Pass, st: LayerState) -> torch.Tensor:
         """Clean half and noisy half, block b of each reading the state (and clean window) before
         clean block b (see `CloverModel.forward_train`). The state is not written."""
         n, L, W = p.n_commit, p.chunk, p.window
@@ -239,7 +220,7 @@ class GatedAttention(nn.Module):
         windows = self._windows(inp, p) if W else None
         return torch.cat([self._blocks(inp, sl, S_b, L, windows) for sl in halves], 2)
 
-    def _prefill(self, inp: AttnInputs, p: Pass, st: LayerState) -> torch.Tensor:
+    def _prefill(self, inp: MixerInputs, p: Pass, st: LayerState) -> torch.Tensor:
         """Every commit chunk at once (reading the boundary states), then the block on the final
         state; writes the state and the ring buffer."""
         n, L, W = p.n_commit, p.chunk, p.window
@@ -262,7 +243,7 @@ class GatedAttention(nn.Module):
         p.record(share, S)
         return o
 
-    def _band_blocks(self, inp: AttnInputs, sl: slice, S_b: torch.Tensor, L: int, W: int) -> torch.Tensor:
+    def _band_blocks(self, inp: MixerInputs, sl: slice, S_b: torch.Tensor, L: int, W: int) -> torch.Tensor:
         """Training, small blocks: every block of one half at once as a [n, n] banded attention.
 
         Same result as `block_attention` per block with the clean window, without building

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.clover.ops import (
+    MixerInputs,
     GatedRMSNorm,
     block_attention,
     causal_conv_step,
@@ -23,26 +23,6 @@ from engine.clover.state import LayerState, Pass
 from engine.config import CloverConfig
 from kernels.gated_delta_rule.chunk import chunk_states
 from kernels.gated_delta_rule.naive import l2norm
-
-
-class GdnInputs(NamedTuple):
-    """One forward's projections in a GDN layer (fp32 unless noted; T tokens, Hv value heads).
-
-    q_rot, k_rot: [B, Hv, T, K] RoPE'd in-block q / k; vh: [B, Hv, T, V]; q_read: [B, Hv, T, K]
-    memory read query (q / sqrt(K)); mem_logit: [B, Hv, T] memory-unit logit; k: [B, T, Hk, K]
-    L2-normalised keys and v: [B, T, Hv, V] (dtype of x) for the state update; g, beta: [B, T, Hv]
-    log-decay and write strength.
-    """
-
-    q_rot: torch.Tensor
-    k_rot: torch.Tensor
-    vh: torch.Tensor
-    q_read: torch.Tensor
-    mem_logit: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    g: torch.Tensor
-    beta: torch.Tensor
 
 
 class GatedDeltaNet(nn.Module):
@@ -97,7 +77,7 @@ class GatedDeltaNet(nn.Module):
         o = self.norm(o.transpose(1, 2), z).to(x.dtype).reshape(B, T, self.Hv * self.V)  # o: [B, Hv, T, V]
         return self.out_proj(o)
 
-    def _inputs(self, x: torch.Tensor, p: Pass, st: LayerState) -> GdnInputs:
+    def _inputs(self, x: torch.Tensor, p: Pass, st: LayerState) -> MixerInputs:
         B, T, _ = x.shape
         proj = self.in_proj_qkv(x)
         if p.kind == "train":
@@ -122,15 +102,15 @@ class GatedDeltaNet(nn.Module):
         temperature = self.block_temperature.float()
         mem_logit = temperature.view(1, -1, 1) * torch.einsum("bhtk,hk->bht", qh, self.mem_w.float())
         mem_logit = mem_logit + self.mem_b.float().view(1, -1, 1)
-        return GdnInputs(q_rot, k_rot, vh, qh * self.K**-0.5, mem_logit, k, v, g, beta)
+        return MixerInputs(q_rot, k_rot, vh, qh * self.K**-0.5, mem_logit, k, v, g, beta)
 
-    def _boundary_states(self, inp: GdnInputs, p: Pass, st: LayerState) -> tuple[torch.Tensor, torch.Tensor]:
+    def _boundary_states(self, inp: MixerInputs, p: Pass, st: LayerState) -> tuple[torch.Tensor, torch.Tensor]:
         """States before every commit chunk, [B*nb, Hv, K, V] (one row per chunk), and after the last."""
         n, L = p.n_commit, p.chunk
         S_b, S = chunk_states(inp.k[:, :n], inp.v[:, :n], inp.g[:, :n], inp.beta[:, :n], st.S, L)  # [B, Hv, nb, K, V]
         return S_b.transpose(1, 2).reshape(-1, self.Hv, self.K, self.V), S
 
-    def _blocks(self, inp: GdnInputs, sl: slice, S_b: torch.Tensor, L: int) -> torch.Tensor:
+    def _blocks(self, inp: MixerInputs, sl: slice, S_b: torch.Tensor, L: int) -> torch.Tensor:
         """Every block of L tokens in `sl` at once, block b reading S_b[b]: [B, Hv, len(sl), V]."""
         B = inp.vh.shape[0]
         o, _ = block_attention(to_blocks(inp.q_rot[:, :, sl], L), to_blocks(inp.k_rot[:, :, sl], L),
@@ -138,14 +118,14 @@ class GatedDeltaNet(nn.Module):
                                to_blocks(inp.q_read[:, :, sl], L) @ S_b, to_blocks(inp.mem_logit[:, :, sl], L))
         return from_blocks(o, B)
 
-    def _train(self, inp: GdnInputs, p: Pass, st: LayerState) -> torch.Tensor:
+    def _train(self, inp: MixerInputs, p: Pass, st: LayerState) -> torch.Tensor:
         """Clean half and noisy half, block b of each reading the state before clean block b."""
         n = p.n_commit
         S_b, _ = self._boundary_states(inp, p, st)
         return torch.cat([self._blocks(inp, slice(0, n), S_b, p.chunk),
                           self._blocks(inp, slice(n, 2 * n), S_b, p.chunk)], 2)
 
-    def _prefill(self, inp: GdnInputs, p: Pass, st: LayerState) -> torch.Tensor:
+    def _prefill(self, inp: MixerInputs, p: Pass, st: LayerState) -> torch.Tensor:
         """Every commit chunk at once, then the block on the final state; writes the state."""
         n = p.n_commit
         S_b, S = self._boundary_states(inp, p, st)
@@ -156,7 +136,7 @@ class GatedDeltaNet(nn.Module):
         p.record(share, S)
         return torch.cat([o_c, o_b], 2)
 
-    def _stepwise(self, inp: GdnInputs, p: Pass, st: LayerState) -> torch.Tensor:
+    def _stepwise(self, inp: MixerInputs, p: Pass, st: LayerState) -> torch.Tensor:
         """Decode and reference: chunk by chunk (`Pass.segments`); writes the state."""
         S, outs = st.S, []
         for s, e, commit in p.segments(inp.vh.shape[2]):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -179,3 +181,25 @@ def causal_conv_train(x: torch.Tensor, weight: torch.Tensor, n: int, L: int) -> 
     noisy = F.conv1d(noisy_in.reshape(B * nb, k1 + L, channels).transpose(1, 2), weight,
                      groups=channels).transpose(1, 2).reshape(B, n, channels)
     return torch.cat([clean, noisy], 1)
+
+
+class MixerInputs(NamedTuple):
+    """One forward's projections in a mixer, built once and handed to its path (train, prefill, stepwise).
+
+    GDN (T tokens, Hv value / Hk key heads): q_rot, k_rot [B, Hv, T, K] RoPE'd in-block q / k; vh
+    [B, Hv, T, V]; q_read [B, Hv, T, K] memory read query (q / sqrt(K)); mem_logit [B, Hv, T];
+    k [B, T, Hk, K] L2-normalised and v [B, T, Hv, V] for the state update; g, beta [B, T, Hv].
+    Attention (Hq query / Hkv kv heads, D head dim): q_rot [B, Hq, T, D], k_rot and vh
+    [B, Hkv, T, D]; q_read [B, Hq, T, D] fp32 (l2norm(q) / sqrt(D)); mem_logit [B, Hq, T] fp32;
+    k, v [B, T, Hkv, D] for the memory update; g, beta [B, T, Hkv] fp32 memory gates.
+    """
+
+    q_rot: torch.Tensor
+    k_rot: torch.Tensor
+    vh: torch.Tensor
+    q_read: torch.Tensor
+    mem_logit: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
