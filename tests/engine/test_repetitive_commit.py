@@ -33,8 +33,6 @@ CASES = [("separator", SEPARATOR, 32, 40), ("separator", SEPARATOR, 64, 48),
 
 @pytest.fixture(scope="module")
 def bundled():
-    if not (MODEL_DIR / "model.safetensors").is_file():
-        pytest.skip(f"no bundled model at {MODEL_DIR}")
     return load_model(MODEL_DIR), load_tokenizer(MODEL_DIR)
 
 
