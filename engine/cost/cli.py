@@ -16,16 +16,7 @@ from engine.cost.devices import DEFAULT_DEVICE, DEVICES, Device, get_device, rid
 from engine.cost.formulas import (MEMORY_MODES, UNION_ASSUMPTIONS, ForwardCost, _as_config, ar_step_cost,
                                   expected_union, forward_cost)
 from engine.cost.projection import TraceProjection, project_trace
-
-
-def format_si(x: float, unit: str) -> str:
-    """``12.0 GB``, ``196.5 GFLOP``: decimal SI prefixes, 4 significant digits."""
-    if x == 0:
-        return f"0 {unit}"
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= factor:
-            return f"{x / factor:#.4g}".rstrip(".") + f" {prefix}{unit}"
-    return f"{x:#.4g}".rstrip(".") + f" {unit}"
+from engine.units import format_si
 
 
 def format_breakdown(fc: ForwardCost) -> str:
