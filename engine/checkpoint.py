@@ -227,6 +227,21 @@ def load_model(
     return model
 
 
+# Parameters renamed since checkpoints were first written: (old suffix, new suffix). A
+# checkpoint saved before the rename loads under the new name; `save_model` writes new names.
+RENAMED_PARAMETERS: tuple[tuple[str, str], ...] = (
+    (".mem_b", ".mem_logit_bias"),  # GDN memory-unit logit bias (attention's ``mem_b.weight`` is a beta projection)
+)
+
+
+def current_name(stored: str) -> str:
+    """The model's parameter name for a tensor stored as ``stored`` (see `RENAMED_PARAMETERS`)."""
+    for old, new in RENAMED_PARAMETERS:
+        if stored.endswith(old):
+            return stored[: -len(old)] + new
+    return stored
+
+
 def load_weights(model: torch.nn.Module, path_or_dir: str | Path) -> torch.nn.Module:
     """Load a checkpoint's weights into an existing `model`, strictly.
 
@@ -253,7 +268,7 @@ def load_weights(model: torch.nn.Module, path_or_dir: str | Path) -> torch.nn.Mo
     directory = _checkpoint_dir(path_or_dir)
     files = _weight_files(directory)  # {file: names the index assigns it, or None}
 
-    found: dict[str, tuple[Path, str, tuple[int, ...]]] = {}  # name -> (file, dtype, shape)
+    found: dict[str, tuple[Path, str, tuple[int, ...], str]] = {}  # name -> (file, dtype, shape, stored name)
     for path, listed in files.items():
         header = _read_header(path)
         try:  # safetensors' own checks (offsets vs shapes), before any weight is copied
@@ -274,13 +289,14 @@ def load_weights(model: torch.nn.Module, path_or_dir: str | Path) -> torch.nn.Mo
                     f"shard {path} holds {_names(extra)} that {INDEX_NAME} does not list; "
                     f"the index is stale -- re-save the model"
                 )
-        for name, (dt, shape) in header.items():
+        for stored, (dt, shape) in header.items():
+            name = current_name(stored)
             if name in found:
                 raise ValueError(
                     f"tensor {name!r} appears in both {found[name][0].name} and {path.name}; "
                     f"remove the stale file and re-save the model"
                 )
-            found[name] = (path, dt, shape)
+            found[name] = (path, dt, shape, stored)
 
     expected = model.state_dict()
     missing = [n for n in expected if n not in found]
@@ -299,7 +315,7 @@ def load_weights(model: torch.nn.Module, path_or_dir: str | Path) -> torch.nn.Mo
             f"different model version or config -- re-save or re-convert it with this engine"
         )
     for name, want in expected.items():
-        path, dt, shape = found[name]
+        path, dt, shape, _ = found[name]
         if shape != tuple(want.shape):
             raise ValueError(
                 f"tensor {name!r} in {path.name} has shape {list(shape)}, the model expects "
@@ -311,14 +327,14 @@ def load_weights(model: torch.nn.Module, path_or_dir: str | Path) -> torch.nn.Mo
                 f"a {_dtype_kind(dt)} tensor cannot fill a {_dtype_kind(want.dtype)} one"
             )
 
-    by_file: dict[Path, list[str]] = {}
-    for name, (path, _, _) in found.items():
-        by_file.setdefault(path, []).append(name)
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for name, (path, _, _, stored) in found.items():
+        by_file.setdefault(path, []).append((name, stored))
     with torch.no_grad():
         for path, names in by_file.items():
             try:
                 with safe_open(str(path), framework="pt", device="cpu") as f:
-                    part = {n: f.get_tensor(n) for n in names}
+                    part = {n: f.get_tensor(stored) for n, stored in names}
             except SafetensorError as e:
                 raise ValueError(f"cannot read {path}: {e}; re-save or re-download it") from e
             result = model.load_state_dict(part, strict=False)

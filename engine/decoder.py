@@ -3,7 +3,7 @@
 Per block, exactly:
 
 1. all generation slots start as MASK (a partial last prompt block pre-fills
-   the head of the first generation block; blocks sit at positions k * B);
+   the head of the first generation block; blocks sit at positions k * block_size);
 2. each iteration runs one forward over the block and takes, per masked slot,
    the argmax token and its probability after the logits processors (MASK and
    ids the tokenizer cannot decode -- an LM head wider than the tokenizer --
@@ -23,7 +23,7 @@ Per block, exactly:
 remaining slot is written with its argmax and recorded as forced.
 ``block_size = 1`` is greedy autoregressive decoding.
 
-A final block shorter than B (``max_new_tokens`` not a multiple of B, or the
+A final block shorter than block_size (``max_new_tokens`` not a multiple of block_size, or the
 context limit) runs with only the slots it needs: no slot is computed and
 then thrown away.
 """
@@ -85,7 +85,7 @@ class DecodeConfig:
     0.949999988...). Every float must be finite.
 
     Attributes:
-        block_size: slots per block B (>= 1; 1 = autoregressive; at most the model's
+        block_size: slots per block (>= 1; 1 = autoregressive; at most the model's
             context, checked by `BlockDecoder.generate`).
         threshold: LowConfidence / margin acceptance threshold, in (0, 1], compared
             exactly (``>=`` on the value as given, not rounded to fp32).
@@ -361,7 +361,7 @@ class BlockDecoder:
         dc = self._check_config(config)
         ids = self.encode_prompt(prompt)
         cfg = self.model.config
-        B, P = dc.block_size, len(ids)
+        block_size, P = dc.block_size, len(ids)
         is_cancelled = (cancel.is_set if isinstance(cancel, threading.Event) else cancel) or (lambda: False)
         observers = list(self._hooks) + list(hooks)
         trace = self._new_trace(dc, ids) if record_trace else None
@@ -373,9 +373,9 @@ class BlockDecoder:
                 fn(ev)
 
         state = self.model.setup_state(1, dc.memory_mode)
-        meter = CostMeter(cfg, self.model.dtype.itemsize, dc.memory_mode, state.window, B) if observers else None
+        meter = CostMeter(cfg, self.model.dtype.itemsize, dc.memory_mode, state.window, block_size) if observers else None
         select = _Selector(dc, cfg, self._undecodable(cfg.vocab_size, cfg.eos_token_id).to(self.model.device))
-        committed, head = split_prompt(ids, B)
+        committed, head = split_prompt(ids, block_size)
         commit = torch.tensor([committed], device=self.model.device) if committed else None
         seq = list(committed)  # every token of finished blocks (for the processors)
         budget = min(dc.max_new_tokens, cfg.max_position_embeddings - P)
@@ -384,16 +384,16 @@ class BlockDecoder:
         nfe = n_forced = block_index = 0
         t_start = time.perf_counter()
         while budget > 0:
-            n_gen = min(B - len(head), budget)
+            n_gen = min(block_size - len(head), budget)
             blk = _Block(block_index, len(seq), head, n_gen, cfg.mask_token_id, self.model.device)
             if observers:
-                emit(BlockStart(block_index, blk.pos0, B, blk.L, blk.prefilled.cpu().numpy().copy(),
+                emit(BlockStart(block_index, blk.pos0, block_size, blk.L, blk.prefilled.cpu().numpy().copy(),
                                 blk.ids[0].cpu().numpy().copy()))  # copies: the block is filled in place
             cancelled = False
             while bool(blk.masked.any()):
                 t0 = time.perf_counter()
                 n_commit = 0 if commit is None else commit.shape[1]
-                out = self.model(blk.ids, state, commit_ids=commit, block_size=B, observe=bool(observers))
+                out = self.model(blk.ids, state, commit_ids=commit, block_size=block_size, observe=bool(observers))
                 commit = None
                 step = select.step(out.logits[0], blk, seq, P, last_step=dc.max_steps is not None
                                    and blk.step + 1 >= dc.max_steps)

@@ -54,8 +54,8 @@ class BlockStart(_Repr):
     Attributes:
         block_index: 0-based index of the generation block.
         position_start: absolute position of slot 0 (a multiple of block_size).
-        block_size: the decode's block_size B.
-        length: slots in this block, L (< B only for a final, shorter block).
+        block_size: the decode's block_size.
+        length: slots in this block, L (< block_size only for a final, shorter block).
         prefilled: (L,) bool -- slots holding prompt tokens (never masked).
         tokens: (L,) int64 -- block contents at start (prompt tokens or MASK).
     """

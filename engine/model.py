@@ -159,7 +159,7 @@ class CloverModel(nn.Module):
             state: from `setup_state`; updated in place by the commit.
             commit_ids: [B, C] int64 finished tokens to fold into the state first
                 (C a multiple of `block_size`, or one block), or None.
-            block_size: commit chunk length (the decode's block size); default C.
+            block_size: committed block length (the decode's block_size); default C.
             observe: also return memory shares and state norms (for hooks).
 
         Returns:
@@ -194,7 +194,7 @@ class CloverModel(nn.Module):
         """Block-diffusion training forward (docs/architecture.md §9).
 
         One pass over the clean sequence gives every block-boundary state (the
-        clean blocks are committed one after another, chunk = block); the noisy
+        clean blocks are committed one after another); the noisy
         blocks run in the same pass, block b reading the state (and, with
         `use_window`, the clean K/V window) left by clean blocks 0..b-1 -- the
         same computation the decoder does when block b is decoded after its history.
@@ -216,7 +216,7 @@ class CloverModel(nn.Module):
             raise ValueError("use_window needs config.attention_window > 0")
         state = self.setup_state(B, "state")
         pos = torch.arange(T, device=clean_ids.device).repeat(2)
-        p = Pass("train", n_commit=T, chunk=block_size, pos=pos,
+        p = Pass("train", n_commit=T, block_size=block_size, pos=pos,
                  window=self.config.attention_window if use_window else 0)
         x = self.embed_tokens(torch.cat([clean_ids, noisy_ids], 1))  # [B, 2T, D]
         for layer, st in zip(self.layers, state.layers):
@@ -227,11 +227,11 @@ class CloverModel(nn.Module):
     def _run(self, block_ids: torch.Tensor, state: CloverState, commit_ids: torch.Tensor | None,
              block_size: int | None, observe: bool, reference: bool) -> ModelOutput:
         """Plan the forward (`Pass`: reference, prefill from a fresh state with several commit
-        chunks, else decode), run every layer, advance ``state.position``."""
+        blocks, else decode), run every layer, advance ``state.position``."""
         C = 0 if commit_ids is None else commit_ids.shape[1]
-        chunk = block_size or max(C, 1)
-        if C % chunk:
-            raise ValueError(f"commit of {C} tokens is not a whole number of blocks of {chunk}")
+        L = block_size or max(C, 1)
+        if C % L:
+            raise ValueError(f"commit of {C} tokens is not a whole number of blocks of {L}")
         start = state.position
         ids = block_ids if commit_ids is None else torch.cat([commit_ids, block_ids], 1)
         T = ids.shape[1]
@@ -241,8 +241,8 @@ class CloverModel(nn.Module):
                 f"{self.config.max_position_embeddings}; shorten the prompt or max_new_tokens"
             )
         pos = torch.arange(start, start + T, device=ids.device)
-        kind = "reference" if reference else "prefill" if start == 0 and C > chunk else "decode"
-        p = Pass(kind, n_commit=C, chunk=chunk, pos=pos, start=start, window=state.window, observe=observe)
+        kind = "reference" if reference else "prefill" if start == 0 and C > L else "decode"
+        p = Pass(kind, n_commit=C, block_size=L, pos=pos, start=start, window=state.window, observe=observe)
         x = self.embed_tokens(ids)  # [B, T, D]
         for layer, st in zip(self.layers, state.layers):
             x = layer(x, p, st)

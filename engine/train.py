@@ -39,7 +39,7 @@ rows), `engine.training.masking` (noise), `engine.training.probes` (held-out met
 
 from __future__ import annotations
 
-from engine.training.loop import (AUX_WEIGHT, BLOCK_SIZES, ROW_SHAPE, WINDOW_DROP, Batch, Progress, build_parser,
+from engine.training.loop import (AUX_WEIGHT, BLOCK_SIZE_WEIGHTS, ROW_SHAPE, WINDOW_DROP, Batch, Progress, build_parser,
                                   draw_batch, evaluate, held_out_batches, lr_at, make_optimizer, parse_args,
                                   parse_block_weights, setup_model, train_step)
 from engine.training.masking import EPS, OTHER_BLOCK_RATE, mask_blocks
@@ -50,7 +50,7 @@ from engine.training.surgery import (ATTENTION_CONV_WEIGHT, INDUCTION_TAPS, init
                                      with_attention_conv, with_front_attention)
 
 __all__ = [  # re-exported: `from engine.train import X` keeps working
-    "AGENT_SHARE", "ATTENTION_CONV_WEIGHT", "AUX_WEIGHT", "BLOCK_SIZES", "EPS", "FIRST_ORDINARY_ID", "INDUCTION_TAPS",
+    "AGENT_SHARE", "ATTENTION_CONV_WEIGHT", "AUX_WEIGHT", "BLOCK_SIZE_WEIGHTS", "EPS", "FIRST_ORDINARY_ID", "INDUCTION_TAPS",
     "OTHER_BLOCK_RATE", "RECALL_VOCABS", "ROW_SHAPE", "WINDOW_DROP", "Batch", "Progress", "RowSource", "build_parser",
     "draw_batch", "easy_conversations", "evaluate", "held_out_batches", "heldout_loss", "init_induction_heads",
     "lr_at", "main", "make_optimizer", "mask_blocks", "pack_conversations", "parse_args", "parse_block_weights",

@@ -96,7 +96,7 @@ class GatedAttention(nn.Module):
         if self.conv1d is not None:
             qkv = torch.cat([q.reshape(B, T, -1), k, v], -1)
             if p.kind == "train":
-                qkv = causal_conv_train(qkv, self.conv1d.weight, p.n_commit, p.chunk)
+                qkv = causal_conv_train(qkv, self.conv1d.weight, p.n_commit, p.block_size)
             else:
                 qkv = causal_conv_step(qkv, self.conv1d.weight, st.conv, p.n_commit)
             q, k, v = torch.split(qkv, [self.Hq * self.D, self.Hkv * self.D, self.Hkv * self.D], -1)
@@ -118,7 +118,7 @@ class GatedAttention(nn.Module):
 
     # ------------------------------------------------------------ decode and reference
     def _stepwise(self, inp: MixerInputs, p: Pass, st: LayerState) -> torch.Tensor:
-        """Chunk by chunk (`Pass.segments`); decode pushes each committed chunk into the ring
+        """Block by block (`Pass.segments`); decode pushes each committed block into the ring
         buffer, reference slices the window from this pass's committed K/V. Writes the state."""
         rep, W, scale = self.Hq // self.Hkv, p.window, self.D**-0.5
         q_rot, k_rot, vh = inp.q_rot, inp.k_rot, inp.vh
@@ -139,7 +139,7 @@ class GatedAttention(nn.Module):
             if commit:
                 S = delta_update(S, inp.k[:, s:e].float(), inp.v[:, s:e].float(), inp.g[:, s:e], inp.beta[:, s:e],
                                  naive=p.kind == "reference")
-                if W and p.kind == "decode":  # push the chunk's last <= W tokens into the ring
+                if W and p.kind == "decode":  # push the block's last <= W tokens into the ring
                     t0 = max(s, e - W)
                     slots = (p.start + torch.arange(t0, e, device=vh.device)) % W
                     st.win_k[:, :, slots] = k_rot[:, :, t0:e].to(st.win_k.dtype)
@@ -171,8 +171,8 @@ class GatedAttention(nn.Module):
 
     # --------------------------------------------------------------- train and prefill
     def _boundary_states(self, inp: MixerInputs, p: Pass, st: LayerState) -> tuple[torch.Tensor, torch.Tensor]:
-        """States before every commit chunk, [B*nb, Hq, D, D] (GQA-expanded, one row per chunk), and after the last."""
-        n, L = p.n_commit, p.chunk
+        """States before every committed block, [B*nb, Hq, D, D] (GQA-expanded, one row per block), and after the last."""
+        n, L = p.n_commit, p.block_size
         B, rep = inp.vh.shape[0], self.Hq // self.Hkv
         S_b, S = chunk_states(inp.k[:, :n].float(), inp.v[:, :n].float(), inp.g[:, :n], inp.beta[:, :n], st.S, L)
         return S_b.repeat_interleave(rep, 1).transpose(1, 2).reshape(B * (n // L), self.Hq, self.D, self.D), S
@@ -180,7 +180,7 @@ class GatedAttention(nn.Module):
     def _windows(self, inp: MixerInputs, p: Pass):
         """Block b's window: the committed K/V at [bL - W, bL), for b = 0..nb (nb = the block after
         the commit). Returns keys, values [B, nb+1, Hq, W, D] and valid [nb+1, W]."""
-        n, L, W = p.n_commit, p.chunk, p.window
+        n, L, W = p.n_commit, p.block_size, p.window
         B, rep, nb = inp.vh.shape[0], self.Hq // self.Hkv, n // L
         pad = inp.k_rot.new_zeros(B, self.Hkv, W, self.D)
         kp = torch.cat([pad, inp.k_rot[:, :, :n]], 2).unfold(2, W, L)  # [B, Hkv, nb+1, D, W]
@@ -212,7 +212,7 @@ class GatedAttention(nn.Module):
     def _train(self, inp: MixerInputs, p: Pass, st: LayerState) -> torch.Tensor:
         """Clean half and noisy half, block b of each reading the state (and clean window) before
         clean block b (see `CloverModel.forward_train`). The state is not written."""
-        n, L, W = p.n_commit, p.chunk, p.window
+        n, L, W = p.n_commit, p.block_size, p.window
         S_b, _ = self._boundary_states(inp, p, st)
         halves = (slice(0, n), slice(n, 2 * n))
         if W and L <= BAND_MAX_BLOCK:
@@ -221,9 +221,9 @@ class GatedAttention(nn.Module):
         return torch.cat([self._blocks(inp, sl, S_b, L, windows) for sl in halves], 2)
 
     def _prefill(self, inp: MixerInputs, p: Pass, st: LayerState) -> torch.Tensor:
-        """Every commit chunk at once (reading the boundary states), then the block on the final
+        """Every committed block at once (reading the boundary states), then the block on the final
         state; writes the state and the ring buffer."""
-        n, L, W = p.n_commit, p.chunk, p.window
+        n, L, W = p.n_commit, p.block_size, p.window
         rep, nb, scale = self.Hq // self.Hkv, n // L, self.D**-0.5
         q_rot, k_rot, vh = inp.q_rot, inp.k_rot, inp.vh
         S_b, S = self._boundary_states(inp, p, st)

@@ -54,7 +54,7 @@ class GatedDeltaNet(nn.Module):
         # block-diffusion additions
         self.block_temperature = nn.Parameter(torch.full((self.Hv,), cfg.block_temperature_init))
         self.mem_w = nn.Parameter(torch.randn(self.Hv, self.K) * 0.02)
-        self.mem_b = nn.Parameter(torch.full((self.Hv,), cfg.memory_logit_bias_init))  # memory-unit logit bias
+        self.mem_logit_bias = nn.Parameter(torch.full((self.Hv,), cfg.memory_logit_bias_init))  # memory-unit logit bias
 
     def init_state(self, batch: int, device, dtype) -> LayerState:
         k = self.cfg.linear_conv_kernel_dim
@@ -81,7 +81,7 @@ class GatedDeltaNet(nn.Module):
         B, T, _ = x.shape
         proj = self.in_proj_qkv(x)
         if p.kind == "train":
-            qkv = causal_conv_train(proj, self.conv1d.weight, p.n_commit, p.chunk)
+            qkv = causal_conv_train(proj, self.conv1d.weight, p.n_commit, p.block_size)
         else:
             qkv = causal_conv_step(proj, self.conv1d.weight, st.conv, p.n_commit)
         qkv = F.silu(qkv)  # [B, T, channels]
@@ -101,12 +101,12 @@ class GatedDeltaNet(nn.Module):
         # fp32 from here on whatever the weights' dtype (bf16 / fp16 models): cast the small parameters
         temperature = self.block_temperature.float()
         mem_logit = temperature.view(1, -1, 1) * torch.einsum("bhtk,hk->bht", qh, self.mem_w.float())
-        mem_logit = mem_logit + self.mem_b.float().view(1, -1, 1)
+        mem_logit = mem_logit + self.mem_logit_bias.float().view(1, -1, 1)
         return MixerInputs(q_rot, k_rot, vh, qh * self.K**-0.5, mem_logit, k, v, g, beta)
 
     def _boundary_states(self, inp: MixerInputs, p: Pass, st: LayerState) -> tuple[torch.Tensor, torch.Tensor]:
-        """States before every commit chunk, [B*nb, Hv, K, V] (one row per chunk), and after the last."""
-        n, L = p.n_commit, p.chunk
+        """States before every committed block, [B*nb, Hv, K, V] (one row per block), and after the last."""
+        n, L = p.n_commit, p.block_size
         S_b, S = chunk_states(inp.k[:, :n], inp.v[:, :n], inp.g[:, :n], inp.beta[:, :n], st.S, L)  # [B, Hv, nb, K, V]
         return S_b.transpose(1, 2).reshape(-1, self.Hv, self.K, self.V), S
 
@@ -122,14 +122,14 @@ class GatedDeltaNet(nn.Module):
         """Clean half and noisy half, block b of each reading the state before clean block b."""
         n = p.n_commit
         S_b, _ = self._boundary_states(inp, p, st)
-        return torch.cat([self._blocks(inp, slice(0, n), S_b, p.chunk),
-                          self._blocks(inp, slice(n, 2 * n), S_b, p.chunk)], 2)
+        return torch.cat([self._blocks(inp, slice(0, n), S_b, p.block_size),
+                          self._blocks(inp, slice(n, 2 * n), S_b, p.block_size)], 2)
 
     def _prefill(self, inp: MixerInputs, p: Pass, st: LayerState) -> torch.Tensor:
-        """Every commit chunk at once, then the block on the final state; writes the state."""
+        """Every committed block at once, then the block on the final state; writes the state."""
         n = p.n_commit
         S_b, S = self._boundary_states(inp, p, st)
-        o_c = self._blocks(inp, slice(0, n), S_b, p.chunk)
+        o_c = self._blocks(inp, slice(0, n), S_b, p.block_size)
         o_b, share = block_attention(inp.q_rot[:, :, n:], inp.k_rot[:, :, n:], inp.vh[:, :, n:],
                                      self.block_temperature, inp.q_read[:, :, n:] @ S, inp.mem_logit[:, :, n:])
         st.S.copy_(S)
@@ -137,14 +137,14 @@ class GatedDeltaNet(nn.Module):
         return torch.cat([o_c, o_b], 2)
 
     def _stepwise(self, inp: MixerInputs, p: Pass, st: LayerState) -> torch.Tensor:
-        """Decode and reference: chunk by chunk (`Pass.segments`); writes the state."""
+        """Decode and reference: block by block (`Pass.segments`); writes the state."""
         S, outs = st.S, []
         for s, e, commit in p.segments(inp.vh.shape[2]):
             m = inp.q_read[:, :, s:e] @ S  # [B, Hv, l, V]
             o, share = block_attention(inp.q_rot[:, :, s:e], inp.k_rot[:, :, s:e], inp.vh[:, :, s:e],
                                        self.block_temperature, m, inp.mem_logit[:, :, s:e])
             outs.append(o)
-            if commit:  # fold the chunk into the state
+            if commit:  # fold the block into the state
                 S = delta_update(S, inp.k[:, s:e], inp.v[:, s:e], inp.g[:, s:e], inp.beta[:, s:e],
                                  naive=p.kind == "reference")
         st.S.copy_(S)

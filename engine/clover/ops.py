@@ -128,7 +128,7 @@ def from_blocks(t: torch.Tensor, B: int) -> torch.Tensor:
 
 def delta_update(S: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                  naive: bool = False) -> torch.Tensor:
-    """Fold a committed chunk into state S [B, H, K, V] (fp32) with the gated delta rule; returns the new S.
+    """Fold a committed block into state S [B, H, K, V] (fp32) with the gated delta rule; returns the new S.
 
     k: [B, C, H, K] (L2-normalised inside), v: [B, C, H, V], g / beta: [B, C, H]. ``naive``: the
     token-loop definition (`kernels.gated_delta_rule.naive`) instead of the dispatcher's fast path.

@@ -56,10 +56,10 @@ class Pass:
 
     ``kind``:
 
-    * ``"decode"`` -- fast path: each commit chunk reads the state and folds itself in (chunked
+    * ``"decode"`` -- fast path: each committed block reads the state and folds itself in (chunked
       gated delta rule), then the block reads the new state; window = the ring buffer.
-    * ``"prefill"`` -- fast path from a fresh state with several commit chunks (a prompt): all
-      chunk-boundary states at once (`chunk_states`), then the block; same result as decode.
+    * ``"prefill"`` -- fast path from a fresh state with several committed blocks (a prompt): all
+      block-boundary states at once (`chunk_states`), then the block; same result as decode.
     * ``"reference"`` -- decode's order with the token-loop recurrence and the window as an
       explicit slice of the committed K/V (`CloverModel.forward_reference`).
     * ``"train"`` -- x = [clean T ++ noisy T]; clean block b and noisy block b both read the
@@ -67,7 +67,7 @@ class Pass:
 
     Attributes:
         n_commit: C, committed tokens at the front of the forward (train: T, the clean half).
-        chunk: commit chunk length L (the block size).
+        block_size: committed block length L (the decode's block_size).
         pos: [T] int64 absolute positions of all tokens in the forward.
         start: absolute position of the first committed token (ring-buffer slot arithmetic).
         window: W, attention window keys in effect (0 = ``state`` mode).
@@ -78,7 +78,7 @@ class Pass:
 
     kind: str
     n_commit: int
-    chunk: int
+    block_size: int
     pos: torch.Tensor
     start: int = 0
     window: int = 0
@@ -93,9 +93,9 @@ class Pass:
 
     def segments(self, T: int) -> list[tuple[int, int, bool]]:
         """Decode / reference order over a forward of T tokens: ``(start, end, is_commit)``
-        per commit chunk (read the state, then fold the chunk in), then the block (reads the
+        per committed block (read the state, then fold the block in), then the block (reads the
         final state)."""
-        n, L = self.n_commit, self.chunk
+        n, L = self.n_commit, self.block_size
         return [(s, min(s + L, n), True) for s in range(0, n, L)] + [(n, T, False)]
 
     def record(self, share: torch.Tensor, S: torch.Tensor) -> None:

@@ -35,7 +35,7 @@ from engine.training.surgery import (
 )
 
 # Block sizes and their sampling weights, and the row length / batch used for each.
-BLOCK_SIZES = {1: 0.04, 2: 0.04, 4: 0.08, 8: 0.1, 16: 0.14, 32: 0.4, 64: 0.2}
+BLOCK_SIZE_WEIGHTS = {1: 0.04, 2: 0.04, 4: 0.08, 8: 0.1, 16: 0.14, 32: 0.4, 64: 0.2}
 # (row length, rows per batch) per block size: rows long enough to hold a system turn, a request
 # and its calls; two rows per step (more, smaller steps learn copying faster per CPU-minute).
 ROW_SHAPE = {1: (640, 1), 2: (640, 1), 4: (1024, 1), 8: (1024, 2), 16: (1024, 2), 32: (1024, 2), 64: (1024, 2)}
@@ -134,8 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="loss weight of masked tokens that are copied argument values of tool calls "
                          "(1 = plain mean over masked slots)")
     ap.add_argument("--block-weights", type=str, default=None,
-                    help="sampling weights of the block sizes as 'L:w,...' over " + ",".join(map(str, BLOCK_SIZES))
-                         + " (default: BLOCK_SIZES, weighted toward 32)")
+                    help="sampling weights of the block sizes as 'L:w,...' over " + ",".join(map(str, BLOCK_SIZE_WEIGHTS))
+                         + " (default: BLOCK_SIZE_WEIGHTS, weighted toward 32)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="start from this checkpoint's weights with a fresh optimizer and schedule "
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     tokenizer = Tokenizer.from_file(str(args.tokenizer))
-    block_weights = parse_block_weights(args.block_weights) if args.block_weights else dict(BLOCK_SIZES)
+    block_weights = parse_block_weights(args.block_weights) if args.block_weights else dict(BLOCK_SIZE_WEIGHTS)
     if (args.out / "model.safetensors").is_file() and not (args.resume or args.overwrite):
         raise SystemExit(f"error: {args.out} already holds a checkpoint; training would overwrite it. Pass another "
                          f"--out, --resume to continue that run, or --overwrite to replace it")

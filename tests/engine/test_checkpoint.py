@@ -264,3 +264,19 @@ def test_cli_refuses_a_full_size_random_model(tmp_path, capsys):
         main(["--init", "clover-35b-a3b", "--out", str(tmp_path)])
     assert "GiB of float32 weights" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_checkpoint_with_renamed_parameter_loads_under_the_new_name(tmp_path):
+    """A checkpoint written before GDN's ``mem_b`` became ``mem_logit_bias`` still loads, exactly."""
+    src = _clover(0)
+    save_model(src, tmp_path)
+    path = tmp_path / WEIGHTS_NAME
+    tensors = load_file(path)
+    renamed = [n for n in tensors if n.endswith(".mem_logit_bias")]
+    assert renamed, "the Clover test preset has GDN layers with a memory-unit logit bias"
+    old = {(n[: -len("mem_logit_bias")] + "mem_b" if n in renamed else n): t for n, t in tensors.items()}
+    assert any(n.endswith(".mem_b.weight") for n in old)  # attention's beta projection keeps its name
+    save_file(old, path)
+    dst = load_weights(_clover(1), tmp_path)
+    for (name, a), (_, b) in zip(src.state_dict().items(), dst.state_dict().items()):
+        assert torch.equal(a, b), name

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from engine.config import CloverConfig
 from engine.model import CloverModel
-from engine.train import BLOCK_SIZES, ROW_SHAPE, lr_at, mask_blocks, tiny_config
+from engine.train import BLOCK_SIZE_WEIGHTS, ROW_SHAPE, lr_at, mask_blocks, tiny_config
 
 
 def masked_loss(model, clean, noisy, L, window):
@@ -50,7 +50,7 @@ def test_mask_blocks_masks_every_block_and_only_with_mask_id():
 
 
 def test_schedule_and_shapes():
-    assert abs(sum(BLOCK_SIZES.values()) - 1) < 1e-9
+    assert abs(sum(BLOCK_SIZE_WEIGHTS.values()) - 1) < 1e-9
     assert all(T % L == 0 for L, (T, _) in ROW_SHAPE.items())
     assert lr_at(0.0, 1.0) == 0.0 and abs(lr_at(0.02, 1.0) - 1.0) < 1e-9 and abs(lr_at(1.0, 1.0) - 0.1) < 1e-9
     cfg = tiny_config()
