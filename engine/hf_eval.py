@@ -214,7 +214,36 @@ def format_table(report: dict) -> str:
             err = sum((errs[k] or 0) * s["slots_counted"][k] for k in range(a, e)) / n if n else float("nan")
             parts.append(f"{a}-{e - 1}:{err:.2f}")
         lines.append(f"  {key:<10} " + " ".join(parts))
+    op = report.get("open_tools")
+    if op:
+        lines.append(f"open-vocabulary tool calls ({op['n_tasks']} turns, unseen tools): exact / tool name")
+        for key, s in op["by_setting"].items():
+            groups = " ".join(f"{g} {v['exact_match']:.2f}/{v['name_correct']:.2f}" for g, v in s["by_group"].items())
+            lines.append(f"  {key:<10} {s['exact_match']:.3f} / {s['name_correct']:.3f}   {groups}")
     return "\n".join(lines)
+
+
+def _open_job(args: tuple[str, int, float, list[int], int, int]) -> list[dict]:
+    """Open-vocabulary tool-call turns (`engine.data.open_tools.eval_turns`: tool names and keys
+    never in training) decoded by the adapted model at one setting, scored by ``score_turn``."""
+    from engine.data.open_tools import eval_turns, score_turn
+    from engine.decoder import BlockDecoder, DecodeConfig
+
+    kind, B, thr, idx, n_tasks, max_new = args
+    m, tok = _W["models"][kind], _W["tok"]
+    turns = eval_turns(n_tasks)
+    dec = BlockDecoder(m, None, DecodeConfig(block_size=B, threshold=thr, max_new_tokens=max_new))
+    out = []
+    for i in idx:
+        ids = tok.encode(turns[i].prompt).ids  # the turn's own ChatML (system turn with the tools), as is
+        r = dec.generate(ids, record_trace=False)
+        text = tok.decode(r.tokens, skip_special_tokens=False)
+        sc = score_turn(text, turns[i])
+        out.append(dict(setting=f"{B}/{thr:.2f}", task=i, text=text, nfe=r.nfe, n_tokens=len(r.tokens),
+                        n_forced=r.n_forced, wall_s=r.wall_s, exact_match=bool(sc["exact_match"]),
+                        json_valid=bool(sc["json_valid"]), name_correct=bool(sc["name_correct"]),
+                        fields=sc["fields"], category=turns[i].category, natural=turns[i].natural))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="first N prompts: base generate and block decoding timed back to back (tokens/s ratio)")
     ap.add_argument("--speed-block-sizes", default="4,8,16,32")
     ap.add_argument("--speed-threshold", type=float, default=0.95)
+    ap.add_argument("--open-tasks", type=int, default=0,
+                    help="open-vocabulary tool-call turns (engine.data.open_tools: unseen tools; 0 = skip)")
+    ap.add_argument("--open-settings", default="1,32/0.95", help="settings for --open-tasks")
+    ap.add_argument("--open-max-new-tokens", type=int, default=96)
     args = ap.parse_args(argv)
     from tqdm import tqdm
 
@@ -281,6 +314,22 @@ def main(argv: list[str] | None = None) -> int:
             jobs += [("base", i, x, B, t, args.max_new_tokens, refs[i]) for (B, t) in base_settings
                      for i, x in enumerate(ids[:nb])]
         rows = list(tqdm(pool.map(_decode_job, jobs), total=len(jobs), desc="block decoding"))
+        open_report = None
+        if args.open_tasks:
+            from engine.eval import summarise_open
+
+            oj = [("adapted", B, t, list(range(i, min(i + 5, args.open_tasks))), args.open_tasks,
+                   args.open_max_new_tokens)
+                  for (B, t) in parse_settings(args.open_settings) for i in range(0, args.open_tasks, 5)]
+            orows: dict[str, list] = {}
+            for res in tqdm(pool.map(_open_job, oj), total=len(oj), desc="open-vocabulary tool calls"):
+                for r in res:
+                    orows.setdefault(r["setting"], []).append(r)
+            open_report = {"n_tasks": args.open_tasks, "max_new_tokens": args.open_max_new_tokens,
+                           "by_setting": {k: summarise_open(v) for k, v in orows.items()},
+                           "examples": {k: [{"task": r["task"], "text": r["text"], "exact_match": r["exact_match"]}
+                                            for r in sorted(v, key=lambda r: r["task"])[:5]]
+                                        for k, v in orows.items()}}
         speed = None
         if args.speed_prompts:
             sizes = [int(b) for b in args.speed_block_sizes.split(",")]
@@ -307,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         if by:
             report[kind] = {k: summarise(v, ref_tok_s) for k, v in by.items()}
     report["speed"] = speed
+    if open_report is not None:
+        report["open_tools"] = open_report
     report["answers"] = {"prompts": prompts, "reference": [tok.decode(r) for r in refs],
                          "reference_ids": refs}
     if args.ref_cache:

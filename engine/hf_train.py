@@ -168,8 +168,9 @@ class ExampleSource:
     """Yields (token ids, answer_start) examples: self-distillation answers and, optionally, tool-call chats."""
 
     def __init__(self, tokenizer, distill_path: Path | None, agent_share: float, seed: int, max_len: int,
-                 eos_id: int, synthetic_vocab: int | None = None):
+                 eos_id: int, synthetic_vocab: int | None = None, open_tools_share: float = 0.0):
         self.tok, self.agent_share, self.max_len, self.eos = tokenizer, agent_share, max_len, eos_id
+        self.open_tools_share = open_tools_share
         self.rng = random.Random(seed)
         self.rows: list[tuple[list[int], int]] = []
         self.synthetic_vocab = synthetic_vocab
@@ -179,8 +180,13 @@ class ExampleSource:
         if agent_share > 0:
             from engine.data.agent import iter_conversations
 
-            self._agent = iter_conversations(seed + 1)
-        if not self.rows and synthetic_vocab is None and self._agent is None:
+            self._agent = (c.text for c in iter_conversations(seed + 1))
+        self._open = None
+        if open_tools_share > 0:
+            from engine.data.open_tools import iter_train_texts
+
+            self._open = iter_train_texts(seed + 2)
+        if not self.rows and synthetic_vocab is None and self._agent is None and self._open is None:
             raise ValueError(f"no training data: {distill_path} is missing or empty -- run "
                              "`python -m engine.hf_train distill --out ...` first")
 
@@ -208,23 +214,40 @@ class ExampleSource:
         return len(self.rows)
 
     def next(self) -> tuple[list[int], int]:
-        if self._agent is not None and (not self.rows or self.rng.random() < self.agent_share):
-            return self._agent_row()
+        u = self.rng.random()
+        if self._open is not None and (u < self.open_tools_share or (not self.rows and self._agent is None)):
+            return self._chat_row(next(self._open))
+        if self._agent is not None and (not self.rows or u < self.open_tools_share + self.agent_share):
+            return self._chat_row(next(self._agent))
         if self.synthetic_vocab is not None and not self.rows:
             n = self.rng.randint(12, self.max_len)
             ids = [self.rng.randrange(3, self.synthetic_vocab - 2) for _ in range(n)]
             return ids, self.rng.randint(2, n // 2)
         return self.rows[self.rng.randrange(len(self.rows))]
 
-    def _agent_row(self) -> tuple[list[int], int]:
-        conv = next(self._agent)
-        text = conv.text
-        # loss from the first assistant turn on (tool calls, answers); the system/user turns are the prompt
-        cut = text.find("<|im_start|>assistant\n")
-        cut = cut + len("<|im_start|>assistant\n") if cut >= 0 else len(text) // 2
-        p = self.tok.encode(text[:cut]).ids
-        ids = (p + self.tok.encode(text[cut:]).ids)[: self.max_len]
-        return ids, min(len(p), len(ids) - 1)
+    def _chat_row(self, text: str) -> tuple[list[int], int]:
+        """One assistant turn of a ChatML conversation as (ids, answer_start): the prompt is
+        everything before the turn (system, tools, user, earlier calls and tool responses), the
+        answer is the turn through its ``<|im_end|>``; the turn is drawn uniformly among those
+        whose prompt fits in ``max_len`` with room for an answer. Tool responses are never targets."""
+        marker, end = "<|im_start|>assistant\n", "<|im_end|>"
+        starts, i = [], text.find(marker)
+        while i >= 0:
+            starts.append(i + len(marker))
+            i = text.find(marker, i + 1)
+        if not starts:
+            raise ValueError("a training conversation without an assistant turn")
+        for k in self.rng.sample(range(len(starts)), len(starts)):
+            p = self.tok.encode(text[: starts[k]]).ids
+            if len(p) <= self.max_len - 8:
+                stop = text.find(end, starts[k])
+                a = self.tok.encode(text[starts[k]: stop + len(end) if stop >= 0 else len(text)]).ids
+                ids = (p + a)[: self.max_len]
+                return ids, len(p)
+        p = self.tok.encode(text[: starts[0]]).ids  # every prompt too long: keep the tail of the first
+        a = self.tok.encode(text[starts[0]:]).ids
+        ids = (p + a)[-self.max_len:]
+        return ids, max(1, len(ids) - len(a))
 
 
 # ----------------------------------------------------------------------------- model
@@ -249,6 +272,38 @@ def make_trainable(lm, r: int, alpha: int, mask_id: int):
     plm = get_peft_model(lm, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
                                         bias="none", task_type="CAUSAL_LM"))
     return plm, mask_init
+
+
+def load_adapter_weights(plm, directory: Path) -> torch.Tensor:
+    """Copy a saved adapter's LoRA weights (``adapter_model.safetensors``) into the peft model
+    ``plm`` and return its MASK embedding [hidden] fp32 -- a new stage starts from a shipped adapter.
+
+    Raises:
+        ValueError: the directory lacks the adapter files, or its LoRA rank / targets differ
+            from ``plm``'s (pass the same ``--lora-r``).
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    files = [directory / "adapter_model.safetensors", directory / MASK_EMBEDDING]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise ValueError(f"--init-adapter {directory}: missing {missing}; give a directory written by this trainer")
+    sd = {k: v.float() for k, v in load_file(str(files[0])).items()}
+    own = get_peft_state_shapes(plm)
+    bad = [k for k, v in sd.items() if k not in own or own[k] != v.shape]
+    if bad or len(sd) != len(own):
+        raise ValueError(f"--init-adapter {directory}: its LoRA tensors do not match this model's "
+                         f"({len(bad)} differ, e.g. {bad[:2]}); use the adapter's own --lora-r")
+    set_peft_model_state_dict(plm, sd)
+    return load_file(str(files[1]))["mask_embedding"].float()
+
+
+def get_peft_state_shapes(plm) -> dict:
+    """Names and shapes of the peft model's adapter tensors (as saved)."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.shape for k, v in get_peft_model_state_dict(plm).items()}
 
 
 def save_adapter(model: HFBlockDiffusionModel, out: Path, base_name: str, extra: dict) -> None:
@@ -376,8 +431,10 @@ def train(args) -> int:
         _, tok = load_base_tokenizer(spec.name)
         mask_id, eos_id, base_name = spec.mask_token_id, spec.eos_token_id, spec.name
         src = ExampleSource(tok, Path(args.data) if args.data else None, args.agent_share, args.seed, args.max_len,
-                            eos_id)
+                            eos_id, open_tools_share=args.open_tools_share)
     plm, mask_init = make_trainable(lm, args.lora_r, args.lora_alpha, mask_id)
+    if args.init_adapter is not None and not (args.resume and (out / "train_state.pt").is_file()):
+        mask_init = load_adapter_weights(plm, Path(args.init_adapter))
     hcfg = HFBlockConfig.from_hf(lm.config, out.name, mask_id, eos_id, num_parameters=count_parameters(lm))
     model = HFBlockDiffusionModel(plm, hcfg, mask_init).to(device)
     model.train()
@@ -481,6 +538,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--data", type=Path, default=Path("runs/smollm2/distill.jsonl"), help="distill JSONL")
     ap.add_argument("--agent-share", type=float, default=0.0, help="share of tool-call chats (engine.data.agent)")
+    ap.add_argument("--open-tools-share", type=float, default=0.0,
+                    help="share of open-vocabulary tool-call chats (engine.data.open_tools, train vocabulary)")
+    ap.add_argument("--init-adapter", type=Path, default=None,
+                    help="start from this adapter directory's LoRA and MASK embedding (a new stage)")
     ap.add_argument("--minutes", type=float, default=70.0, help="total time budget (all resumes; lr schedule)")
     ap.add_argument("--stop-after-min", type=float, default=None, help="stop this invocation early")
     ap.add_argument("--max-steps", type=int, default=None)

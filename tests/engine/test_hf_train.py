@@ -97,3 +97,38 @@ def test_gpu_script_cpu_path_on_tiny_config(tmp_path):
     report = json.loads((out / "eval.json").read_text())
     assert set(report["adapted"]) == {"1/0.95", "8/0.95"} and "8/0.95" in report["base"]
     assert "tok/fwd" in p.stdout
+
+
+def test_chat_rows_target_exactly_one_assistant_turn():
+    """Open-vocabulary tool-call chats become (prompt, one assistant turn) rows: the answer is a
+    whole assistant turn through its <|im_end|>, never a tool response or a user turn."""
+    from engine.hf_train import ExampleSource
+    from engine.tokenizer import byte_tokenizer
+
+    tok = byte_tokenizer()
+    src = ExampleSource(tok, None, 0.0, seed=3, max_len=4096, eos_id=2, open_tools_share=1.0)
+    seen_later_turn = False
+    for _ in range(30):
+        ids, a0 = src.next()
+        prompt = tok.decode(ids[:a0], skip_special_tokens=False)
+        answer = tok.decode(ids[a0:], skip_special_tokens=False)
+        assert prompt.endswith("<|im_start|>assistant\n")
+        assert answer.endswith("<|im_end|>") and answer.count("<|im_end|>") == 1
+        assert "<tool_response>" not in answer and "<|im_start|>" not in answer
+        seen_later_turn |= "<tool_response>" in prompt
+    assert seen_later_turn  # chains: later turns see the tool's response in their prompt
+
+
+def test_init_adapter_starts_a_new_stage_from_saved_weights(tmp_path):
+    from safetensors.torch import load_file
+
+    first = tmp_path / "stage1"
+    common = ["--tiny", "--minutes", "5", "--no-progress", "--accum", "1"]
+    assert main(common + ["--out", str(first), "--max-steps", "3"]) == 0
+    second = tmp_path / "stage2"
+    assert main(common + ["--out", str(second), "--max-steps", "0", "--init-adapter", str(first)]) == 0
+    for name in ("adapter_model.safetensors", "mask_embedding.safetensors"):
+        a, b = load_file(str(first / name)), load_file(str(second / name))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    with pytest.raises(ValueError, match="missing"):
+        main(common + ["--out", str(tmp_path / "x"), "--max-steps", "0", "--init-adapter", str(tmp_path)])
