@@ -25,6 +25,10 @@ The schema metadata holds JSON under the keys ``format_version``
 ``model_id``, ``prompt_ids``, ``vocab``, ``blocks`` (the block start / end
 records), ``decode_end`` and ``meta``.
 
+The views' converse questions (which step wrote each slot, with what confidence) are
+answered by `Trace.slot_index` (`engine.slot_index.SlotIndex`, kept and extended as the
+trace grows); `Trace.model_config` finds the recording model's config.
+
 Shapes: L slots in a block, N layers, K top candidates per slot, S steps in the
 trace, T generated tokens.
 
@@ -43,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from engine.events import BlockEnd, BlockStart, DecodeEnd, ProcessorFiring, StepEvent
+from engine.slot_index import SlotIndex
 
 FORMAT_VERSION = 1
 CREATED_BY = "clover-explorer"
@@ -144,6 +149,7 @@ class Trace:
         self._block_ends: list[BlockEnd] = []
         self._decode_end: DecodeEnd | None = None
         self._steps_cache: list[StepEvent] = []
+        self._slot_index: SlotIndex | None = None
         if self.prompt_ids:
             self._learn_tokens(np.asarray(self.prompt_ids, dtype=np.int64))
 
@@ -291,6 +297,48 @@ class Trace:
                 }
             )
         return out
+
+    def slot_index(self) -> SlotIndex:
+        """This trace's `engine.slot_index.SlotIndex`: the steps of each block and, per slot,
+        the step that wrote it, its confidence and kind.
+
+        Built on first use and kept; extended in place when steps were recorded since the
+        last call (block starts recorded since are taken in with the next step).
+        """
+        idx = self._slot_index
+        if idx is None or idx.n > len(self):
+            idx = self._slot_index = SlotIndex(self)
+        elif idx.n < len(self):
+            idx.extend(self)
+        return idx
+
+    def model_config(self) -> Any:
+        """The `engine.config.CloverConfig` of the model that recorded the trace, or None.
+
+        Looked up from ``meta["model_config"]`` (None for a transformers backbone,
+        ``backbone == "transformers"``: it has no Clover config), else from ``model_id`` as
+        a checkpoint directory holding ``config.json`` or a preset name. Never raises: a
+        config that cannot be read gives None.
+        """
+        from engine.config import CloverConfig
+
+        cand = self.meta.get("model_config")
+        if isinstance(cand, Mapping) and cand.get("backbone") == "transformers":
+            return None
+        if isinstance(cand, Mapping):
+            try:
+                return CloverConfig.from_dict(dict(cand))
+            except (TypeError, ValueError):
+                pass
+        if not isinstance(self.model_id, str):
+            return None
+        try:
+            p = Path(self.model_id)
+            if (p / "config.json").is_file():
+                return CloverConfig.from_json(p / "config.json")
+            return CloverConfig.from_name(self.model_id)
+        except (ValueError, TypeError, OSError, KeyError, json.JSONDecodeError):
+            return None
 
     def column(self, name: str) -> np.ndarray | list[Any]:
         """One `StepEvent` field over all steps.

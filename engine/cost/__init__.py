@@ -11,6 +11,7 @@ Modules::
     engine.cost.dense       dense_forward_cost (a transformer with a KV cache)
     engine.cost.devices     Device table (datasheets), this machine measured, roofline
     engine.cost.projection  recorded runs projected onto a device and a target model
+    engine.cost.per_step    a trace's per-forward cost series and roofline points (for the views)
     engine.cost.cli         text reports; ``python -m engine.cost``
 
 Tests: ``.venv/bin/python -m pytest tests/engine/test_cost.py -q``
@@ -25,15 +26,20 @@ from engine.cost.formulas import (COMPONENTS, DENSE_COMPONENTS, DENSE_WEIGHT_COM
                                   ForwardCost, active_params_per_token, ar_step_cost, expected_union,
                                   forced_fill_probability, forced_fill_table, forward_cost, is_dense,
                                   param_counts, union_for_bytes_ratio)
+from engine.cost.per_step import (ProjectedForwards, ar_tokens_per_s, attainable_flops_per_s,
+                                  bytes_per_written_token, project_forwards_roofline, roofline_point,
+                                  running_tokens_per_s)
 from engine.cost.projection import (Projection, TraceProjection, project_forwards, project_tokens_per_s,
                                     project_trace, target_union)
 
 __all__ = [
     "COMPONENTS", "DEFAULT_DEVICE", "DENSE_COMPONENTS", "DENSE_WEIGHT_COMPONENTS", "DEVICES", "MEMORY_MODES",
     "NORM_FLOPS_PER_ELEMENT", "STATE_BYTES", "UNION_ASSUMPTIONS", "WEIGHT_COMPONENTS", "Device", "ForwardCost",
-    "Projection", "TraceProjection", "active_params_per_token", "ar_step_cost", "dense_forward_cost",
+    "ProjectedForwards", "Projection", "TraceProjection", "active_params_per_token", "ar_step_cost",
+    "ar_tokens_per_s", "attainable_flops_per_s", "bytes_per_written_token", "dense_forward_cost",
     "dense_param_counts", "expected_union", "forced_fill_probability", "forced_fill_table", "format_breakdown",
     "format_devices", "format_forward_report", "format_si", "forward_cost", "get_device", "is_dense", "main",
-    "measure_this_machine", "param_counts", "project_forwards", "project_tokens_per_s", "project_trace",
-    "ridge_point", "roofline_time_s", "target_union", "union_for_bytes_ratio",
+    "measure_this_machine", "param_counts", "project_forwards", "project_forwards_roofline",
+    "project_tokens_per_s", "project_trace", "ridge_point", "roofline_point", "roofline_time_s",
+    "running_tokens_per_s", "target_union", "union_for_bytes_ratio",
 ]

@@ -293,6 +293,7 @@ def project_trace(
     weight_bytes: float = 2,
     memory_mode: str | None = None,
     window: int = 0,
+    fallback_union: str | float | None = None,
 ) -> TraceProjection:
     """Measured vs projected tokens/s for a recorded run.
 
@@ -315,6 +316,9 @@ def project_trace(
         source_config: the trace's model config when the trace does not say
             (looked up from ``.config``, ``.meta["model_config"]`` or a preset
             / directory ``model_id``); without it the source projection is None.
+        fallback_union: when given (and not ``union_assumption`` itself), the
+            assumption used instead when the projection under ``union_assumption``
+            raises ValueError (a trace without measured unions or source config).
 
     Measured tokens/s counts the same ``tokens_written`` over the run's wall
     time (``summary()["wall_s"]``, else the sum of the steps' ``wall_s``).
@@ -323,6 +327,13 @@ def project_trace(
         TypeError: for something that holds no step rows.
         ValueError: for an empty trace or an unusable union assumption.
     """
+    if fallback_union is not None and fallback_union != union_assumption:
+        kwargs = {"source_config": source_config, "weight_bytes": weight_bytes, "memory_mode": memory_mode,
+                  "window": window}
+        try:
+            return project_trace(trace_like, device, target_config, union_assumption, **kwargs)
+        except ValueError:
+            return project_trace(trace_like, device, target_config, fallback_union, **kwargs)
     rows = _step_rows(trace_like)
     if not rows:
         raise ValueError("the trace has no steps to project")

@@ -1,0 +1,152 @@
+"""Per-step cost series of a recorded trace, and roofline operating points.
+
+The views draw these; they compute nothing themselves (docs/architecture.md §1). A
+trace's steps carry the cost model's ``bytes_read`` and ``flops`` of the model that ran
+(priced by `engine.cost.meter.CostMeter`) and the measured ``wall_s``; the functions here
+turn them into per-forward series, and price the same forwards for another model on a
+device with `engine.cost.formulas.forward_cost` and the roofline (docs/architecture.md §7).
+
+Shapes: S steps (forwards) in the trace. Units in names: ``_bytes``, ``_s``,
+``_tok_per_s``, ``flops_per_s`` (FLOP per second), ``intensity`` (FLOP per byte).
+
+Tests: ``.venv/bin/python -m pytest tests/engine/test_cost_per_step.py -q``
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.cost.devices import Device, get_device, roofline_time_s
+from engine.cost.formulas import _as_config, ar_step_cost, forward_cost
+from engine.cost.projection import target_union
+
+
+def bytes_per_written_token(trace: Any) -> np.ndarray:
+    """(S,) float64 bytes read per slot written, per forward.
+
+    A forward's ``bytes_read`` divided by the slots it wrote (accepted + forced +
+    EOS-filled); NaN where the step has no cost (``bytes_read`` None) or wrote nothing.
+
+    Args:
+        trace: an `engine.trace.Trace`.
+    """
+    idx = trace.slot_index()
+    written = idx.n_accepted + idx.n_forced + idx.n_eos
+    bytes_read = np.asarray(trace.column("bytes_read"), dtype=np.float64)
+    return np.where(written > 0, bytes_read / np.maximum(written, 1), np.nan)
+
+
+def running_tokens_per_s(trace: Any) -> np.ndarray:
+    """(S,) float64 measured tokens/s after each forward, on the machine that recorded the trace.
+
+    Cumulative tokens written (accepted + forced; EOS fills are not answer tokens) over
+    cumulative ``wall_s``; NaN while the cumulative wall time is 0.
+
+    Args:
+        trace: an `engine.trace.Trace`.
+    """
+    idx = trace.slot_index()
+    cum_tok = np.cumsum(idx.n_accepted + idx.n_forced)
+    cum_wall = np.cumsum(np.asarray(trace.column("wall_s"), dtype=np.float64))
+    return np.where(cum_wall > 0, cum_tok / np.where(cum_wall > 0, cum_wall, 1), np.nan)
+
+
+def ar_tokens_per_s(config: Any, device: Device | str, weight_bytes: float = 2) -> float:
+    """Projected autoregressive tokens/s of ``config`` on ``device``: one token per
+    `ar_step_cost` forward, timed by the roofline.
+
+    Raises:
+        ValueError: for an unknown preset or device name.
+    """
+    ar = ar_step_cost(config, weight_bytes)
+    return 1.0 / roofline_time_s(ar.bytes_read, ar.flops, get_device(device))
+
+
+def attainable_flops_per_s(intensity: Any, device: Device | str) -> Any:
+    """The roofline: ``min(peak, intensity * bandwidth)`` FLOP/s at ``intensity`` FLOP/byte
+    (a number or an array of any shape; the result has the same shape)."""
+    dev = get_device(device)
+    return np.minimum(dev.peak_flops, np.asarray(intensity) * dev.bandwidth_bytes_per_s)
+
+
+def roofline_point(bytes_read: float, flops: float, device: Device | str) -> tuple[float, float]:
+    """(arithmetic intensity in FLOP/byte, achieved FLOP/s) of one forward on ``device``,
+    its time being ``max(bytes / bandwidth, flops / peak)``.
+
+    Raises:
+        ZeroDivisionError: for ``bytes_read == 0``.
+    """
+    dev = get_device(device)
+    t = max(bytes_read / dev.bandwidth_bytes_per_s, flops / dev.peak_flops)
+    return flops / bytes_read, flops / t
+
+
+@dataclass(frozen=True)
+class ProjectedForwards:
+    """A trace's forwards as another model would run them on a device (projected).
+
+    Attributes (each (S,), one entry per step of the trace):
+        n_tokens: int64 tokens in the forward (committed + block slots).
+        block_len: int64 slots of the block (L).
+        union: float64 the target's expert union per layer (`target_union`).
+        intensity: float64 FLOP per byte of the forward.
+        flops_per_s: float64 FLOP/s it achieves on the device's roofline.
+    """
+
+    n_tokens: np.ndarray
+    block_len: np.ndarray
+    union: np.ndarray
+    intensity: np.ndarray
+    flops_per_s: np.ndarray
+
+
+def project_forwards_roofline(trace: Any, config: Any, device: Device | str,
+                              union_assumption: Any = "measured_vs_independent",
+                              weight_bytes: float = 2) -> ProjectedForwards:
+    """Every forward of ``trace`` priced for ``config`` and placed on ``device``'s roofline.
+
+    Same tokens per forward and commits as the recorded run (committed tokens =
+    ``n_tokens_forward - L``, committed blocks of the decode's ``block_size``); the
+    union per forward from ``union_assumption`` (`target_union`, with the recorded
+    model's config from `Trace.model_config`), falling back to ``"independent"`` for a
+    forward where that assumption cannot be used (no measured unions or no source config).
+
+    Args:
+        trace: an `engine.trace.Trace`.
+        config: the target `CloverConfig` or preset name.
+        device: a `Device` or name.
+
+    Raises:
+        ValueError: for an unknown preset or device, or a forward `forward_cost` refuses.
+    """
+    cfg = _as_config(config)
+    src = trace.model_config()
+    bs = (trace.decode_config or {}).get("block_size")
+    rows: list[tuple[int, int, float, float, float]] = []
+    cache: dict[tuple, tuple[float, float]] = {}
+    for s in trace.steps:
+        L = len(s.tokens)
+        n = int(s.n_tokens_forward)
+        measured = np.asarray(s.expert_union, dtype=np.float64)
+        try:
+            u = target_union(union_assumption, n, measured, src, cfg)
+        except ValueError:
+            u = target_union("independent", n, measured, src, cfg)
+        key = (n, L, round(u, 3))
+        if key not in cache:
+            fc = forward_cost(cfg, n, u, weight_bytes, n - L, L, commit_block_len=bs)
+            cache[key] = roofline_point(fc.bytes_read, fc.flops, device)
+        rows.append((n, L, u) + cache[key])
+    cols = list(zip(*rows)) if rows else [()] * 5
+    return ProjectedForwards(
+        n_tokens=np.array(cols[0], dtype=np.int64), block_len=np.array(cols[1], dtype=np.int64),
+        union=np.array(cols[2], dtype=np.float64), intensity=np.array(cols[3], dtype=np.float64),
+        flops_per_s=np.array(cols[4], dtype=np.float64),
+    )
+
+
+__all__ = ["ProjectedForwards", "ar_tokens_per_s", "attainable_flops_per_s", "bytes_per_written_token",
+           "project_forwards_roofline", "roofline_point", "running_tokens_per_s"]
