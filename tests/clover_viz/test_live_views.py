@@ -75,9 +75,9 @@ def test_index_grows_in_place_and_equals_a_fresh_one(trace):
 def test_text_html_renders_only_the_current_block_per_call(trace, monkeypatch):
     """Item 10: finished blocks are rendered once; a step costs its own block, whatever the length."""
     calls = []
-    real = F._block_html
-    monkeypatch.setattr(F, "_block_html", lambda *a: calls.append(a[2]) or real(*a))
-    t = Trace.load(F.__file__.replace("clover_viz/figures.py", "tests/data/small_trace.parquet"))
+    real = F.text._block_html
+    monkeypatch.setattr(F.text, "_block_html", lambda *a: calls.append(a[2]) or real(*a))
+    t = Trace.load(__file__.replace("clover_viz/test_live_views.py", "data/small_trace.parquet"))
     last = len(t) - 1
     full = F.text_html(t, last)
     n_blocks = len(F._index(t).steps_of)

@@ -1,0 +1,98 @@
+"""Pure figures: a `engine.trace.Trace` (and a position in it) -> a plotly figure.
+
+Shared by the Panel app (``apps/explorer.py``) and the ipywidgets front end
+(`clover_viz.widgets`). Every function here only *reads* the trace -- no
+figure ever calls the model, so a trace recorded on a GPU draws on a laptop
+(docs/architecture.md §1: figures never compute, they draw what the trace holds).
+What a figure needs beyond the recorded fields comes from the engine: which step
+wrote each slot and the confidence per slot and iteration from
+`engine.trace.Trace.slot_index` (`engine.slot_index.SlotIndex`), per-forward cost
+series and roofline points from `engine.cost` (`engine.cost.per_step`).
+
+Positions: ``step`` is a global step index ``0 .. len(trace) - 1`` (negative
+counts from the end, ``None`` = the last step) and means the state *after*
+that step's writes.
+
+Block view and its states (`slot_states`), one per slot of the current block:
+
+* ``masked``   -- still masked after this step (the cell shows, faintly, the
+  forward's current argmax candidate);
+* ``prompt``   -- pre-filled with prompt tokens (never masked);
+* ``earlier``  -- written by an earlier step of this block;
+* ``eos``      -- resolved as EOS after an accepted EOS (rule 7), this step;
+* ``forced``   -- written by the forced fill (or ``max_steps``) this step;
+* ``accepted`` -- accepted by the policy this step; shaded by confidence.
+
+Modules and API (all return ``plotly.graph_objects.Figure`` unless noted), every
+name importable from ``clover_viz.figures``:
+
+* ``block``: `block_figure(trace, step)`, `update_block_figure(fig, trace, step)` (in place),
+  `slot_states(trace, step)` -> ``np.ndarray[str]``;
+  `confidence_heatmap(trace, block_index, step=None)` -- steps x slots;
+  `update_confidence_heatmap(fig, trace, block_index, step=None)` (in place)
+* ``text``: `text_figure(trace, step=None)` (blocks x slots grid), `text_html(trace, step=None)` -> str
+* ``per_forward``: `tokens_per_forward_figure(trace)`, `cumulative_tokens_figure(trace)`,
+  `expert_union_figure(trace)`, `state_norm_figure(trace)`, `memory_share_figure(trace, step=None)`
+* ``cost``: `cost_figure(trace, device="h800")`,
+  `roofline_figure(trace, device="h800", config="clover-35b-a3b")`
+* ``compare``: `compare_runs(a, b)` -> dict, `compare_table(a, b)` -- two runs side by side
+* ``_common``: `refresh_figure(fig, new_fig)` -- copy a freshly built figure into an existing
+  one in place; `step_for(trace, block_index)` -- the last global step of a block; the
+  trace-name constants
+
+Names of the data traces tests and apps look up: ``BLOCK_TRACE`` ("block cells"),
+``CONFIDENCE_TRACE`` ("confidence"), ``TEXT_TRACE`` ("generated"), ...
+
+Tests: ``.venv/bin/python -m pytest tests/clover_viz/test_figures.py -q``
+"""
+
+from __future__ import annotations
+
+from clover_viz.figures._common import (
+    ACCEPTED_MARKS,
+    BLOCK_TRACE,
+    CONFIDENCE_TRACE,
+    EOS_MARKS,
+    EXPERT_TRACE,
+    FORCED_MARKS,
+    MEMORY_TRACE,
+    NOT_APPLICABLE,
+    TEXT_PROMPT_TRACE,
+    TEXT_TRACE,
+    refresh_figure,
+    step_for,
+)
+
+# Private names re-exported (``import x as x``): the live views merge payloads into figure
+# snapshots and read the trace's index (clover_viz.panel_views, clover_viz.widgets); tests too.
+from clover_viz.figures._common import _empty_figure as _empty_figure
+from clover_viz.figures._common import _Index as _Index
+from clover_viz.figures._common import _index as _index
+from clover_viz.figures._common import _resolve_step as _resolve_step
+from clover_viz.figures.block import _block_payload as _block_payload
+from clover_viz.figures.block import _confidence_payload as _confidence_payload
+from clover_viz.figures.block import (
+    block_figure,
+    confidence_heatmap,
+    slot_states,
+    update_block_figure,
+    update_confidence_heatmap,
+)
+from clover_viz.figures.compare import compare_runs, compare_table
+from clover_viz.figures.cost import cost_figure, roofline_figure
+from clover_viz.figures.per_forward import (
+    cumulative_tokens_figure,
+    expert_union_figure,
+    memory_share_figure,
+    state_norm_figure,
+    tokens_per_forward_figure,
+)
+from clover_viz.figures.text import text_figure, text_html
+
+__all__ = [
+    "ACCEPTED_MARKS", "BLOCK_TRACE", "CONFIDENCE_TRACE", "EOS_MARKS", "EXPERT_TRACE", "FORCED_MARKS",
+    "MEMORY_TRACE", "NOT_APPLICABLE", "TEXT_PROMPT_TRACE", "TEXT_TRACE", "block_figure", "compare_runs",
+    "compare_table", "confidence_heatmap", "cost_figure", "cumulative_tokens_figure", "expert_union_figure",
+    "memory_share_figure", "refresh_figure", "roofline_figure", "slot_states", "state_norm_figure", "step_for",
+    "text_figure", "text_html", "tokens_per_forward_figure", "update_block_figure", "update_confidence_heatmap",
+]
