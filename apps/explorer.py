@@ -41,13 +41,13 @@ DEV_SHARPEN = os.environ.get("CLOVER_DEV_SHARPEN", "") not in ("", "0")
 
 import panel as pn  # noqa: E402
 
-from clover_viz import state as state_module  # noqa: E402
+from clover_viz.models import DEFAULT_MODEL_DIR, LoadedModel, ModelSpec, load_model_cached  # noqa: E402
 from clover_viz.panel_views import ExplorerApp  # noqa: E402
-from clover_viz.state import ExplorerState, ModelSpec  # noqa: E402
+from clover_viz.state import ExplorerState  # noqa: E402
 from panel.io.resources import CDN_DIST  # noqa: E402
 from panel.theme.fast import Fast  # noqa: E402
 
-MODEL_DIR = os.environ.get("CLOVER_MODEL_DIR", state_module.DEFAULT_MODEL_DIR)
+MODEL_DIR = os.environ.get("CLOVER_MODEL_DIR", DEFAULT_MODEL_DIR)
 
 # ------------------------------------------------------------------------------ extension
 pn.extension("plotly", notifications=True, sizing_mode="stretch_width")
@@ -68,8 +68,8 @@ class OfflineFast(Fast):
 
 
 # ------------------------------------------------------------------------------ cached model loading
-def load_model(spec: ModelSpec) -> state_module.LoadedModel:
-    """One model per spec for the whole server process (a module-level cache in `clover_viz.state`).
+def load_model(spec: ModelSpec) -> LoadedModel:
+    """One model per spec for the whole server process (the cache of `clover_viz.models`).
 
     Sessions share the model; decoding never mutates it. Serving also pins torch to
     `TORCH_THREADS` CPU threads.
@@ -78,7 +78,7 @@ def load_model(spec: ModelSpec) -> state_module.LoadedModel:
 
     if TORCH_THREADS > 0 and torch.get_num_threads() != TORCH_THREADS:
         torch.set_num_threads(TORCH_THREADS)
-    return state_module.load_model_cached(spec)
+    return load_model_cached(spec)
 
 
 # ------------------------------------------------------------------------------ views + template

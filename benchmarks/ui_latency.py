@@ -49,7 +49,7 @@ PROMPT = "def f(x):\n    return x\n\n"  # code: a trained model does not end it 
 
 
 def record(path: Path, tokens: int, threshold: float) -> None:
-    from clover_viz.demo import load_demo_model
+    from clover_viz.models import load_demo_model
     from engine.decoder import BlockDecoder, DecodeConfig
 
     demo = load_demo_model()

@@ -34,7 +34,8 @@ import panel as pn
 import param
 
 from clover_viz import figures as F
-from clover_viz.state import ExplorerState, run_stats
+from clover_viz.runs import run_stats
+from clover_viz.state import ExplorerState
 
 LIVE_REDRAW_S = 5.0  # heavy charts (a Plotly render of 150-500 ms in the browser) redraw at most this often while a decode streams in
 # The block view and the text redraw at most this often while a decode streams in: each redraw

@@ -19,15 +19,12 @@ holds the last run that was not superseded, so the comparison is between two
 whole runs. Errors (empty prompt, a bad model directory, a setting the model
 cannot run) set `error` and leave `trace` / `previous` as they were.
 
-Models: `model_dir` names a checkpoint directory. When it is the default
-(`DEFAULT_MODEL_DIR`) and that directory does not exist yet (the bundled model
-is being trained), or when it is ``"clover-test"``, a seeded random
-``clover-test`` model with the byte tokenizer is used and labelled
-`RANDOM_MODEL_LABEL`. `dev_sharpen_random` (a development option, off by
-default) multiplies that random model's matrices by `DEV_WEIGHT_SCALE` so its
-confidences spread over (0, 1) like a trained model's -- still noise.
-Loaded models are cached per process (`load_model_cached`), keyed by the
-resolved directory and its weights' modification time.
+Models: `model_dir` names a checkpoint directory, resolved and loaded (once per
+process) by `clover_viz.models` -- the default directory falls back to a labelled
+random ``clover-test`` while it holds no checkpoint; `dev_sharpen_random` (a
+development option, off by default) multiplies that random model's matrices by
+`DEV_WEIGHT_SCALE`. The numbers and the comparison the views show come from
+`clover_viz.runs`.
 
 Tests: ``.venv/bin/python -m pytest tests/apps/test_explorer_app.py -q``
 """
@@ -35,359 +32,36 @@ Tests: ``.venv/bin/python -m pytest tests/apps/test_explorer_app.py -q``
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import io
 import queue
 import re
 import tempfile
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import param
 
+from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS
+from clover_viz.models import (
+    DEFAULT_MODEL_DIR,
+    DEV_WEIGHT_SCALE,
+    LoadedModel,
+    load_model_cached,
+    resolve_model,
+)
+from clover_viz.runs import generated_ids, run_stats, text_diff
 from engine.cost import DEFAULT_DEVICE, DEVICES, UNION_ASSUMPTIONS
 from engine.events import BlockStart, DecodeEnd, StepEvent
 from engine.policies import POLICIES
 from engine.trace import Trace
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-from engine.checkpoint import DEFAULT_MODEL_DIR  # noqa: E402  (one place for the default)
-RANDOM_MODEL_NAME = "clover-test"
-RANDOM_MODEL_LABEL = "random clover-test (no trained model found)"
-RANDOM_MODEL_SEED = 0
-DEV_WEIGHT_SCALE = 15.0
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX = 1, 2048
 MEMORY_MODES = ("state", "state+window")
 DEVICE_CHOICES = tuple(DEVICES) + ("this-machine",)
-
-# The example prompts, one constant. The two agent prompts are held-out conversations of
-# engine.data.agent (seeds EVAL_SEED_START + 3 and + 0) in the chat layout the bundled
-# model is trained on; each ends at "<|im_start|>assistant\n", where the tool call starts.
-_TOOLS_REFUND = (
-    '{"name": "refund_order", "description": "Refund an order; confirm_order_id must repeat order_id.", '
-    '"parameters": {"type": "object", "properties": {"order_id": {"type": "string"}, "amount": '
-    '{"type": "integer"}, "confirm_order_id": {"type": "string", "description": "repeat order_id"}}, '
-    '"required": ["order_id", "amount", "confirm_order_id"]}}\n'
-)
-EXAMPLE_PROMPTS: dict[str, str] = {
-    "agent tool call": (
-        "<|im_start|>system\nYou are a helpful assistant with tools:\n"
-        + _TOOLS_REFUND
-        + '{"name": "track_package", "description": "Track a package.", "parameters": {"type": "object", '
-        '"properties": {"tracking_id": {"type": "string"}}, "required": ["tracking_id"]}}\n'
-        '{"name": "find_customer", "description": "Find a customer by name.", "parameters": {"type": '
-        '"object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}<|im_end|>\n'
-        "<|im_start|>user\nGood morning. Please find a customer (name Zara Eriksen).<|im_end|>\n"
-        "<|im_start|>assistant\n"
-    ),
-    "code completion": (
-        "def _splitext(p, sep, altsep, extsep):\n"
-        '    """Split the extension from a pathname.\n\n'
-        "    Extension is everything from the last dot to the end, ignoring\n"
-        '    leading dots.  Returns "(root, ext)"; ext may be empty."""\n'
-        "    sepIndex = p.rfind(sep)\n"
-    ),
-    "long tool chain": (
-        "<|im_start|>system\nYou are a helpful assistant with tools:\n"
-        '{"name": "cancel_booking", "description": "Cancel a booking; confirm_booking_id must repeat '
-        'booking_id.", "parameters": {"type": "object", "properties": {"booking_id": {"type": "string"}, '
-        '"passenger": {"type": "string"}, "confirm_booking_id": {"type": "string", "description": '
-        '"repeat booking_id"}}, "required": ["booking_id", "passenger", "confirm_booking_id"]}}\n'
-        '{"name": "add_ticket_note", "description": "Add a note to a ticket.", "parameters": {"type": '
-        '"object", "properties": {"ticket_id": {"type": "string"}, "author": {"type": "string"}}, '
-        '"required": ["ticket_id", "author"]}}\n'
-        '{"name": "get_order", "description": "Look up an order.", "parameters": {"type": "object", '
-        '"properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}\n'
-        + _TOOLS_REFUND.rstrip("\n")
-        + "<|im_end|>\n<|im_start|>user\nHey. Please refund an order (order_id=ORD-14712, amount=18859), "
-        "then add a note to a ticket (ticket_id=TCK-514151, author=Ivan Larsen), then refund an order "
-        "(order_id=ORD-47154, amount=5426), then add a note to a ticket (ticket_id=TCK-678677, author=Emil "
-        "Torres), then cancel a booking (booking_id=3QNX29, passenger=Jonas Costa), and finally look up an "
-        "order (order_id=ORD-44840).<|im_end|>\n"
-        "<|im_start|>assistant\n"
-        '<tool_call>{"name": "refund_order", "arguments": {"order_id": "ORD-14712", "amount": 18859, '
-        '"confirm_order_id": "ORD-14712"}}</tool_call><|im_end|>\n'
-        '<|im_start|>user\n<tool_response>{"status": "ok", "refund_date": "2028-12-26"}</tool_response>'
-        "<|im_end|>\n<|im_start|>assistant\n"
-        '<tool_call>{"name": "add_ticket_note", "arguments": {"ticket_id": "TCK-514151", "author": '
-        '"Ivan Larsen"}}</tool_call><|im_end|>\n'
-        '<|im_start|>user\n<tool_response>{"ticket_id": "TCK-514151", "note_id": "NOTE-55310"}'
-        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
-        '<tool_call>{"name": "refund_order", "arguments": {"order_id": "ORD-47154", "amount": 5426, '
-        '"confirm_order_id": "ORD-47154"}}</tool_call><|im_end|>\n'
-        '<|im_start|>user\n<tool_response>{"status": "ok", "refund_date": "2029-07-17"}</tool_response>'
-        "<|im_end|>\n<|im_start|>assistant\n"
-        '<tool_call>{"name": "add_ticket_note", "arguments": {"ticket_id": "TCK-678677", "author": '
-        '"Emil Torres"}}</tool_call><|im_end|>\n'
-        '<|im_start|>user\n<tool_response>{"ticket_id": "TCK-678677", "note_id": "NOTE-54110"}'
-        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
-        '<tool_call>{"name": "cancel_booking", "arguments": {"booking_id": "3QNX29", "passenger": '
-        '"Jonas Costa", "confirm_booking_id": "3QNX29"}}</tool_call><|im_end|>\n'
-        '<|im_start|>user\n<tool_response>{"status": "ok", "refund": 66491}</tool_response><|im_end|>\n'
-        "<|im_start|>assistant\n"
-    ),
-}
-DEFAULT_EXAMPLE = "agent tool call"
-
-
-# ----------------------------------------------------------------------------- models
-@dataclass(frozen=True)
-class ModelSpec:
-    """What `model_dir` resolves to (hashable: the model cache key).
-
-    Attributes:
-        kind: ``"checkpoint"`` (a directory on disk) or ``"random"`` (seeded clover-test).
-        path: the resolved directory (``""`` for a random model).
-        mtime_ns: modification time of the directory's weights (reloads a re-trained model).
-        dev_scale: weight multiplier of a random model (1.0 = none; the dev option).
-        fallback: True when the default directory was missing and the random model stands in.
-    """
-
-    kind: str
-    path: str = ""
-    mtime_ns: int = 0
-    dev_scale: float = 1.0
-    fallback: bool = False
-
-
-@dataclass
-class LoadedModel:
-    """A model ready to decode: the model, its tokenizer, and how to label it in the UI."""
-
-    spec: ModelSpec
-    model: Any
-    tokenizer: Any
-    label: str
-
-    @property
-    def config(self) -> Any:
-        return self.model.config
-
-    @property
-    def window_available(self) -> bool:
-        """Whether ``state+window`` can run (the model has an attention window)."""
-        return int(self.model.config.attention_window) > 0
-
-
-def resolve_model(model_dir: str, dev_sharpen_random: bool = False) -> ModelSpec:
-    """Turn the model-directory text into a `ModelSpec` (no loading).
-
-    Relative paths are tried against the working directory, then the repository root; a bare
-    name also as a bundled model, ``models/<name>`` (``clover-tiny``, ``smollm2-bd``).
-
-    Raises:
-        ValueError: for a directory that does not exist (other than the default one) or
-            one without ``config.json``, saying what to pass instead.
-    """
-    text = (model_dir or "").strip()
-    scale = DEV_WEIGHT_SCALE if dev_sharpen_random else 1.0
-    if text == RANDOM_MODEL_NAME:
-        return ModelSpec("random", dev_scale=scale)
-    if not text:
-        raise ValueError(
-            f"the model directory is empty; enter a checkpoint directory (default {DEFAULT_MODEL_DIR}) "
-            f"or '{RANDOM_MODEL_NAME}' for a random test model"
-        )
-    path = Path(text).expanduser()
-    candidates = [path] if path.is_absolute() else [Path.cwd() / path, REPO_ROOT / path]
-    if not path.is_absolute() and len(path.parts) == 1:  # a bundled model by name: "smollm2-bd"
-        candidates.append(REPO_ROOT / "models" / path)
-    found = next((p for p in candidates if p.is_dir()), None)
-    if found is None:
-        if text.rstrip("/") == DEFAULT_MODEL_DIR:
-            return ModelSpec("random", dev_scale=scale, fallback=True)
-        raise ValueError(
-            f"no model directory at {text!r}; enter a checkpoint directory holding config.json and "
-            f"model.safetensors (default {DEFAULT_MODEL_DIR}), or '{RANDOM_MODEL_NAME}' for a random test model"
-        )
-    found = found.resolve()
-    if not (found / "config.json").is_file():
-        if text.rstrip("/") == DEFAULT_MODEL_DIR:  # the bundled model is still being trained
-            return ModelSpec("random", dev_scale=scale, fallback=True)
-        raise ValueError(
-            f"{text!r} is a directory but has no config.json; a checkpoint directory holds config.json, "
-            "model.safetensors and tokenizer.json"
-        )
-    weights = [p for p in (found / "model.safetensors", found / "model.safetensors.index.json") if p.is_file()]
-    mtime = max((p.stat().st_mtime_ns for p in weights), default=0)
-    return ModelSpec("checkpoint", str(found), mtime)
-
-
-def build_model(spec: ModelSpec) -> LoadedModel:
-    """Load (or build) the model a `ModelSpec` names. Slow: call through `load_model_cached`.
-
-    Raises:
-        ValueError: from `engine.checkpoint` for a damaged or mismatched checkpoint.
-    """
-    import torch
-
-    from engine.checkpoint import load_model, load_tokenizer
-    from engine.config import CloverConfig
-    from engine.model import CloverModel
-    from engine.tokenizer import byte_tokenizer
-
-    if spec.kind == "random":
-        torch.manual_seed(RANDOM_MODEL_SEED)
-        model = CloverModel(CloverConfig.from_name(RANDOM_MODEL_NAME)).eval()
-        label = RANDOM_MODEL_LABEL if spec.fallback else f"random {RANDOM_MODEL_NAME}"
-        if spec.dev_scale != 1.0:
-            with torch.no_grad():
-                for p in model.parameters():
-                    if p.dim() >= 2:
-                        p.mul_(spec.dev_scale)
-            label += f" [dev: weights x{spec.dev_scale:g}]"
-        return LoadedModel(spec, model, byte_tokenizer(), label)
-    model = load_model(spec.path)
-    try:
-        tokenizer = load_tokenizer(spec.path)
-    except ValueError:
-        tok = byte_tokenizer()
-        if model.config.vocab_size < tok.get_vocab_size() or model.config.mask_token_id != tok.token_to_id(
-                "<|mask|>"):
-            raise
-        tokenizer = tok  # a byte-level checkpoint saved without tokenizer.json
-    return LoadedModel(spec, model, tokenizer, f"{Path(spec.path).name} ({spec.path})")
-
-
-_MODEL_CACHE: dict[ModelSpec, LoadedModel] = {}
-_MODEL_CACHE_LOCK = threading.Lock()
-
-
-def load_model_cached(spec: ModelSpec) -> LoadedModel:
-    """`build_model` once per process and spec (sessions share models; decoding never mutates them)."""
-    with _MODEL_CACHE_LOCK:
-        if spec not in _MODEL_CACHE:
-            if len(_MODEL_CACHE) >= 4:
-                _MODEL_CACHE.pop(next(iter(_MODEL_CACHE)))
-            _MODEL_CACHE[spec] = build_model(spec)
-        return _MODEL_CACHE[spec]
-
-
-# ----------------------------------------------------------------------------- run summaries
-def run_stats(trace: Trace | None) -> dict[str, Any] | None:
-    """The numbers the comparison shows for one run (None without a trace).
-
-    Keys: ``nfe``, ``n_tokens``, ``tokens_per_forward``, ``n_forced``, ``wall_s``,
-    ``tok_per_s`` (measured on the machine that ran it), ``stop_reason``,
-    ``block_size``, ``threshold``, ``policy``, ``text``.
-
-    While a decode runs, ``n_tokens`` (and so tokens / forward and tokens/s) counts what the
-    run would keep if it ended now -- `generated_ids` -- the same definition as the final
-    numbers: no EOS fills, nothing after an EOS, nothing past a still-masked slot.
-    """
-    if trace is None:
-        return None
-    s = trace.summary()
-    dc = trace.decode_config or {}
-    ids = generated_ids(trace)
-    n_written = len(ids)
-    wall = s["wall_s"] or 0.0
-    return {
-        "nfe": int(s["nfe"]),
-        "n_tokens": int(n_written),
-        "tokens_per_forward": n_written / s["nfe"] if s["nfe"] else 0.0,
-        "n_forced": int(s["n_forced"]),
-        "wall_s": float(wall),
-        "tok_per_s": n_written / wall if wall > 0 else 0.0,
-        "stop_reason": s["stop_reason"],
-        "block_size": dc.get("block_size"),
-        "threshold": dc.get("threshold"),
-        "policy": dc.get("policy"),
-        "text": "".join(trace.token_str(t) for t in ids),
-    }
-
-
-def eos_token_id(trace: Trace) -> int | None:
-    """The EOS id of the model that recorded ``trace``: from its model config, else from an
-    EOS-filled slot (those hold EOS), else None."""
-    cfg = (trace.meta or {}).get("model_config")
-    if isinstance(cfg, dict) and cfg.get("eos_token_id") is not None:
-        return int(cfg["eos_token_id"])
-    for ev in trace.steps:
-        if ev.eos_filled.any():
-            return int(ev.tokens[int(ev.eos_filled.argmax())])
-    return None
-
-
-# per trace: {block_index: (ids kept from that finished block, hit EOS)}
-_BLOCK_IDS: "weakref.WeakKeyDictionary[Trace, dict[int, tuple[list[int], bool]]]" = weakref.WeakKeyDictionary()
-
-
-def generated_ids(trace: Trace) -> list[int]:
-    """The generated token ids of a trace, finished or still running, by the decoder's rule.
-
-    Finished: the `DecodeEnd` tokens. Running: per block in order, its generated (not
-    pre-filled) slots up to the first slot still masked, cut before the first EOS, stopping
-    there -- exactly what the decoder keeps when it stops now (``stop_reason`` cancelled).
-    Finished blocks are cached, so a live call costs the running block only.
-    """
-    if trace.decode_end is not None:
-        return trace.generated_tokens.tolist()
-    eos = eos_token_id(trace)
-    cache = _BLOCK_IDS.setdefault(trace, {})
-    ended = {b.block_index for b in trace.block_ends}
-    prefilled = {b.block_index: np.asarray(b.prefilled, dtype=bool) for b in trace.block_starts}
-    last: dict[int, Any] = {}
-    steps = trace.steps
-    # the last step of each block not cached yet (walk back from the end: blocks are in order)
-    for ev in reversed(steps):
-        b = ev.block_index
-        if b in cache:
-            break
-        last.setdefault(b, ev)
-    out: list[int] = []
-    for b in sorted(set(cache) | set(last)):
-        if b in cache:
-            ids, hit = cache[b]
-        else:
-            ev = last[b]
-            still = np.asarray(ev.masked_before, dtype=bool) & ~(
-                np.asarray(ev.accepted, dtype=bool) | np.asarray(ev.forced, dtype=bool)
-                | np.asarray(ev.eos_filled, dtype=bool))
-            pre = prefilled.get(b, np.zeros(len(ev.tokens), dtype=bool))
-            toks = np.asarray(ev.tokens).tolist()
-            ids, hit = [], False
-            for t, p, m in zip(toks, pre.tolist(), still.tolist()):
-                if p:
-                    continue
-                if m:
-                    break
-                if eos is not None and t == eos:
-                    hit = True
-                    break
-                ids.append(int(t))
-            if b in ended:
-                cache[b] = (ids, hit)
-        out += ids
-        if hit:
-            break
-    return out
-
-
-def trace_text(trace: Trace) -> str:
-    """The generated text of a trace from its stored vocabulary (works without a tokenizer)."""
-    return "".join(trace.token_str(t) for t in generated_ids(trace))
-
-
-def text_diff(old: str, new: str) -> list[tuple[str, str]]:
-    """Character-level diff of two texts as ``[(op, text)]``, op in ``equal``/``insert``/``delete``."""
-    ops: list[tuple[str, str]] = []
-    sm = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
-    for tag, i1, i2, j1, j2 in sm.get_opcodes():
-        if tag == "equal":
-            ops.append(("equal", old[i1:i2]))
-        else:
-            if i2 > i1:
-                ops.append(("delete", old[i1:i2]))
-            if j2 > j1:
-                ops.append(("insert", new[j1:j2]))
-    return ops
 
 
 def _snapshot(event: Any) -> Any:
@@ -635,7 +309,7 @@ class ExplorerState(param.Parameterized):
         def work() -> None:
             try:
                 decoder.generate(prompt_ids, hooks=[hook], record_trace=False, cancel=run.cancel)
-            except Exception as exc:  # reported on the UI thread by drain()
+            except Exception as exc:  # noqa: BLE001  (any failure is reported on the UI thread by drain())
                 events.put((run.run_id, "error", exc))
             finally:
                 events.put((run.run_id, "exit", None))

@@ -41,14 +41,9 @@ from typing import Any
 import plotly.graph_objects as go
 
 from clover_viz import figures as F
+from clover_viz.examples import WEATHER_PROMPT as DEFAULT_PROMPT
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
-DEFAULT_PROMPT = (
-    "<|im_start|>system\nYou are a helpful assistant with tools:\n"
-    '{"name": "get_weather", "description": "Current weather for a city.", "parameters": {"type": "object", '
-    '"properties": {"city": {"type": "string"}}, "required": ["city"]}}<|im_end|>\n'
-    '<|im_start|>user\nWhat is the weather (city: "Lisbon")?<|im_end|>\n<|im_start|>assistant\n'
-)
 _LIVE_MIN_INTERVAL_S = 0.05  # redraw at most ~20 times a second while decoding
 
 

@@ -17,16 +17,16 @@ import torch
 
 pytest.importorskip("panel")
 
-from clover_viz.state import (  # noqa: E402
-    EXAMPLE_PROMPTS,
+from clover_viz.examples import EXAMPLE_PROMPTS  # noqa: E402
+from clover_viz.models import (  # noqa: E402
     RANDOM_MODEL_LABEL,
-    ExplorerState,
     LoadedModel,
     ModelSpec,
     load_model_cached,
     resolve_model,
-    text_diff,
 )
+from clover_viz.runs import text_diff  # noqa: E402
+from clover_viz.state import ExplorerState  # noqa: E402
 from engine.decoder import BlockDecoder, DecodeConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def test_app_module_imports_without_serving_and_builds_a_session():
 
 def test_default_model_dir_falls_back_to_a_labelled_random_model(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no models/clover-tiny here...
-    monkeypatch.setattr("clover_viz.state.REPO_ROOT", tmp_path)  # ...nor in the "repository"
+    monkeypatch.setattr("clover_viz.models.REPO_ROOT", tmp_path)  # ...nor in the "repository"
     spec = resolve_model("models/clover-tiny")
     assert spec == ModelSpec("random", fallback=True)
     s = ExplorerState()

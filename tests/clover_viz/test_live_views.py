@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from clover_viz import figures as F
-from clover_viz.state import generated_ids, run_stats
+from clover_viz.runs import generated_ids, run_stats
 from engine.events import DecodeEnd
 from engine.trace import Trace
 

@@ -1,0 +1,87 @@
+"""The explorer's example prompts.
+
+`EXAMPLE_PROMPTS` maps a name to prompt text -- two agent conversations in the chat layout
+the bundled model is trained on, and a code completion -- for the Panel app's picker;
+`DEFAULT_EXAMPLE` names the one a new session starts with. `WEATHER_PROMPT` is the short
+one-tool agent prompt the notebook `Explorer` decodes when given none.
+"""
+
+from __future__ import annotations
+
+# The two agent prompts are held-out conversations of engine.data.agent (seeds
+# EVAL_SEED_START + 3 and + 0) in the chat layout the bundled model is trained on; each
+# ends at "<|im_start|>assistant\n", where the tool call starts.
+_TOOLS_REFUND = (
+    '{"name": "refund_order", "description": "Refund an order; confirm_order_id must repeat order_id.", '
+    '"parameters": {"type": "object", "properties": {"order_id": {"type": "string"}, "amount": '
+    '{"type": "integer"}, "confirm_order_id": {"type": "string", "description": "repeat order_id"}}, '
+    '"required": ["order_id", "amount", "confirm_order_id"]}}\n'
+)
+EXAMPLE_PROMPTS: dict[str, str] = {
+    "agent tool call": (
+        "<|im_start|>system\nYou are a helpful assistant with tools:\n"
+        + _TOOLS_REFUND
+        + '{"name": "track_package", "description": "Track a package.", "parameters": {"type": "object", '
+        '"properties": {"tracking_id": {"type": "string"}}, "required": ["tracking_id"]}}\n'
+        '{"name": "find_customer", "description": "Find a customer by name.", "parameters": {"type": '
+        '"object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}<|im_end|>\n'
+        "<|im_start|>user\nGood morning. Please find a customer (name Zara Eriksen).<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    ),
+    "code completion": (
+        "def _splitext(p, sep, altsep, extsep):\n"
+        '    """Split the extension from a pathname.\n\n'
+        "    Extension is everything from the last dot to the end, ignoring\n"
+        '    leading dots.  Returns "(root, ext)"; ext may be empty."""\n'
+        "    sepIndex = p.rfind(sep)\n"
+    ),
+    "long tool chain": (
+        "<|im_start|>system\nYou are a helpful assistant with tools:\n"
+        '{"name": "cancel_booking", "description": "Cancel a booking; confirm_booking_id must repeat '
+        'booking_id.", "parameters": {"type": "object", "properties": {"booking_id": {"type": "string"}, '
+        '"passenger": {"type": "string"}, "confirm_booking_id": {"type": "string", "description": '
+        '"repeat booking_id"}}, "required": ["booking_id", "passenger", "confirm_booking_id"]}}\n'
+        '{"name": "add_ticket_note", "description": "Add a note to a ticket.", "parameters": {"type": '
+        '"object", "properties": {"ticket_id": {"type": "string"}, "author": {"type": "string"}}, '
+        '"required": ["ticket_id", "author"]}}\n'
+        '{"name": "get_order", "description": "Look up an order.", "parameters": {"type": "object", '
+        '"properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}\n'
+        + _TOOLS_REFUND.rstrip("\n")
+        + "<|im_end|>\n<|im_start|>user\nHey. Please refund an order (order_id=ORD-14712, amount=18859), "
+        "then add a note to a ticket (ticket_id=TCK-514151, author=Ivan Larsen), then refund an order "
+        "(order_id=ORD-47154, amount=5426), then add a note to a ticket (ticket_id=TCK-678677, author=Emil "
+        "Torres), then cancel a booking (booking_id=3QNX29, passenger=Jonas Costa), and finally look up an "
+        "order (order_id=ORD-44840).<|im_end|>\n"
+        "<|im_start|>assistant\n"
+        '<tool_call>{"name": "refund_order", "arguments": {"order_id": "ORD-14712", "amount": 18859, '
+        '"confirm_order_id": "ORD-14712"}}</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response>{"status": "ok", "refund_date": "2028-12-26"}</tool_response>'
+        "<|im_end|>\n<|im_start|>assistant\n"
+        '<tool_call>{"name": "add_ticket_note", "arguments": {"ticket_id": "TCK-514151", "author": '
+        '"Ivan Larsen"}}</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response>{"ticket_id": "TCK-514151", "note_id": "NOTE-55310"}'
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        '<tool_call>{"name": "refund_order", "arguments": {"order_id": "ORD-47154", "amount": 5426, '
+        '"confirm_order_id": "ORD-47154"}}</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response>{"status": "ok", "refund_date": "2029-07-17"}</tool_response>'
+        "<|im_end|>\n<|im_start|>assistant\n"
+        '<tool_call>{"name": "add_ticket_note", "arguments": {"ticket_id": "TCK-678677", "author": '
+        '"Emil Torres"}}</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response>{"ticket_id": "TCK-678677", "note_id": "NOTE-54110"}'
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        '<tool_call>{"name": "cancel_booking", "arguments": {"booking_id": "3QNX29", "passenger": '
+        '"Jonas Costa", "confirm_booking_id": "3QNX29"}}</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response>{"status": "ok", "refund": 66491}</tool_response><|im_end|>\n'
+        "<|im_start|>assistant\n"
+    ),
+}
+DEFAULT_EXAMPLE = "agent tool call"
+
+WEATHER_PROMPT = (
+    "<|im_start|>system\nYou are a helpful assistant with tools:\n"
+    '{"name": "get_weather", "description": "Current weather for a city.", "parameters": {"type": "object", '
+    '"properties": {"city": {"type": "string"}}, "required": ["city"]}}<|im_end|>\n'
+    '<|im_start|>user\nWhat is the weather (city: "Lisbon")?<|im_end|>\n<|im_start|>assistant\n'
+)
+
+__all__ = ["DEFAULT_EXAMPLE", "EXAMPLE_PROMPTS", "WEATHER_PROMPT"]

@@ -1,0 +1,231 @@
+"""Model resolution and loading for every front end: the Panel app, the notebook `Explorer`,
+the notebooks and the benchmarks all load through here (one loader, one cache, one label).
+
+* `resolve_model(text)` turns what a user typed (a checkpoint directory, a bundled
+  model's name, ``"clover-test"``) into a hashable `ModelSpec` without loading anything.
+* `build_model(spec)` loads it (slow); `load_model_cached(spec)` does so once per process.
+* `load_demo_model()` is the notebooks' and benchmarks' entry point: the bundled model, or
+  the labelled random stand-in.
+
+The random stand-in: when `model_dir` is the default (`DEFAULT_MODEL_DIR`) and that
+directory holds no checkpoint yet (the bundled model is trained separately), or when it is
+``"clover-test"``, a ``clover-test`` model with seeded random weights and the byte
+tokenizer is used and labelled so (`RANDOM_MODEL_LABEL`). ``dev_scale`` (the explorer's
+"sharpen" option; `load_demo_model` always) multiplies its matrices by
+`DEV_WEIGHT_SCALE` so its confidences spread over (0, 1) like a trained model's -- its
+text is still noise.
+
+The cache is a module-level dict behind a lock, not ``pn.cache``: this module has no Panel
+import (the ipywidgets `Explorer`, the notebooks and the benchmarks run without Panel),
+and ``pn.cache`` runs the function outside its lock, so two sessions opening at once would
+each build the same model; here the second waits for the first.
+
+Tests: ``.venv/bin/python -m pytest tests/apps/test_explorer_app.py -q``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.checkpoint import DEFAULT_MODEL_DIR  # one place for the default
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RANDOM_MODEL_NAME = "clover-test"
+RANDOM_MODEL_LABEL = "random clover-test (no trained model found)"
+RANDOM_MODEL_SEED = 0
+DEV_WEIGHT_SCALE = 15.0
+MODEL_CACHE_SIZE = 4  # models kept per process (oldest dropped first)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What `model_dir` resolves to (hashable: the model cache key).
+
+    Attributes:
+        kind: ``"checkpoint"`` (a directory on disk) or ``"random"`` (seeded clover-test).
+        path: the resolved directory (``""`` otherwise).
+        mtime_ns: modification time of the directory's weights (reloads a re-trained model).
+        dev_scale: weight multiplier of a random model (1.0 = none; the dev option).
+        fallback: True when the default directory was missing and the random model stands in.
+    """
+
+    kind: str
+    path: str = ""
+    mtime_ns: int = 0
+    dev_scale: float = 1.0
+    fallback: bool = False
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to decode: the model, its tokenizer, and how to label it in the UI."""
+
+    spec: ModelSpec
+    model: Any
+    tokenizer: Any
+    label: str
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def model_id(self) -> str:
+        """The id traces record: ``model.model_id`` (set by the loaders), else the config's name."""
+        return str(getattr(self.model, "model_id", None) or self.model.config.name)
+
+    @property
+    def fallback(self) -> bool:
+        """True when the random clover-test model stands in for a missing default checkpoint."""
+        return self.spec.fallback
+
+    @property
+    def window_available(self) -> bool:
+        """Whether ``state+window`` can run (the model has an attention window)."""
+        return int(getattr(self.model.config, "attention_window", 0) or 0) > 0
+
+
+def resolve_model(model_dir: str, dev_sharpen_random: bool = False) -> ModelSpec:
+    """Turn the model-directory text into a `ModelSpec` (no loading).
+
+    Relative paths are tried against the working directory, then the repository root; a bare
+    name also as a bundled model, ``models/<name>`` (``clover-tiny``, ``smollm2-bd``).
+
+    Raises:
+        ValueError: for a directory that does not exist (other than the default one) or
+            one without ``config.json``, saying what to pass instead.
+    """
+    text = (model_dir or "").strip()
+    scale = DEV_WEIGHT_SCALE if dev_sharpen_random else 1.0
+    if text == RANDOM_MODEL_NAME:
+        return ModelSpec("random", dev_scale=scale)
+    if not text:
+        raise ValueError(
+            f"the model directory is empty; enter a checkpoint directory (default {DEFAULT_MODEL_DIR}) "
+            f"or '{RANDOM_MODEL_NAME}' for a random test model"
+        )
+    path = Path(text).expanduser()
+    candidates = [path] if path.is_absolute() else [Path.cwd() / path, REPO_ROOT / path]
+    if not path.is_absolute() and len(path.parts) == 1:  # a bundled model by name: "smollm2-bd"
+        candidates.append(REPO_ROOT / "models" / path)
+    found = next((p for p in candidates if p.is_dir()), None)
+    if found is None:
+        if text.rstrip("/") == DEFAULT_MODEL_DIR:
+            return ModelSpec("random", dev_scale=scale, fallback=True)
+        raise ValueError(
+            f"no model directory at {text!r}; enter a checkpoint directory holding config.json and "
+            f"model.safetensors (default {DEFAULT_MODEL_DIR}), or '{RANDOM_MODEL_NAME}' for a random test model"
+        )
+    found = found.resolve()
+    if not (found / "config.json").is_file():
+        if text.rstrip("/") == DEFAULT_MODEL_DIR:  # the bundled model is still being trained
+            return ModelSpec("random", dev_scale=scale, fallback=True)
+        raise ValueError(
+            f"{text!r} is a directory but has no config.json; a checkpoint directory holds config.json, "
+            "model.safetensors and tokenizer.json"
+        )
+    weights = [p for p in (found / "model.safetensors", found / "model.safetensors.index.json") if p.is_file()]
+    mtime = max((p.stat().st_mtime_ns for p in weights), default=0)
+    return ModelSpec("checkpoint", str(found), mtime)
+
+
+def build_model(spec: ModelSpec) -> LoadedModel:
+    """Load (or build) the model a `ModelSpec` names. Slow: call through `load_model_cached`.
+
+    Raises:
+        ValueError: from `engine.checkpoint` for a damaged or mismatched checkpoint.
+    """
+    import torch
+
+    from engine.checkpoint import load_model, load_tokenizer
+    from engine.config import CloverConfig
+    from engine.model import CloverModel
+    from engine.tokenizer import byte_tokenizer
+
+    if spec.kind == "random":
+        torch.manual_seed(RANDOM_MODEL_SEED)
+        model = CloverModel(CloverConfig.from_name(RANDOM_MODEL_NAME)).eval()
+        label = RANDOM_MODEL_LABEL if spec.fallback else f"random {RANDOM_MODEL_NAME}"
+        if spec.dev_scale != 1.0:
+            with torch.no_grad():
+                for p in model.parameters():
+                    if p.dim() >= 2:
+                        p.mul_(spec.dev_scale)
+            label += f" [dev: weights x{spec.dev_scale:g}]"
+        return LoadedModel(spec, model, byte_tokenizer(), label)
+    model = load_model(spec.path)
+    try:
+        tokenizer = load_tokenizer(spec.path)
+    except ValueError:
+        tok = byte_tokenizer()
+        if model.config.vocab_size < tok.get_vocab_size() or model.config.mask_token_id != tok.token_to_id(
+                "<|mask|>"):
+            raise
+        tokenizer = tok  # a byte-level checkpoint saved without tokenizer.json
+    return LoadedModel(spec, model, tokenizer, f"{Path(spec.path).name} ({spec.path})")
+
+
+_MODEL_CACHE: dict[ModelSpec, LoadedModel] = {}
+_MODEL_CACHE_LOCK = threading.Lock()
+
+
+def load_model_cached(spec: ModelSpec) -> LoadedModel:
+    """`build_model` once per process and spec (sessions share models; decoding never mutates them).
+
+    Keeps the last `MODEL_CACHE_SIZE` specs loaded (the oldest is dropped first).
+    """
+    with _MODEL_CACHE_LOCK:
+        if spec not in _MODEL_CACHE:
+            if len(_MODEL_CACHE) >= MODEL_CACHE_SIZE:
+                _MODEL_CACHE.pop(next(iter(_MODEL_CACHE)))
+            _MODEL_CACHE[spec] = build_model(spec)
+        return _MODEL_CACHE[spec]
+
+
+def load_demo_model(model_dir: str | Path = DEFAULT_MODEL_DIR, allow_fallback: bool = True) -> LoadedModel:
+    """The model the notebooks and benchmarks decode with (cached, shared with the explorer).
+
+    ``model_dir`` is resolved as in the explorer (`resolve_model`: a directory, a bundled
+    model's name, ``"clover-test"``). When it names no directory and ``allow_fallback``,
+    the random clover-test model stands in with its weights x`DEV_WEIGHT_SCALE` (peaked
+    confidences: a decode shows accepted as well as forced slots), labelled so.
+
+    Returns:
+        a `LoadedModel` (``.model``, ``.tokenizer``, ``.label``, ``.fallback``).
+
+    Raises:
+        ValueError: no checkpoint at ``model_dir`` and ``allow_fallback`` is False; or the
+            checkpoint found does not load (`build_model`).
+    """
+    try:
+        spec = resolve_model(str(model_dir))
+    except ValueError:
+        if not allow_fallback:
+            raise
+        spec = ModelSpec("random", fallback=True)
+    if spec.kind == "random":
+        if spec.fallback and not allow_fallback:
+            raise ValueError(f"no checkpoint (config.json + model.safetensors) at {str(model_dir)!r}")
+        spec = dataclasses.replace(spec, dev_scale=DEV_WEIGHT_SCALE)
+    return load_model_cached(spec)
+
+
+__all__ = [
+    "DEFAULT_MODEL_DIR",
+    "DEV_WEIGHT_SCALE",
+    "MODEL_CACHE_SIZE",
+    "RANDOM_MODEL_LABEL",
+    "RANDOM_MODEL_NAME",
+    "RANDOM_MODEL_SEED",
+    "REPO_ROOT",
+    "LoadedModel",
+    "ModelSpec",
+    "build_model",
+    "load_demo_model",
+    "load_model_cached",
+    "resolve_model",
+]

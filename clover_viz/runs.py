@@ -1,0 +1,146 @@
+"""One run's numbers and text, finished or still decoding, and two runs' texts compared.
+
+* `generated_ids(trace)` -- what the decoder keeps (`docs/architecture.md` §5, rule 7),
+  also for a trace still growing: what it would keep if it stopped now.
+* `run_stats(trace)` -- the headline numbers of one run by that rule (NFE, tokens, tokens
+  per forward, forced fills, wall time, tokens/s, settings, text).
+* `text_diff(old, new)` -- a character-level diff of two runs' texts.
+
+No Panel or ipywidgets import: the Panel views, the notebook `Explorer` and the session
+state share these.
+
+Tests: ``.venv/bin/python -m pytest tests/clover_viz/test_live_views.py tests/apps/test_explorer_app.py -q``
+"""
+
+from __future__ import annotations
+
+import difflib
+import weakref
+from typing import Any
+
+import numpy as np
+
+from engine.trace import Trace
+
+
+def eos_token_id(trace: Trace) -> int | None:
+    """The EOS id of the model that recorded ``trace``: from its model config, else from an
+    EOS-filled slot (those hold EOS), else None."""
+    cfg = (trace.meta or {}).get("model_config")
+    if isinstance(cfg, dict) and cfg.get("eos_token_id") is not None:
+        return int(cfg["eos_token_id"])
+    for ev in trace.steps:
+        if ev.eos_filled.any():
+            return int(ev.tokens[int(ev.eos_filled.argmax())])
+    return None
+
+
+# per trace: {block_index: (ids kept from that finished block, hit EOS)}
+_BLOCK_IDS: weakref.WeakKeyDictionary[Trace, dict[int, tuple[list[int], bool]]] = weakref.WeakKeyDictionary()
+
+
+def generated_ids(trace: Trace) -> list[int]:
+    """The generated token ids of a trace, finished or still running, by the decoder's rule.
+
+    Finished: the `DecodeEnd` tokens. Running: per block in order, its generated (not
+    pre-filled) slots up to the first slot still masked, cut before the first EOS, stopping
+    there -- exactly what the decoder keeps when it stops now (``stop_reason`` cancelled).
+    Finished blocks are cached, so a live call costs the running block only.
+    """
+    if trace.decode_end is not None:
+        return trace.generated_tokens.tolist()
+    eos = eos_token_id(trace)
+    cache = _BLOCK_IDS.setdefault(trace, {})
+    ended = {b.block_index for b in trace.block_ends}
+    prefilled = {b.block_index: np.asarray(b.prefilled, dtype=bool) for b in trace.block_starts}
+    last: dict[int, Any] = {}
+    steps = trace.steps
+    # the last step of each block not cached yet (walk back from the end: blocks are in order)
+    for ev in reversed(steps):
+        b = ev.block_index
+        if b in cache:
+            break
+        last.setdefault(b, ev)
+    out: list[int] = []
+    for b in sorted(set(cache) | set(last)):
+        if b in cache:
+            ids, hit = cache[b]
+        else:
+            ev = last[b]
+            still = np.asarray(ev.masked_before, dtype=bool) & ~(
+                np.asarray(ev.accepted, dtype=bool) | np.asarray(ev.forced, dtype=bool)
+                | np.asarray(ev.eos_filled, dtype=bool))
+            pre = prefilled.get(b, np.zeros(len(ev.tokens), dtype=bool))
+            toks = np.asarray(ev.tokens).tolist()
+            ids, hit = [], False
+            for t, p, m in zip(toks, pre.tolist(), still.tolist()):
+                if p:
+                    continue
+                if m:
+                    break
+                if eos is not None and t == eos:
+                    hit = True
+                    break
+                ids.append(int(t))
+            if b in ended:
+                cache[b] = (ids, hit)
+        out += ids
+        if hit:
+            break
+    return out
+
+
+def trace_text(trace: Trace) -> str:
+    """The generated text of a trace from its stored vocabulary (works without a tokenizer)."""
+    return "".join(trace.token_str(t) for t in generated_ids(trace))
+
+
+def run_stats(trace: Trace | None) -> dict[str, Any] | None:
+    """The numbers the views show for one run (None without a trace).
+
+    Keys: ``nfe``, ``n_tokens``, ``tokens_per_forward``, ``n_forced``, ``wall_s``,
+    ``tok_per_s`` (measured on the machine that ran it), ``stop_reason``,
+    ``block_size``, ``threshold``, ``policy``, ``text``.
+
+    While a decode runs, ``n_tokens`` (and so tokens / forward and tokens/s) counts what the
+    run would keep if it ended now -- `generated_ids` -- the same definition as the final
+    numbers: no EOS fills, nothing after an EOS, nothing past a still-masked slot.
+    """
+    if trace is None:
+        return None
+    s = trace.summary()
+    dc = trace.decode_config or {}
+    ids = generated_ids(trace)
+    n_written = len(ids)
+    wall = s["wall_s"] or 0.0
+    return {
+        "nfe": int(s["nfe"]),
+        "n_tokens": int(n_written),
+        "tokens_per_forward": n_written / s["nfe"] if s["nfe"] else 0.0,
+        "n_forced": int(s["n_forced"]),
+        "wall_s": float(wall),
+        "tok_per_s": n_written / wall if wall > 0 else 0.0,
+        "stop_reason": s["stop_reason"],
+        "block_size": dc.get("block_size"),
+        "threshold": dc.get("threshold"),
+        "policy": dc.get("policy"),
+        "text": "".join(trace.token_str(t) for t in ids),
+    }
+
+
+def text_diff(old: str, new: str) -> list[tuple[str, str]]:
+    """Character-level diff of two texts as ``[(op, text)]``, op in ``equal``/``insert``/``delete``."""
+    ops: list[tuple[str, str]] = []
+    sm = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal":
+            ops.append(("equal", old[i1:i2]))
+        else:
+            if i2 > i1:
+                ops.append(("delete", old[i1:i2]))
+            if j2 > j1:
+                ops.append(("insert", new[j1:j2]))
+    return ops
+
+
+__all__ = ["eos_token_id", "generated_ids", "run_stats", "text_diff", "trace_text"]
