@@ -14,18 +14,10 @@ import plotly.graph_objects as go
 
 from clover_viz import colors as C
 from clover_viz.figures._common import _base_layout, _empty_figure, _index, _json_list
+from engine.units import format_si
 
 
 # =============================================================================== cost
-def _fmt_rate(x: float | None) -> str:
-    if x is None or not math.isfinite(x):
-        return "n/a"
-    for unit, scale in (("M", 1e6), ("k", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.3g}{unit}"
-    return f"{x:.3g}"
-
-
 def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b",
                 union_assumption: Any = "measured_vs_independent") -> go.Figure:
     """Cost panel: bytes read per forward (left) and tokens/s measured vs projected (right).
@@ -85,17 +77,19 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
         lines.append((proj.target.tok_per_s, f"projected: {proj.target.config_name} on {proj.device}", C.TARGET_COLOR))
         lines.append((ar_tokens_per_s(config, device), f"projected: {config} autoregressive on {proj.device}", C.AR_COLOR))
     for rate, label, color in lines:
-        fig.add_trace(go.Scatter(x=[x[0], x[-1]], y=[rate, rate], mode="lines", name=f"{label}: {_fmt_rate(rate)} tok/s",
+        text = f"{format_si(rate, digits=3, missing='n/a')} tok/s"
+        fig.add_trace(go.Scatter(x=[x[0], x[-1]], y=[rate, rate], mode="lines", name=f"{label}: {text}",
                                  line=dict(color=color, dash="dash", width=2),
-                                 hovertemplate=f"{label}<br>{_fmt_rate(rate)} tok/s<extra></extra>"), row=1, col=2)
+                                 hovertemplate=f"{label}<br>{text}<extra></extra>"), row=1, col=2)
     fig.update_yaxes(title_text="MB", row=1, col=1)
     fig.update_yaxes(title_text="tokens/s (log)", type="log", row=1, col=2)
     fig.update_xaxes(title_text="forward (NFE)", row=1, col=1)
     fig.update_xaxes(title_text="forward (NFE)", row=1, col=2)
     m_last = measured[np.isfinite(measured)]
-    summ = f"measured {_fmt_rate(float(m_last[-1]) if m_last.size else None)} tok/s"
+    summ = f"measured {format_si(float(m_last[-1]) if m_last.size else None, digits=3, missing='n/a')} tok/s"
     if proj is not None:
-        summ += f" · projected {config} on {proj.device}: {_fmt_rate(proj.target.tok_per_s)} tok/s ({proj.union_assumption} union)"
+        summ += (f" · projected {config} on {proj.device}: {format_si(proj.target.tok_per_s, digits=3, missing='n/a')}"
+                 f" tok/s ({proj.union_assumption} union)")
     fig.update_layout(**_base_layout(f"Cost<br><sup>{summ}</sup>", margin=dict(l=60, r=20, t=100, b=45)), height=430,
                       legend=dict(orientation="h", y=-0.18, yanchor="top", x=0, font=dict(size=11)))
     return fig
