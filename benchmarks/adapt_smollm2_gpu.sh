@@ -11,10 +11,11 @@
 #      (engine.data.chat_prompts), cut off at 150 s -- whatever was written is used;
 #   2. adaptation: engine.train --objective block-diffusion, 64 examples per forward (each a clean row plus a
 #      noisy window per answer block, ~2x the clean tokens), LoRA r=32 + the MASK embedding, lr 1e-3 cosine over
-#      5.5 minutes, 10 % tool-call chats. Aim: on the order of 100M clean tokens (the issue's estimate at 30-40 %
+#      5.5 minutes, 20 % open-vocabulary tool-call chats (engine.data.open_tools, one assistant turn per row). Aim: on the order of 100M clean tokens (the issue's estimate at 30-40 %
 #      of bf16 peak); the trainer prints the real count and tokens/s at the end and in OUT/train_log.jsonl;
 #   3. eval: engine.eval on the 60 fixed prompts (48 new tokens), block 1 / 8 / 32 x 0.90 / 0.95 / 0.99, with the
-#      unadapted base at 32/0.95 beside it; writes OUT/eval.json and prints the table.
+#      unadapted base at 32/0.95 beside it, and 60 open-vocabulary tool-call turns (tools never in training) at
+#      block_size 1 and 32 / 0.95; writes OUT/eval.json and prints the table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -37,7 +38,7 @@ timeout 150 "$PY" -m engine.hf_train distill --out "$DATA" --n 30000 --batch 102
     --device cuda --dtype bf16 --threads 4 || echo "distill stopped at its time limit ($(wc -l < "$DATA") answers)"
 "$PY" -m engine.train --init-from smollm2-135m-instruct --objective block-diffusion --out "$OUT" --data "$DATA" \
     --device cuda --dtype bf16 --minutes 5.5 --batch 64 --accum 1 --lr 1e-3 --lora-r 32 --lora-alpha 64 \
-    --agent-share 0.1 --max-len 320 --threads 4 --save-every-min 2 --snapshot --resume
+    --open-tools-share 0.2 --max-len 384 --threads 4 --save-every-min 2 --snapshot --resume
 "$PY" -m engine.eval --model "$OUT" --device cuda --prompts 60 --max-new-tokens 48 --compare-base \
-    --base-settings 32/0.95 --workers 1 --threads 4
+    --base-settings 32/0.95 --open-tasks 60 --workers 1 --threads 4
 echo "total wall time: $(( $(date +%s) - t0 )) s"

@@ -28,6 +28,7 @@ from engine.training.probes import heldout_loss, quick_agent_eval, value_probe
 from engine.training.rows import RECALL_VOCABS, RowSource, pack_conversations
 from engine.training.surgery import (
     ATTENTION_CONV_WEIGHT,
+    SIZES,
     init_induction_heads,
     tiny_config,
     with_attention_conv,
@@ -136,6 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--block-weights", type=str, default=None,
                     help="sampling weights of the block sizes as 'L:w,...' over " + ",".join(map(str, BLOCK_SIZE_WEIGHTS))
                          + " (default: BLOCK_SIZE_WEIGHTS, weighted toward 32)")
+    ap.add_argument("--open-tools-share", type=float, default=0.0,
+                    help="share of agent rows from the open-vocabulary tool-call corpus (engine.data.open_tools, "
+                         "train vocabulary: names and keys must be copied from the system turn)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (checkpoints are written from the CPU either way)")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                    help="bf16 = autocast on CUDA (weights, optimizer and loss stay fp32); fp32 on the CPU")
+    ap.add_argument("--batch-mult", type=int, default=1,
+                    help="rows per batch = ROW_SHAPE's rows x this (a GPU takes 32-64x the CPU batches)")
+    ap.add_argument("--size", default="tiny", choices=["tiny", "small"],
+                    help="fresh run: tiny_config (~6M parameters, CPU) or small_config (~70M, GPU)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="start from this checkpoint's weights with a fresh optimizer and schedule "
@@ -157,7 +168,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.threads = configure_threads(args.threads)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    for name in ("easy_share", "window_drop", "recall_share"):
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: no CUDA device here; use --device cpu")
+    if args.dtype == "bf16" and not args.device.startswith("cuda"):
+        raise SystemExit("--dtype bf16 is for --device cuda; on the CPU train in fp32 (bf16 autocast is far slower "
+                         "on CPUs without native bf16)")
+    for name in ("easy_share", "window_drop", "recall_share", "open_tools_share"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             raise SystemExit(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
     if not args.tokenizer.is_file():
@@ -202,7 +218,7 @@ def setup_model(args: argparse.Namespace, vocab_size: int) -> tuple[CloverModel,
             model = with_front_attention(model)
     else:
         torch.manual_seed(args.seed)
-        cfg = tiny_config(vocab_size)
+        cfg = SIZES[args.size](vocab_size)
         if args.attention_first:
             cfg = dataclasses.replace(cfg, layer_types=["full_attention", "linear_attention"] * 2,
                                       attention_conv_kernel_dim=max(4, cfg.attention_conv_kernel_dim))
@@ -224,7 +240,8 @@ def make_optimizer(model: CloverModel, lr: float, conv_lr_mult: float) -> torch.
               {"params": no_decay, "weight_decay": 0.0, "lr_mult": 1.0}]
     if conv:  # a few taps per channel: no decay, their own learning-rate multiplier
         groups.append({"params": conv, "weight_decay": 0.0, "lr_mult": conv_lr_mult})
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+    fused = next(model.parameters()).device.type == "cuda"  # one kernel per step on the GPU
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=fused)
 
 
 def held_out_batches(tokenizer, mask_id: int) -> tuple[list, list]:
@@ -266,6 +283,7 @@ def draw_batch(src: RowSource, rng: random.Random, gen: torch.Generator, args: a
     if recall and args.recall_block_size is not None:
         L = args.recall_block_size
     T, B = args.recall_shape_tb if recall and args.recall_shape_tb else ROW_SHAPE[L]
+    B *= args.batch_mult
     T -= T % L
     clean, focus, value = src.batch(B, T, recall, args.recall_vocab)
     noisy = mask_blocks(clean, L, mask_id, gen, focus)
@@ -275,19 +293,25 @@ def draw_batch(src: RowSource, rng: random.Random, gen: torch.Generator, args: a
 
 
 def train_step(model: CloverModel, opt: torch.optim.Optimizer, batch: Batch, use_window: bool,
-               lr: float, copy_weight: float, step: int = 0) -> tuple[float, float]:
+               lr: float, copy_weight: float, step: int = 0,
+               autocast_dtype: torch.dtype | None = None) -> tuple[float, float]:
     """One optimizer step (number ``step``, for the log) on ``batch``: loss = masked-slot cross-entropy (copied values weighted
     by ``copy_weight``) + `AUX_WEIGHT` x MoE load balancing, gradients clipped to norm 1. A
-    non-finite loss or gradient skips the update. Returns (plain masked-slot loss in nats,
-    gradient norm)."""
+    non-finite loss or gradient skips the update. The batch moves to the model's device;
+    ``autocast_dtype`` (``torch.bfloat16`` on CUDA) runs the forward under autocast, the loss in
+    fp32. Returns (plain masked-slot loss in nats, gradient norm)."""
     mask_id = model.config.mask_token_id
     for group in opt.param_groups:
         group["lr"] = lr * group.get("lr_mult", 1.0)
-    h, aux = model.forward_train(batch.clean, batch.noisy, batch.L, use_window)
-    msk = batch.noisy == mask_id
-    ce = F.cross_entropy(model.lm_head(h[msk]).float(), batch.clean[msk], reduction="none")
+    dev = next(model.parameters()).device
+    clean, noisy, value = batch.clean.to(dev), batch.noisy.to(dev), batch.value.to(dev)
+    with torch.autocast(dev.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        h, aux = model.forward_train(clean, noisy, batch.L, use_window)
+        msk = noisy == mask_id
+        logits = model.lm_head(h[msk])
+    ce = F.cross_entropy(logits.float(), clean[msk], reduction="none")  # the loss in fp32
     loss = ce.mean()  # logged: the plain masked-slot loss
-    w = 1.0 + (copy_weight - 1.0) * batch.value[msk].float()  # up-weight copied argument values
+    w = 1.0 + (copy_weight - 1.0) * value[msk].float()  # up-weight copied argument values
     opt.zero_grad(set_to_none=True)
     ((ce * w).sum() / w.sum() + AUX_WEIGHT * aux).backward()
     gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
@@ -332,13 +356,15 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     model, prog, saved = setup_model(args, tokenizer.get_vocab_size())
     mask_id = model.config.mask_token_id
+    model.to(args.device)
     opt = make_optimizer(model, args.lr, args.conv_lr_mult)
     if saved is not None:
         opt.load_state_dict(saved["optimizer"])
     print(f"clover-tiny: {sum(p.numel() for p in model.parameters()):,} parameters; step {prog.step}, "
           f"{prog.elapsed_s / 60:.1f} of {args.minutes} min done", flush=True)
 
-    src = RowSource(tokenizer, args.seed + prog.step, args.easy_share)
+    src = RowSource(tokenizer, args.seed + prog.step, args.easy_share, args.open_tools_share)
+    autocast_dtype = torch.bfloat16 if args.dtype == "bf16" else None
     gen = torch.Generator().manual_seed(args.seed * 7919 + prog.step)
     rng = random.Random(args.seed * 31 + prog.step)
     held, held_call = held_out_batches(tokenizer, mask_id)
@@ -360,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         use_window = rng.random() >= args.window_drop
         loss_f, gnorm = train_step(model, opt, batch, use_window, lr_at(prog.elapsed_s / budget_s, args.lr),
-                                   args.copy_weight, step=prog.step + 1)
+                                   args.copy_weight, step=prog.step + 1, autocast_dtype=autocast_dtype)
         prog.step += 1
         prog.tokens += batch.clean.numel()
         now = time.perf_counter()

@@ -22,7 +22,9 @@ def heldout_loss(model: CloverModel, batches: list[tuple[torch.Tensor, torch.Ten
     first forward of a fully masked block)."""
     model.eval()
     tot, n, ok = 0.0, 0, 0
+    dev = next(model.parameters()).device
     for clean, noisy, L in batches:
+        clean, noisy = clean.to(dev), noisy.to(dev)
         h, _ = model.forward_train(clean, noisy, L, use_window)
         msk = noisy == model.config.mask_token_id
         logits = model.lm_head(h[msk]).float()

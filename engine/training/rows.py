@@ -28,13 +28,15 @@ RECALL_VOCABS = ("code", "uniform", "values", "calls")  # RowSource.recall_row's
 class RowSource:
     """Infinite source of [T] token rows: packed agent conversations or stdlib windows."""
 
-    def __init__(self, tokenizer, seed: int, easy_share: float = 0.0):
+    def __init__(self, tokenizer, seed: int, easy_share: float = 0.0, open_tools_share: float = 0.0):
         from engine.data.agent import iter_conversations
         from engine.data.stdlib import iter_stdlib_text
 
         self.tok = tokenizer
         self.rng = random.Random(seed)
         self.easy_share = easy_share  # share of agent rows from `easy_conversations`
+        self.open_tools_share = open_tools_share  # share of agent rows from `engine.data.open_tools`
+        self._open = open_tool_conversations(seed)
         self.eot = tokenizer.token_to_id("<|endoftext|>")
         self.vocab = tokenizer.get_vocab_size()
         self._convs = iter_conversations(seed * 1_000_000 % 9_000_000, None, max_rounds=8)
@@ -49,8 +51,10 @@ class RowSource:
         so every assistant turn in it has its request and tool responses in view). Returns the
         ids and the focus flags: True on assistant-turn tokens (the calls, the answer and their
         ``<|im_end|>``), the tokens a decoder generates; and the copied-value flags."""
-        easy = self.rng.random() < self.easy_share
-        return pack_conversations(self._easy if easy else self._convs, self.tok, self.eot, T)
+        u = self.rng.random()
+        convs = (self._open if u < self.open_tools_share else
+                 self._easy if u < self.open_tools_share + self.easy_share else self._convs)
+        return pack_conversations(convs, self.tok, self.eot, T)
 
     def code_row(self, T: int) -> tuple[list[int], list[bool], list[bool]]:
         s = self.rng.randrange(0, len(self.code) - T)
@@ -229,6 +233,20 @@ def easy_conversations(seed: int):
         rng = random.Random(i)
         yield generate_conversation(rng, n_rounds=rng.choice((1, 1, 2)), n_tools=rng.choice((1, 2)))
         i = i + 1 if i + 1 < EVAL_SEED_START else 0
+
+
+def open_tool_conversations(seed: int):
+    """Endless open-vocabulary training conversations (`engine.data.open_tools`, train vocabulary),
+    seeded ``open-train-{seed + i}``, each with only its tool-call turns in ``calls`` (the turns
+    `value_spans` pairs with the ``<tool_call>`` blocks of the text)."""
+    from engine.data.agent import Conversation
+    from engine.data.open_tools import generate_conversation
+
+    i = 0
+    while True:
+        conv, turns = generate_conversation(random.Random(f"open-train-{seed + i}"), "train")
+        yield Conversation(conv.text, [t for t in turns if t.name is not None])
+        i += 1
 
 
 def pack_conversations(convs, tokenizer, eot: int, T: int) -> tuple[list[int], list[bool], list[bool]]:

@@ -303,3 +303,70 @@ def test_train_refuses_to_overwrite_a_checkpoint(tmp_path):
     with pytest.raises(SystemExit, match="already holds a checkpoint"):
         main(["--out", str(out), "--minutes", "0.01", "--tokenizer", str(bundled / "tokenizer.json")])
     assert (out / "model.safetensors").read_bytes() == before
+
+
+def test_open_tool_rows_flag_assistant_turns_and_copied_values():
+    """Open-vocabulary conversations pack like the fixed-tool ones: focus on assistant turns,
+    value flags on the argument values a call copies (names and keys come from the system turn)."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    from engine.training.rows import open_tool_conversations, pack_conversations
+
+    tok = Tokenizer.from_file(str(Path(__file__).resolve().parents[2] / "models" / "clover-tiny" / "tokenizer.json"))
+    ids, focus, value = pack_conversations(open_tool_conversations(5), tok, tok.token_to_id("<|endoftext|>"), 2048)
+    assert len(ids) == len(focus) == len(value) == 2048
+    assert 0.02 < sum(focus) / len(ids) < 0.6 and any(value)
+    assert all(f for f, v in zip(focus, value) if v)  # copied values lie inside assistant turns
+    text = tok.decode([i for i, f in zip(ids, focus) if f], skip_special_tokens=False)
+    assert "<tool_call>" in text and "<tool_response>" not in text
+
+
+def test_device_and_dtype_options_are_checked():
+    from engine.training.loop import parse_args
+
+    tok = "models/clover-tiny/tokenizer.json"
+    with pytest.raises(SystemExit, match="bf16 is for --device cuda"):
+        parse_args(["--tokenizer", tok, "--dtype", "bf16"])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="no CUDA device"):
+            parse_args(["--tokenizer", tok, "--device", "cuda"])
+    with pytest.raises(SystemExit, match="open_tools_share|open-tools-share"):
+        parse_args(["--tokenizer", tok, "--open-tools-share", "1.5"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_training_step_on_cuda_writes_a_cpu_loadable_checkpoint(tmp_path):
+    from engine.checkpoint import load_model
+    from engine.train import main
+
+    out = tmp_path / "gpu"
+    main(["--out", str(out), "--tokenizer", "models/clover-tiny/tokenizer.json", "--device", "cuda",
+          "--dtype", "bf16", "--minutes", "0.05", "--eval-tasks", "0", "--open-tools-share", "0.3"])
+    model = load_model(out)  # on the CPU
+    assert next(model.parameters()).device.type == "cpu"
+
+
+def test_train_gpu_script_cpu_path_on_tiny_config(tmp_path):
+    """benchmarks/train_gpu.sh with TINY=1: train (open-vocabulary data in the mix) and eval, CPU."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from engine.checkpoint import load_model
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "clover-tiny-run"
+    env = dict(os.environ, TINY="1", PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    p = subprocess.run(["bash", str(root / "benchmarks" / "train_gpu.sh"), str(out)], env=env, cwd=root,
+                       capture_output=True, text=True, timeout=900, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert log and all(torch.isfinite(torch.tensor(r["loss"])) for r in log)
+    report = json.loads((out / "eval.json").read_text())
+    assert set(report["agent"]) == {"bd32-window", "ar1-window"}
+    assert report["open_tools"]["bd32-window"]["n_tasks"] == 2
+    assert load_model(out).config.name == "clover-tiny"
