@@ -30,7 +30,6 @@ from engine.training.surgery import (
     ATTENTION_CONV_WEIGHT,
     SIZES,
     init_induction_heads,
-    tiny_config,
     with_attention_conv,
     with_front_attention,
 )
