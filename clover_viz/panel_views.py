@@ -12,7 +12,7 @@ through the decoder).
 * `PlaybackBar`    -- play / pause, step back / forward, speed, scrub over all steps.
 * `BlockView`      -- the current block filling in (mutated in place, not rebuilt).
 * `TextView`       -- the text so far, tokens coloured by confidence.
-* `CompareView`    -- previous run vs this run (NFE, tokens/forward, forced, text diff).
+* `CompareView`    -- previous run vs this run: `figures.compare_table` and the text diff.
 * `CostView`       -- bytes per forward, measured vs projected tokens/s, roofline.
 * `FigureTabs`     -- confidence heatmap, per-forward charts, experts / state / memory,
   cost; only the visible tab is redrawn, and at most every
@@ -34,7 +34,7 @@ import panel as pn
 import param
 
 from clover_viz import figures as F
-from clover_viz.runs import run_stats
+from clover_viz.runs import RUN_LABELS, run_stats
 from clover_viz.state import ExplorerState
 
 LIVE_REDRAW_S = 5.0  # heavy charts (a Plotly render of 150-500 ms in the browser) redraw at most this often while a decode streams in
@@ -493,45 +493,37 @@ class TextView(pn.viewable.Viewer):
 
 
 class CompareView(pn.viewable.Viewer):
-    """This run beside the previous one: the numbers and the text difference."""
+    """This run beside the previous one: `figures.compare_table` of `ExplorerState.comparison`
+    (the table the notebook `Explorer` shows too) and the text difference below it."""
 
     state = param.ClassSelector(class_=ExplorerState)
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
+        self.table = FigurePane(_placeholder("Previous run vs this run", "no previous run"), visible=False,
+                                sizing_mode="stretch_width", config={"displayModeBar": False})
         self.pane = pn.pane.HTML("", sizing_mode="stretch_width")
 
     def refresh(self) -> None:
         s = self.state
-        if s.previous is None or s.trace is None or len(s.trace) == 0:
+        cmp = s.comparison() if s.trace is not None and len(s.trace) else None
+        if cmp is None:
+            self.table.visible = False
             self.pane.object = ('<div style="color:#64748b">No previous run yet. Generate again, or drag threshold '
                                 'or block size: the run before stays here for comparison.</div>')
             return
-        cmp = F.compare_runs(s.previous, s.trace)
-        rows = []
-        for key, label in (("block_size", "block size"), ("threshold", "threshold"), ("nfe", "NFE"),
-                           ("n_tokens", "tokens"), ("tokens_per_forward", "tokens / forward"),
-                           ("n_forced", "forced fills"), ("wall_s", "wall time (s)")):
-            c = cmp[key]
-            d = c["delta"]
-            rows.append(f"<tr><td>{label}</td><td>{_fmt(c['a'])}</td><td>{_fmt(c['b'])}</td>"
-                        f"<td>{'' if d is None else ('+' if d > 0 else '') + _fmt(d)}</td></tr>")
-        t = cmp["text"]
-        verdict = ("identical text" if t["same"] else
-                   f"text differs after {t['common_prefix']} characters (similarity {t['similarity']:.2f})")
+        self.table.show(F.compare_table(cmp["previous"], cmp["current"], labels=RUN_LABELS))
+        self.table.visible = True
         self.pane.object = (
-            "<style>.cmp td,.cmp th{padding:2px 12px;text-align:right}.cmp td:first-child,.cmp th:first-child"
-            "{text-align:left}.cmp{border-collapse:collapse;font-size:13px}.cmp tr{border-bottom:1px solid #e2e8f0}"
-            "</style><table class='cmp'><tr><th></th><th>previous</th><th>this run</th><th>change</th></tr>"
-            + "".join(rows) + f"</table><p style='font-size:13px;margin:8px 0 4px'><b>{verdict}</b> "
-            "(<del style='background:#fee2e2'>previous only</del> <ins style='background:#dcfce7;"
-            "text-decoration:none'>this run only</ins>)</p>"
+            "<p style='font-size:13px;margin:8px 0 4px'>text difference "
+            f"(<del style='background:#fee2e2'>{RUN_LABELS[0]} only</del> <ins style='background:#dcfce7;"
+            f"text-decoration:none'>{RUN_LABELS[1]} only</ins>)</p>"
             "<div style='max-height:240px;overflow:auto;border:1px solid #e2e8f0;padding:6px;word-break:break-all'>"
-            f"{t['diff_html']}</div>"
+            f"{cmp['text']['diff_html']}</div>"
         )
 
     def __panel__(self) -> Any:
-        return self.pane
+        return pn.Column(self.table, self.pane, sizing_mode="stretch_width")
 
 
 class CostView(pn.viewable.Viewer):

@@ -1,10 +1,12 @@
-"""One run's numbers and text, finished or still decoding, and two runs' texts compared.
+"""One run's numbers and text, finished or still decoding, and two runs compared.
 
 * `generated_ids(trace)` -- what the decoder keeps (`docs/architecture.md` §5, rule 7),
   also for a trace still growing: what it would keep if it stopped now.
 * `run_stats(trace)` -- the headline numbers of one run by that rule (NFE, tokens, tokens
   per forward, forced fills, wall time, tokens/s, settings, text).
-* `text_diff(old, new)` -- a character-level diff of two runs' texts.
+* `compare(previous, current)` -- the comparison both front ends show: `run_stats` of each
+  and `clover_viz.figures.compare_runs` of the two (its deltas and text diff). The table
+  both draw is ``figures.compare_table`` of the same two `run_stats`.
 
 No Panel or ipywidgets import: the Panel views, the notebook `Explorer` and the session
 state share these.
@@ -14,13 +16,14 @@ Tests: ``.venv/bin/python -m pytest tests/clover_viz/test_live_views.py tests/ap
 
 from __future__ import annotations
 
-import difflib
 import weakref
 from typing import Any
 
 import numpy as np
 
 from engine.trace import Trace
+
+RUN_LABELS = ("previous", "this run")  # how every view names the two runs it compares
 
 
 def eos_token_id(trace: Trace) -> int | None:
@@ -128,19 +131,22 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
     }
 
 
-def text_diff(old: str, new: str) -> list[tuple[str, str]]:
-    """Character-level diff of two texts as ``[(op, text)]``, op in ``equal``/``insert``/``delete``."""
-    ops: list[tuple[str, str]] = []
-    sm = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
-    for tag, i1, i2, j1, j2 in sm.get_opcodes():
-        if tag == "equal":
-            ops.append(("equal", old[i1:i2]))
-        else:
-            if i2 > i1:
-                ops.append(("delete", old[i1:i2]))
-            if j2 > j1:
-                ops.append(("insert", new[j1:j2]))
-    return ops
+def compare(previous: Trace | None, current: Trace | None) -> dict[str, Any] | None:
+    """The previous run against the current one (None unless both exist).
+
+    Returns ``figures.compare_runs(run_stats(previous), run_stats(current))`` -- per metric
+    (``block_size``, ``threshold``, ``nfe``, ``n_tokens``, ``tokens_per_forward``,
+    ``n_forced``, ``wall_s``) ``{"a": previous, "b": current, "delta"}``, and ``text``
+    (``same``, ``common_prefix`` in characters, ``similarity``, ``diff_html``) -- plus
+    ``previous`` and ``current``: the two `run_stats` (what ``figures.compare_table``
+    draws).
+    """
+    from clover_viz.figures import compare_runs
+
+    prev, cur = run_stats(previous), run_stats(current)
+    if prev is None or cur is None:
+        return None
+    return {"previous": prev, "current": cur, **compare_runs(prev, cur)}
 
 
-__all__ = ["eos_token_id", "generated_ids", "run_stats", "text_diff", "trace_text"]
+__all__ = ["RUN_LABELS", "compare", "eos_token_id", "generated_ids", "run_stats", "trace_text"]

@@ -52,7 +52,7 @@ from clover_viz.models import (
     load_model_cached,
     resolve_model,
 )
-from clover_viz.runs import generated_ids, run_stats, text_diff
+from clover_viz.runs import compare, generated_ids
 from engine.cost import DEFAULT_DEVICE, DEVICES, UNION_ASSUMPTIONS
 from engine.events import BlockStart, DecodeEnd, StepEvent
 from engine.policies import POLICIES
@@ -529,11 +529,8 @@ class ExplorerState(param.Parameterized):
 
     # ------------------------------------------------------------------ comparison / cost
     def comparison(self) -> dict[str, Any] | None:
-        """Current vs previous run: both `run_stats` and the text diff (None without both)."""
-        cur, prev = run_stats(self.trace), run_stats(self.previous)
-        if cur is None or prev is None:
-            return None
-        return {"current": cur, "previous": prev, "diff": text_diff(prev["text"], cur["text"])}
+        """`previous` against `trace`: `clover_viz.runs.compare` (None without both)."""
+        return compare(self.previous, self.trace)
 
     def cost_projection(self, device: str | None = None) -> Any:
         """`engine.cost.project_trace` of the displayed trace on `device` (None when it has no steps).

@@ -11,7 +11,8 @@ per frame:
   cursor of the cumulative-tokens chart;
 * with a model, ``threshold`` (``FloatSlider``) and ``block_size``
   (``Dropdown``) have ``continuous_update=False`` and re-decode the prompt on
-  release; the previous run stays beside the new one (`figures.compare_runs`);
+  release; the previous run stays beside the new one (``figures.compare_table`` of
+  `clover_viz.runs.compare`, the table the Panel app shows, and the text diff);
 * `Explorer.decode` streams events through a decoder hook, so the block
   visibly fills in while the cell runs.
 
@@ -42,6 +43,7 @@ import plotly.graph_objects as go
 
 from clover_viz import figures as F
 from clover_viz.examples import WEATHER_PROMPT as DEFAULT_PROMPT
+from clover_viz.runs import RUN_LABELS, compare
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 _LIVE_MIN_INTERVAL_S = 0.05  # redraw at most ~20 times a second while decoding
@@ -149,7 +151,8 @@ class Explorer:
                                                           "block_size show the recorded run)</i>")
         self.text = W.HTML(layout=W.Layout(max_height="220px", overflow="auto", border="1px solid #e2e8f0",
                                            padding="4px"))
-        self.compare = W.HTML()
+        self.compare = W.HTML(value="<i>decode again (or move threshold / block_size): the previous run is compared "
+                                    "here</i>")
 
         # Placeholders carry only a title: a FigureWidget's front end merges later updates into its
         # state and does not reliably drop properties (an annotation, hidden axes) the new figure lacks.
@@ -164,6 +167,8 @@ class Explorer:
         self.memory_fig = go.FigureWidget(placeholder)
         self.cost_fig = go.FigureWidget(placeholder)
         self.roofline_fig = go.FigureWidget(F.roofline_figure(None))
+        self.compare_fig = go.FigureWidget(go.Figure(layout={
+            "title": {"text": "no previous run yet", "x": 0.01}, "height": 120, "template": "plotly_white"}))
 
         # callbacks: registered exactly once, here
         self.step_slider.observe(self._on_step, names="value")
@@ -178,7 +183,7 @@ class Explorer:
             W.VBox([self.cum_fig, self.tpf_fig]),
             W.VBox([self.expert_fig, self.norm_fig, self.memory_fig]),
             W.VBox([self.cost_fig, self.roofline_fig]),
-            self.compare,
+            W.VBox([self.compare_fig, self.compare]),
         ])
         for i, title in enumerate(("tokens vs forwards", "model internals", "cost", "compare runs")):
             tabs.set_title(i, title)
@@ -218,6 +223,7 @@ class Explorer:
             "block": self.block_fig, "confidence": self.conf_fig, "cumulative": self.cum_fig,
             "tokens_per_forward": self.tpf_fig, "expert_union": self.expert_fig, "state_norm": self.norm_fig,
             "memory_share": self.memory_fig, "cost": self.cost_fig, "roofline": self.roofline_fig,
+            "compare": self.compare_fig,
         }
 
     # ------------------------------------------------------------------ drawing
@@ -365,18 +371,12 @@ class Explorer:
         s = live.summary()
         self.status.value = (f"NFE {s['nfe']} · {s['n_tokens']} tokens · {s['tokens_per_forward']:.2f} tokens/forward"
                              f" · {s['n_forced']} forced · {s['wall_s']:.2f} s · stop: {s['stop_reason']}")
-        if self.previous is not None:
-            cmp = F.compare_runs(self.previous, live)
-            rows = "".join(
-                f"<tr><td>{k.replace('_', ' ')}</td><td>{_fmt(cmp[k]['a'])}</td><td>{_fmt(cmp[k]['b'])}</td></tr>"
-                for k in ("block_size", "threshold", "nfe", "n_tokens", "tokens_per_forward", "n_forced"))
-            self.compare.value = ("<table><tr><th></th><th>previous</th><th>new</th></tr>" + rows + "</table>"
-                                  + "<p>text difference:</p>" + cmp["text"]["diff_html"])
+        cmp = compare(self.previous, live)
+        if cmp is not None:  # the Panel app's table, and the text diff
+            F.refresh_figure(self.compare_fig, F.compare_table(cmp["previous"], cmp["current"], labels=RUN_LABELS))
+            self.compare.value = (f"<p>text difference (<del>{RUN_LABELS[0]} only</del>, <ins>{RUN_LABELS[1]} only"
+                                  "</ins>):</p>" + cmp["text"]["diff_html"])
         return live
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
 __all__ = ["Explorer", "DEFAULT_PROMPT", "BLOCK_SIZES"]

@@ -25,7 +25,6 @@ from clover_viz.models import (  # noqa: E402
     load_model_cached,
     resolve_model,
 )
-from clover_viz.runs import text_diff  # noqa: E402
 from clover_viz.state import ExplorerState  # noqa: E402
 from engine.decoder import BlockDecoder, DecodeConfig  # noqa: E402
 
@@ -322,9 +321,13 @@ def test_sliders_set_the_state_on_release_only():
 
 
 def test_text_diff_marks_insertions_and_deletions():
-    ops = text_diff("abcdef", "abXdef")
-    assert ops == [("equal", "ab"), ("delete", "c"), ("insert", "X"), ("equal", "def")]
-    assert "".join(t for op, t in ops if op != "delete") == "abXdef"
+    """The comparison's text diff (one function for both front ends: `figures.compare_runs`)."""
+    import re
+
+    from clover_viz import figures as F
+
+    diff = F.compare_runs({"text": "abcdef"}, {"text": "abXdef"})["text"]["diff_html"]
+    assert re.search(r">ab<del[^>]*>c</del><ins[^>]*>X</ins>def<", diff), diff
 
 
 def test_issue15_small_items_in_the_views(tmp_path):
