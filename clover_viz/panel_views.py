@@ -36,6 +36,7 @@ import param
 from clover_viz import figures as F
 from clover_viz.runs import RUN_LABELS, run_stats
 from clover_viz.state import ExplorerState
+from engine.units import format_si
 
 LIVE_REDRAW_S = 5.0  # heavy charts (a Plotly render of 150-500 ms in the browser) redraw at most this often while a decode streams in
 # The block view and the text redraw at most this often while a decode streams in: each redraw
@@ -168,15 +169,6 @@ class FigurePane(pn.pane.Plotly):
 
     def _update_figure_layout(self) -> None:  # the browser's relayout_data: likewise
         return None
-
-
-def _fmt(x: float | None, digits: int = 3) -> str:
-    if x is None or x != x:
-        return "–"
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.{digits}g}{unit}"
-    return f"{x:.{digits}g}"
 
 
 # ----------------------------------------------------------------------------- sidebar
@@ -340,8 +332,8 @@ class RunSummary(pn.viewable.Viewer):
                 cell("tokens / forward", f"{st['tokens_per_forward']:.2f}", "clover-tpf",
                      f"{p.get('tokens_per_forward', 0):.2f}" if has else None),
                 cell("forced fills", str(st["n_forced"]), "clover-forced", str(p.get("n_forced")) if has else None),
-                cell("tokens/s (measured, this machine)", _fmt(st["tok_per_s"]), "clover-tps",
-                     _fmt(p.get("tok_per_s")) if has else None),
+                cell("tokens/s (measured, this machine)", format_si(st["tok_per_s"], digits=3), "clover-tps",
+                     format_si(p.get("tok_per_s"), digits=3) if has else None),
                 cell("block · threshold", f"{st['block_size']} · {st['threshold']:.2f}"
                      if st["threshold"] is not None else str(st["block_size"]), "clover-settings",
                      (f"{p.get('block_size')} · {p.get('threshold'):.2f}" if has and p.get("threshold") is not None
@@ -554,16 +546,17 @@ class CostView(pn.viewable.Viewer):
             proj = None
             s.error = f"No cost projection: {exc}"
         step = s.trace.step(min(s.position, len(s.trace) - 1))
-        parts = [f"bytes read by this forward: <b>{_fmt(step.bytes_read)}B</b>"]
+        parts = [f"bytes read by this forward: <b>{format_si(step.bytes_read, 'B', digits=3)}</b>"]
         if proj is not None:
-            parts.append(f"measured here: <b>{_fmt(proj.measured_tok_per_s)} tok/s</b>")
+            parts.append(f"measured here: <b>{format_si(proj.measured_tok_per_s, digits=3)} tok/s</b>")
             if proj.source is not None:
                 parts.append(f"projected {html.escape(proj.source.config_name)} on {proj.device}: "
-                             f"<b>{_fmt(proj.source.tok_per_s)} tok/s</b>")
+                             f"<b>{format_si(proj.source.tok_per_s, digits=3)} tok/s</b>")
             parts.append(f"projected {html.escape(proj.target.config_name)} on {proj.device} at the same "
                          f"tokens/forward ({proj.tokens_per_forward:.2f}, {proj.union_assumption} union): "
-                         f"<b>{_fmt(proj.target.tok_per_s)} tok/s</b>")
-            parts.append(f"mean bytes per forward: {_fmt(proj.source.bytes_read / proj.n_forwards if proj.source else None)}B")
+                         f"<b>{format_si(proj.target.tok_per_s, digits=3)} tok/s</b>")
+            mean = proj.source.bytes_read / proj.n_forwards if proj.source else None
+            parts.append(f"mean bytes per forward: {format_si(mean, 'B', digits=3)}")
         self.headline.object = ("<div class='clover-cost' style='font-size:13px;line-height:1.6'>"
                                 + " · ".join(parts) + "<br><span style='color:#64748b'>projected = roofline "
                                 "max(bytes / bandwidth, FLOPs / peak) from engine.cost, not measured</span></div>")
