@@ -6,6 +6,7 @@ the notebooks and the benchmarks all load through here (one loader, one cache, o
 * `build_model(spec)` loads it (slow); `load_model_cached(spec)` does so once per process.
 * `load_demo_model()` is the notebooks' and benchmarks' entry point: the bundled model, or
   the labelled random stand-in.
+* `LoadedModel.in_memory(model, tokenizer)` wraps a model a notebook already holds.
 
 The random stand-in: when `model_dir` is the default (`DEFAULT_MODEL_DIR`) and that
 directory holds no checkpoint yet (the bundled model is trained separately), or when it is
@@ -46,7 +47,8 @@ class ModelSpec:
     """What `model_dir` resolves to (hashable: the model cache key).
 
     Attributes:
-        kind: ``"checkpoint"`` (a directory on disk) or ``"random"`` (seeded clover-test).
+        kind: ``"checkpoint"`` (a directory on disk), ``"random"`` (seeded clover-test) or
+            ``"in_memory"`` (a model object handed over by a notebook; never cached).
         path: the resolved directory (``""`` otherwise).
         mtime_ns: modification time of the directory's weights (reloads a re-trained model).
         dev_scale: weight multiplier of a random model (1.0 = none; the dev option).
@@ -62,12 +64,17 @@ class ModelSpec:
 
 @dataclass
 class LoadedModel:
-    """A model ready to decode: the model, its tokenizer, and how to label it in the UI."""
+    """A model ready to decode: the model, its tokenizer, and how to label it in the UI.
+
+    ``decoder``: an ``engine.decoder.BlockDecoder`` over this model to decode with instead
+    of a new one (a notebook handed one over; its registered hooks then fire too), or None.
+    """
 
     spec: ModelSpec
     model: Any
     tokenizer: Any
     label: str
+    decoder: Any = None
 
     @property
     def config(self) -> Any:
@@ -87,6 +94,22 @@ class LoadedModel:
     def window_available(self) -> bool:
         """Whether ``state+window`` can run (the model has an attention window)."""
         return int(getattr(self.model.config, "attention_window", 0) or 0) > 0
+
+    @classmethod
+    def in_memory(cls, model: Any, tokenizer: Any = None, label: str | None = None,
+                  decoder: Any = None) -> LoadedModel:
+        """Wrap a model object a caller already holds (not loaded from disk, not cached).
+
+        Args:
+            model: a ``torch.nn.Module`` with the decoder protocol (``CloverModel``, an HF
+                block model).
+            tokenizer: its tokenizer (None: prompts must be token ids).
+            label: how the UI names it (default ``"<model_id> (in memory)"``).
+            decoder: a ``BlockDecoder`` over ``model`` to decode with (see the class doc).
+        """
+        loaded = cls(ModelSpec("in_memory"), model, tokenizer, "", decoder)
+        loaded.label = label or f"{loaded.model_id} (in memory)"
+        return loaded
 
 
 def resolve_model(model_dir: str, dev_sharpen_random: bool = False) -> ModelSpec:
@@ -137,7 +160,8 @@ def build_model(spec: ModelSpec) -> LoadedModel:
     """Load (or build) the model a `ModelSpec` names. Slow: call through `load_model_cached`.
 
     Raises:
-        ValueError: from `engine.checkpoint` for a damaged or mismatched checkpoint.
+        ValueError: from `engine.checkpoint` for a damaged or mismatched checkpoint; for an
+            ``in_memory`` spec (there is nothing to load: use `LoadedModel.in_memory`).
     """
     import torch
 
@@ -157,6 +181,9 @@ def build_model(spec: ModelSpec) -> LoadedModel:
                         p.mul_(spec.dev_scale)
             label += f" [dev: weights x{spec.dev_scale:g}]"
         return LoadedModel(spec, model, byte_tokenizer(), label)
+    if spec.kind != "checkpoint":
+        raise ValueError(f"a {spec.kind!r} model spec names nothing to load; wrap the model with "
+                         "LoadedModel.in_memory(model, tokenizer)")
     model = load_model(spec.path)
     try:
         tokenizer = load_tokenizer(spec.path)

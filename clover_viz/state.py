@@ -2,7 +2,7 @@
 
 `ExplorerState` is a `param.Parameterized` with bounds and docs and no UI
 import, so the Panel app (`clover_viz.panel_views`, `apps/explorer.py`), the
-ipywidgets views and the tests all drive the same object.
+ipywidgets `clover_viz.widgets.Explorer` and the tests all drive the same object.
 
 Threading model (a worker thread decodes; only the UI thread touches params)::
 
@@ -12,6 +12,9 @@ Threading model (a worker thread decodes; only the UI thread touches params)::
                                                            bump `trace_version`, move `position`
     stop() sets the run's cancel Event: the decoder stops after its current forward and
     keeps what it wrote (the trace then ends with stop_reason "cancelled").
+
+A notebook has no periodic callback: `clover_viz.widgets.Explorer.decode` calls `drain`
+itself until the run ends (the cell blocks, the view fills in).
 
 A new `generate()` while a decode runs (a threshold drag released twice)
 cancels the running one and throws its partial trace away; `previous` always
@@ -23,8 +26,8 @@ Models: `model_dir` names a checkpoint directory, resolved and loaded (once per
 process) by `clover_viz.models` -- the default directory falls back to a labelled
 random ``clover-test`` while it holds no checkpoint; `dev_sharpen_random` (a
 development option, off by default) multiplies that random model's matrices by
-`DEV_WEIGHT_SCALE`. The numbers and the comparison the views show come from
-`clover_viz.runs`.
+`DEV_WEIGHT_SCALE`. `use_model` decodes with a model object a notebook already holds.
+The numbers and the comparison the views show come from `clover_viz.runs`.
 
 Tests: ``.venv/bin/python -m pytest tests/apps/test_explorer_app.py -q``
 """
@@ -94,6 +97,13 @@ def _trace_error(label: str, path: Path | None, exc: BaseException) -> str:
         return f"Trace not loaded: {label!r} was not found. Choose a trace file with the Open button."
     return (f"Trace not loaded: {label!r} is not a trace this explorer can replay ({detail}). Choose a .parquet "
             "or .arrow file saved with the 'Save trace' button, using the Open button.")
+
+
+def _check_memory_mode(mode: str, loaded: LoadedModel | None) -> None:
+    """Raise ValueError when ``loaded`` cannot run memory ``mode`` (``state+window`` without a window)."""
+    if mode == "state+window" and loaded is not None and not loaded.window_available:
+        raise ValueError("memory mode 'state+window' needs a model with attention_window > 0; "
+                         "this model has none -- use 'state'")
 
 
 @dataclass
@@ -175,6 +185,7 @@ class ExplorerState(param.Parameterized):
         super().__init__(**params)
         self._loader = loader or load_model_cached
         self._loaded: LoadedModel | None = None
+        self._given: LoadedModel | None = None  # set by use_model: decode with it, not model_dir
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._run: _Run | None = None
         self._run_counter = 0
@@ -190,16 +201,20 @@ class ExplorerState(param.Parameterized):
         return self._loaded
 
     def load_model(self, adjust_mode: bool = True) -> LoadedModel | None:
-        """Resolve and load `model_dir` (cached). On failure set `error` and return None.
+        """Resolve and load `model_dir` (cached), or take the model given to `use_model`.
+        On failure set `error` and return None.
 
         With ``adjust_mode``, a memory mode the model cannot run falls back to ``state``.
         """
-        try:
-            spec = resolve_model(self.model_dir, self.dev_sharpen_random)
-            loaded = self._loader(spec)
-        except (ValueError, TypeError, OSError) as exc:
-            self.error = f"Model not loaded: {exc}"
-            return None
+        if self._given is not None:
+            loaded = self._given
+        else:
+            try:
+                spec = resolve_model(self.model_dir, self.dev_sharpen_random)
+                loaded = self._loader(spec)
+            except (ValueError, TypeError, OSError) as exc:
+                self.error = f"Model not loaded: {exc}"
+                return None
         self._loaded = loaded
         self.model_label = loaded.label
         self.window_available = loaded.window_available
@@ -207,8 +222,16 @@ class ExplorerState(param.Parameterized):
             self.memory_mode = "state"
         return loaded
 
+    def use_model(self, loaded: LoadedModel) -> LoadedModel:
+        """Decode with ``loaded`` (e.g. ``LoadedModel.in_memory(model, tokenizer)``) instead of
+        loading `model_dir`, until `model_dir` is set again. Returns it."""
+        self._given = loaded
+        self.load_model()
+        return loaded
+
     @param.depends("model_dir", "dev_sharpen_random", watch=True)
     def _on_model_change(self) -> None:
+        self._given = None
         if self.load_model() is not None:
             self.error = ""
 
@@ -229,10 +252,7 @@ class ExplorerState(param.Parameterized):
         """
         from engine.decoder import DecodeConfig
 
-        loaded = loaded or self._loaded
-        if self.memory_mode == "state+window" and loaded is not None and not loaded.window_available:
-            raise ValueError("memory mode 'state+window' needs a model with attention_window > 0; "
-                             "this model has none -- use 'state'")
+        _check_memory_mode(self.memory_mode, loaded or self._loaded)
         return DecodeConfig(
             block_size=int(self.block_size), threshold=float(self.threshold),
             max_new_tokens=int(self.max_new_tokens), policy=self.policy, memory_mode=self.memory_mode,
@@ -259,8 +279,13 @@ class ExplorerState(param.Parameterized):
         return True
 
     # ------------------------------------------------------------------ decoding
-    def generate(self) -> bool:
+    def generate(self, config: Any = None) -> bool:
         """Start decoding `prompt` with the current settings in a worker thread.
+
+        Args:
+            config: an ``engine.decoder.DecodeConfig`` to decode with instead of the one the
+                settings make (a notebook's, with fields the settings do not cover); the
+                settings take its values where they can show them.
 
         A decode already running is cancelled and its partial trace dropped. Returns False
         (and sets `error`, keeping the runs on display) when the prompt, the model or the
@@ -277,13 +302,19 @@ class ExplorerState(param.Parameterized):
         if loaded is None:
             return False
         try:
-            dc = self.decode_config(loaded)
-            decoder = BlockDecoder(loaded.model, loaded.tokenizer, dc)
+            if config is None:
+                dc = self.decode_config(loaded)
+            else:
+                _check_memory_mode(config.memory_mode, loaded)
+                dc = config
+            decoder = loaded.decoder or BlockDecoder(loaded.model, loaded.tokenizer, dc)
             prompt_ids = decoder.encode_prompt(self.prompt)
         except (ValueError, TypeError) as exc:
             self.error = f"Cannot decode: {exc}"
             return False
         self.error = ""
+        if config is not None:
+            self._show_settings(dc.to_dict())
 
         if self._run is not None and self.running:
             self._run.superseded = True
@@ -294,7 +325,7 @@ class ExplorerState(param.Parameterized):
         run = _Run(self._run_counter, threading.Event())
         tok = loaded.tokenizer
         live = Trace(
-            decode_config=dc.to_dict(), model_id=loaded.model.model_id,
+            decode_config=dc.to_dict(), model_id=loaded.model_id,
             token_text=lambda i: tok.decode([i], skip_special_tokens=False), prompt_ids=prompt_ids,
             meta={"model_label": loaded.label, "model_config": loaded.config.to_dict(),
                   "dev_weight_scale": loaded.spec.dev_scale, "recorded_on": "cpu"},
@@ -308,7 +339,7 @@ class ExplorerState(param.Parameterized):
 
         def work() -> None:
             try:
-                decoder.generate(prompt_ids, hooks=[hook], record_trace=False, cancel=run.cancel)
+                decoder.generate(prompt_ids, hooks=[hook], record_trace=False, cancel=run.cancel, config=dc)
             except Exception as exc:  # noqa: BLE001  (any failure is reported on the UI thread by drain())
                 events.put((run.run_id, "error", exc))
             finally:
@@ -353,11 +384,15 @@ class ExplorerState(param.Parameterized):
         self.drain()
         return not self.running and (run is None or run.thread is None or not run.thread.is_alive())
 
-    def drain(self) -> int:
-        """Move the worker's queued events into `trace` (UI thread). Returns events applied."""
-        applied = 0
+    def drain(self, max_steps: int | None = None) -> int:
+        """Move the worker's queued events into `trace` (UI thread). Returns events applied.
+
+        ``max_steps``: stop after that many `StepEvent`s (a caller that draws every forward
+        drains one at a time); None takes everything queued.
+        """
+        applied = steps = 0
         run = self._run
-        while True:
+        while max_steps is None or steps < max_steps:
             try:
                 run_id, kind, payload = self._events.get_nowait()
             except queue.Empty:
@@ -369,6 +404,7 @@ class ExplorerState(param.Parameterized):
                 applied += 1
                 if isinstance(payload, StepEvent):
                     self._written += payload.n_written
+                    steps += 1
                 elif isinstance(payload, DecodeEnd):
                     self._finish(payload)
             elif kind == "error":
@@ -462,46 +498,42 @@ class ExplorerState(param.Parameterized):
             self.position = min(max(int(position), 0), self.n_steps - 1)
 
     # ------------------------------------------------------------------ traces on disk
-    def load_trace(self, source: str | Path | bytes, name: str = "") -> bool:
-        """Show a saved trace (a path or the bytes of a .parquet / .arrow file) for replay.
+    def load_trace(self, source: str | Path | bytes | Trace, name: str = "") -> bool:
+        """Show a recorded trace for replay: a path or the bytes of a .parquet / .arrow file,
+        or a `Trace` already in memory.
 
         The current run becomes `previous`; a running decode is cancelled. The settings
         widgets take the trace's settings (without re-decoding). Returns False and sets
         `error` for a file that is not a trace.
         """
-        label = name or ("the uploaded file" if isinstance(source, (bytes, bytearray)) else Path(source).name)
-        path: Path | None = None
-        try:
-            if isinstance(source, (bytes, bytearray)):
-                with tempfile.TemporaryDirectory() as tmp:
-                    path = Path(tmp) / "trace.bin"
-                    path.write_bytes(bytes(source))
-                    loaded = Trace.load(path)
-            else:
-                path = Path(source)
-                loaded = Trace.load(source)
-                name = name or Path(source).name
-        except (ValueError, FileNotFoundError, OSError, KeyError, TypeError) as exc:
-            self.error = _trace_error(label, path, exc)
-            return False
+        if isinstance(source, Trace):
+            loaded = source
+        else:
+            label = name or ("the uploaded file" if isinstance(source, (bytes, bytearray)) else Path(source).name)
+            path: Path | None = None
+            try:
+                if isinstance(source, (bytes, bytearray)):
+                    with tempfile.TemporaryDirectory() as tmp:
+                        path = Path(tmp) / "trace.bin"
+                        path.write_bytes(bytes(source))
+                        loaded = Trace.load(path)
+                else:
+                    path = Path(source)
+                    loaded = Trace.load(source)
+                    name = name or Path(source).name
+            except (ValueError, FileNotFoundError, OSError, KeyError, TypeError) as exc:
+                self.error = _trace_error(label, path, exc)
+                return False
         if self._run is not None and self.running:
             self._run.superseded = True
             self._run.cancel.set()
         elif self.trace is not None:
             self.previous = self.trace
         self.error = ""
-        dc = loaded.decode_config or {}
         self._quiet = True
         try:
             with param.parameterized.batch_call_watchers(self):
-                if dc.get("block_size") in BLOCK_SIZES:
-                    self.block_size = dc["block_size"]
-                thr = dc.get("threshold")
-                if isinstance(thr, (int, float)) and 0.5 <= thr <= 1.0:
-                    self.threshold = float(thr)
-                for key in ("policy", "memory_mode"):
-                    if dc.get(key) in self.param[key].objects:
-                        setattr(self, key, dc[key])
+                self._show_settings(loaded.decode_config or {})
                 self.trace = loaded
                 self.running = False
                 self.playing = False
@@ -510,10 +542,27 @@ class ExplorerState(param.Parameterized):
                 self.progress = 100
                 self.trace_version += 1
                 label = (loaded.meta or {}).get("model_label") or loaded.model_id
-                self.status = f"loaded trace {name or ''}: {len(loaded)} steps from {label}; press play to replay"
+                self.status = (f"loaded trace{' ' + name if name else ''}: {len(loaded)} steps from {label}; "
+                               "press play to replay")
         finally:
             self._quiet = False
         return True
+
+    def _show_settings(self, dc: dict[str, Any]) -> None:
+        """Set the settings a run's decode config can be shown with (block size, threshold,
+        policy, memory mode; values outside their choices are left), without re-decoding."""
+        quiet, self._quiet = self._quiet, True
+        try:
+            if dc.get("block_size") in BLOCK_SIZES:
+                self.block_size = dc["block_size"]
+            thr = dc.get("threshold")
+            if isinstance(thr, (int, float)) and 0.5 <= thr <= 1.0:
+                self.threshold = float(thr)
+            for key in ("policy", "memory_mode"):
+                if dc.get(key) in self.param[key].objects:
+                    setattr(self, key, dc[key])
+        finally:
+            self._quiet = quiet
 
     def trace_bytes(self, format: str = "parquet") -> io.BytesIO:
         """The displayed trace as the bytes of a file (for a download).

@@ -1,9 +1,10 @@
 """ipywidgets front end for JupyterLab: `Explorer(model_or_trace).show()`.
 
-The same figures as the Panel app (`clover_viz.figures`), as plotly
-``go.FigureWidget``s (plotly >= 6 needs ``anywidget`` in the kernel's env)
-that are created once and mutated in place (``batch_update``) -- never rebuilt
-per frame:
+The same session state as the Panel app (`clover_viz.state.ExplorerState`: the decode
+in a worker thread, the current and previous run, the comparison, loading traces) and
+the same figures (`clover_viz.figures`), as plotly ``go.FigureWidget``s (plotly >= 6
+needs ``anywidget`` in the kernel's env) that are created once and mutated in place
+(``batch_update``) -- never rebuilt per frame:
 
 * a ``Play`` widget linked (``jslink``) to a step ``IntSlider`` replays the
   trace; every step change redraws the block view, the confidence heatmap's
@@ -12,9 +13,10 @@ per frame:
 * with a model, ``threshold`` (``FloatSlider``) and ``block_size``
   (``Dropdown``) have ``continuous_update=False`` and re-decode the prompt on
   release; the previous run stays beside the new one (``figures.compare_table`` of
-  `clover_viz.runs.compare`, the table the Panel app shows, and the text diff);
-* `Explorer.decode` streams events through a decoder hook, so the block
-  visibly fills in while the cell runs.
+  `ExplorerState.comparison`, the table the Panel app shows, and the text diff);
+* `Explorer.decode` starts the state's decode and drains its events until the run
+  ends (a notebook has no periodic callback), so the block visibly fills in while
+  the cell runs; interrupting the kernel stops the decode after its current forward.
 
 Callbacks are registered once per `Explorer`, in its constructor; calling
 `show()` again (re-running a cell) returns the same widget tree and adds
@@ -43,10 +45,12 @@ import plotly.graph_objects as go
 
 from clover_viz import figures as F
 from clover_viz.examples import WEATHER_PROMPT as DEFAULT_PROMPT
-from clover_viz.runs import RUN_LABELS, compare
+from clover_viz.models import LoadedModel, load_model_cached, resolve_model
+from clover_viz.runs import RUN_LABELS
+from clover_viz.state import BLOCK_SIZES, ExplorerState
 
-BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 _LIVE_MIN_INTERVAL_S = 0.05  # redraw at most ~20 times a second while decoding
+_POLL_S = 0.005  # wait between drains when the decode has queued nothing new
 
 
 def _is_trace(obj: Any) -> bool:
@@ -56,10 +60,14 @@ def _is_trace(obj: Any) -> bool:
 class Explorer:
     """Interactive view of one decode (replay) or of a model (decode, re-decode, compare).
 
+    ``state`` is the `clover_viz.state.ExplorerState` it drives (the Panel app's session
+    object); ``trace`` and ``previous`` are the state's.
+
     Args:
         model_or_trace: an ``engine.trace.Trace``; a path to a saved trace
-            (``.parquet`` / ``.arrow``); a ``CloverModel``; a ``BlockDecoder``;
-            or a checkpoint directory (loaded with ``engine.checkpoint``).
+            (``.parquet`` / ``.arrow``); a ``CloverModel``; a ``BlockDecoder`` (its model,
+            tokenizer and config; its registered hooks fire too); or a checkpoint
+            directory (loaded once per process by `clover_viz.models`, as the Panel app does).
         tokenizer: the model's tokenizer (ignored for a trace; read from a
             checkpoint directory when not given).
         decode_config: an ``engine.decoder.DecodeConfig`` (default block 32,
@@ -68,66 +76,84 @@ class Explorer:
 
     Raises:
         TypeError: for anything else, naming what was expected.
+        ValueError: for a path that is neither a trace file nor a directory, or a trace
+            file / checkpoint that does not load.
     """
 
     def __init__(self, model_or_trace: Any, tokenizer: Any = None, decode_config: Any = None,
                  prompt: str | None = None) -> None:
-        self.decoder = None
-        self.trace = None
-        self.previous = None  # the run before the current one (for the comparison)
+        from engine.decoder import BlockDecoder, DecodeConfig
+        from engine.trace import Trace
+
         self.prompt = prompt or DEFAULT_PROMPT
+        self.state = ExplorerState(auto_redecode=False, prompt=self.prompt)
+        self.config = None  # the DecodeConfig decodes start from (None: replay only)
         self._source = model_or_trace
         obj = model_or_trace
+        loaded: LoadedModel | None = None
         if isinstance(obj, (str, Path)):
             p = Path(obj)
             if p.is_dir():
-                from engine.checkpoint import load_model, load_tokenizer
-
-                obj = load_model(p)
-                if tokenizer is None:
-                    tokenizer = load_tokenizer(p)
+                loaded = load_model_cached(resolve_model(str(p)))
+                if tokenizer is not None:
+                    loaded = dataclasses.replace(loaded, tokenizer=tokenizer)
             elif p.is_file():
-                from engine.trace import Trace
-
                 obj = Trace.load(p)
             else:
                 raise ValueError(f"{str(p)!r} is neither a trace file nor a checkpoint directory")
-        if _is_trace(obj):
-            self.trace = obj
+        if isinstance(decode_config, dict):
+            decode_config = DecodeConfig(**decode_config)
+        if loaded is not None:
+            self.config = decode_config or DecodeConfig()
+        elif _is_trace(obj):
+            pass
+        elif isinstance(obj, BlockDecoder):
+            if decode_config is not None:
+                obj.config = decode_config
+            if tokenizer is not None:
+                obj.tokenizer = tokenizer
+            loaded = LoadedModel.in_memory(obj.model, obj.tokenizer, decoder=obj)
+            self.config = obj.config
         else:
-            from engine.decoder import BlockDecoder, DecodeConfig
+            import torch
 
-            if isinstance(decode_config, dict):
-                decode_config = DecodeConfig(**decode_config)
-            if isinstance(obj, BlockDecoder):
-                self.decoder = obj
-                if decode_config is not None:
-                    self.decoder.config = decode_config
-                if tokenizer is not None:
-                    self.decoder.tokenizer = tokenizer
-            else:
-                import torch
-
-                if not isinstance(obj, torch.nn.Module):
-                    raise TypeError(
-                        "Explorer takes a Trace, a trace file path, a CloverModel, a BlockDecoder or a checkpoint "
-                        f"directory; got {type(obj).__name__}"
-                    )
-                self.decoder = BlockDecoder(obj, tokenizer, decode_config or DecodeConfig())
+            if not isinstance(obj, torch.nn.Module):
+                raise TypeError(
+                    "Explorer takes a Trace, a trace file path, a CloverModel, a BlockDecoder or a checkpoint "
+                    f"directory; got {type(obj).__name__}"
+                )
+            loaded = LoadedModel.in_memory(obj, tokenizer)
+            self.config = decode_config or DecodeConfig()
+        if loaded is not None:
+            self.state.use_model(loaded)
+        else:
+            self.state.load_trace(obj)
         self._step = 0
         self._block = None
         self._last_draw = 0.0
+        self._drawn: tuple[Any, int] = (None, 0)  # (trace, forwards) of the last live draw
         self._busy = False
         self._quiet = False
         self._conf_trace = None
+        self.state.param.watch(self._on_trace_grown, "trace_version")
         self._build()
+
+    @property
+    def trace(self) -> Any:
+        """The run on display (`ExplorerState.trace`; None before the first decode)."""
+        return self.state.trace
+
+    @property
+    def previous(self) -> Any:
+        """The run before it, kept for the comparison (`ExplorerState.previous`)."""
+        return self.state.previous
 
     # ------------------------------------------------------------------ widgets
     def _build(self) -> None:
         import ipywidgets as W
 
-        has_model = self.decoder is not None
-        dc = self.decoder.config if has_model else (self.trace.decode_config or {})
+        has_model = self.config is not None
+        dc = self.config if has_model else (self.trace.decode_config or {})
         get = (lambda k, d: getattr(dc, k, d)) if has_model else (lambda k, d: dc.get(k, d) if dc else d)
         n = len(self.trace) if self.trace is not None else 0
 
@@ -229,7 +255,6 @@ class Explorer:
     # ------------------------------------------------------------------ drawing
     def _set_trace(self, trace: Any, step: int | None = None) -> None:
         """Show a (new or grown) trace: redraw the whole-trace figures, then the step."""
-        self.trace = trace
         n = len(trace)
         if n == 0:
             return
@@ -294,89 +319,99 @@ class Explorer:
     # ------------------------------------------------------------------ callbacks
     def _on_step(self, change: dict) -> None:
         if not self._quiet:
+            self.state.seek(int(change["new"]))
             self.show_step(int(change["new"]))
 
     def _on_speed(self, change: dict) -> None:
         self.play.interval = int(1000 / max(int(change["new"]), 1))
 
     def _on_setting(self, change: dict) -> None:
-        if self.decoder is None or self._busy:
+        if self.config is None or self._busy:
             return
         self.decode()
 
     # ------------------------------------------------------------------ decoding
     def decode_config(self) -> Any:
-        """The `DecodeConfig` the next decode uses: the decoder's, with the threshold and block_size widgets."""
-        return dataclasses.replace(self.decoder.config, threshold=float(self.threshold.value),
+        """The `DecodeConfig` the next decode uses: the Explorer's, with the threshold and block_size widgets."""
+        return dataclasses.replace(self.config, threshold=float(self.threshold.value),
                                    block_size=int(self.block_size.value))
 
     def decode(self, prompt: str | None = None, **overrides: Any) -> Any:
         """Decode ``prompt`` (default: the prompt box) with the current settings, streaming into the view.
 
-        Every `StepEvent` goes through a hook that records it and redraws the
-        block (at most ~20 times a second; the last step always), so the block
-        fills in while the cell runs. The previous run is kept for comparison.
-        ``overrides`` replace `DecodeConfig` fields for this call.
+        Starts `ExplorerState.generate` (a worker thread) and drains its events here until the
+        run ends, redrawing the block as forwards arrive (at most ~20 times a second; the
+        last step always), so the block fills in while the cell runs. The previous run is
+        kept for the comparison. ``overrides`` replace `DecodeConfig` fields for this call.
+        Interrupting the kernel stops the decode after its current forward; the run keeps
+        what it wrote (stop reason ``cancelled``) and is returned.
 
         Returns:
             the decode's ``engine.trace.Trace``.
 
         Raises:
-            ValueError: when the Explorer was made from a trace (no model).
+            ValueError: when the Explorer was made from a trace (no model), or the prompt or
+                the settings cannot be decoded (the state's message).
+            RuntimeError: when the decode failed in the worker (the state's message).
         """
-        if self.decoder is None:
+        if self.config is None:
             raise ValueError("this Explorer replays a recorded trace; give it a model (or a BlockDecoder / checkpoint "
                              "directory) to decode")
-        from engine.events import StepEvent
-        from engine.trace import Trace
-
+        s = self.state
         if prompt is not None:
             self.prompt_box.value = prompt
-        text = self.prompt_box.value
+        s.prompt = self.prompt_box.value
         dc = dataclasses.replace(self.decode_config(), **overrides)
-        dec = self.decoder
-        ids = dec.encode_prompt(text)
-        model = dec.model
-        cfg = model.config
-        tok = dec.tokenizer
-        meta = {"model_config": cfg.to_dict()}
-        live = Trace(decode_config=dc.to_dict(), model_id=getattr(model, "model_id", cfg.name),
-                     token_text=(lambda i: tok.decode([i], skip_special_tokens=False)) if tok is not None else None,
-                     prompt_ids=ids, meta=meta)
-        if self.trace is not None and len(self.trace):
-            self.previous = self.trace
         self._busy = True
-        self._first = True
         self.status.value = "<b>decoding…</b>"
-
-        def on_event(ev: Any) -> None:
-            if isinstance(ev, StepEvent):
-                now = time.perf_counter()
-                if self._first:
-                    self._first = False
-                    self.trace = live
-                    F.refresh_figure(self.block_fig, F.block_figure(live, -1))
-                    self._block = None
-                if now - self._last_draw >= _LIVE_MIN_INTERVAL_S:
-                    self._last_draw = now
-                    self._set_slider_range(len(live), len(live) - 1)
-                    self.show_step(len(live) - 1)
-                    self.status.value = f"<b>decoding…</b> {len(live)} forwards"
-
         try:
-            dec.generate(ids, hooks=[live, on_event], record_trace=False, config=dc)
+            if not s.generate(config=dc):
+                raise ValueError(s.error)
+            try:
+                while s.running:
+                    if not s.drain(max_steps=1):  # one forward at a time: each can be drawn
+                        time.sleep(_POLL_S)
+            except KeyboardInterrupt:
+                s.stop()
+                s.wait()
         finally:
             self._busy = False
+        if s.error:
+            raise RuntimeError(s.error)
+        live = s.trace
         self._set_trace(live)
-        s = live.summary()
-        self.status.value = (f"NFE {s['nfe']} · {s['n_tokens']} tokens · {s['tokens_per_forward']:.2f} tokens/forward"
-                             f" · {s['n_forced']} forced · {s['wall_s']:.2f} s · stop: {s['stop_reason']}")
-        cmp = compare(self.previous, live)
-        if cmp is not None:  # the Panel app's table, and the text diff
-            F.refresh_figure(self.compare_fig, F.compare_table(cmp["previous"], cmp["current"], labels=RUN_LABELS))
-            self.compare.value = (f"<p>text difference (<del>{RUN_LABELS[0]} only</del>, <ins>{RUN_LABELS[1]} only"
-                                  "</ins>):</p>" + cmp["text"]["diff_html"])
+        st = live.summary()
+        self.status.value = (f"NFE {st['nfe']} · {st['n_tokens']} tokens · {st['tokens_per_forward']:.2f} "
+                             f"tokens/forward · {st['n_forced']} forced · {st['wall_s']:.2f} s · "
+                             f"stop: {st['stop_reason']}")
+        self._show_comparison()
         return live
 
+    def _on_trace_grown(self, _event: Any) -> None:
+        """While `decode` drains: draw each new forward (rate-limited), the first one always."""
+        live = self.state.trace
+        n = len(live) if live is not None else 0
+        if not self._busy or n == 0 or (self._drawn[0] is live and self._drawn[1] == n):
+            return  # not decoding, or no new forward (a block start or end)
+        if self._drawn[0] is not live:  # the run's first forward: its block view, built once
+            F.refresh_figure(self.block_fig, F.block_figure(live, -1))
+            self._block = None
+        self._drawn = (live, n)
+        now = time.perf_counter()
+        if now - self._last_draw >= _LIVE_MIN_INTERVAL_S:
+            self._last_draw = now
+            self._set_slider_range(n, n - 1)
+            self.show_step(n - 1)
+            self.status.value = f"<b>decoding…</b> {n} forwards"
 
-__all__ = ["Explorer", "DEFAULT_PROMPT", "BLOCK_SIZES"]
+    def _show_comparison(self) -> None:
+        """The previous run against this one: the Panel app's table and the text diff."""
+        cmp = self.state.comparison()
+        if cmp is None:
+            return
+        F.refresh_figure(self.compare_fig, F.compare_table(cmp["previous"], cmp["current"], labels=RUN_LABELS))
+        self.compare.value = (f"<p>text difference (<del>{RUN_LABELS[0]} only</del>, <ins>{RUN_LABELS[1]} only"
+                              "</ins>):</p>" + cmp["text"]["diff_html"])
+
+
+__all__ = ["BLOCK_SIZES", "DEFAULT_PROMPT", "Explorer"]
