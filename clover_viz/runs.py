@@ -26,18 +26,6 @@ from engine.trace import Trace
 RUN_LABELS = ("previous", "this run")  # how every view names the two runs it compares
 
 
-def eos_token_id(trace: Trace) -> int | None:
-    """The EOS id of the model that recorded ``trace``: from its model config, else from an
-    EOS-filled slot (those hold EOS), else None."""
-    cfg = (trace.meta or {}).get("model_config")
-    if isinstance(cfg, dict) and cfg.get("eos_token_id") is not None:
-        return int(cfg["eos_token_id"])
-    for ev in trace.steps:
-        if ev.eos_filled.any():
-            return int(ev.tokens[int(ev.eos_filled.argmax())])
-    return None
-
-
 # per trace: {block_index: (ids kept from that finished block, hit EOS)}
 _BLOCK_IDS: weakref.WeakKeyDictionary[Trace, dict[int, tuple[list[int], bool]]] = weakref.WeakKeyDictionary()
 
@@ -48,11 +36,13 @@ def generated_ids(trace: Trace) -> list[int]:
     Finished: the `DecodeEnd` tokens. Running: per block in order, its generated (not
     pre-filled) slots up to the first slot still masked, cut before the first EOS, stopping
     there -- exactly what the decoder keeps when it stops now (``stop_reason`` cancelled).
-    Finished blocks are cached, so a live call costs the running block only.
+    Finished blocks are cached, so a live call costs the running block only. The EOS id is
+    the trace's (`engine.slot_index.SlotIndex.eos_id`: the model config's, else learned from
+    an EOS-filled slot).
     """
     if trace.decode_end is not None:
         return trace.generated_tokens.tolist()
-    eos = eos_token_id(trace)
+    eos = trace.slot_index().eos_id
     cache = _BLOCK_IDS.setdefault(trace, {})
     ended = {b.block_index for b in trace.block_ends}
     prefilled = {b.block_index: np.asarray(b.prefilled, dtype=bool) for b in trace.block_starts}
@@ -91,11 +81,6 @@ def generated_ids(trace: Trace) -> list[int]:
         if hit:
             break
     return out
-
-
-def trace_text(trace: Trace) -> str:
-    """The generated text of a trace from its stored vocabulary (works without a tokenizer)."""
-    return "".join(trace.token_str(t) for t in generated_ids(trace))
 
 
 def run_stats(trace: Trace | None) -> dict[str, Any] | None:
@@ -149,4 +134,4 @@ def compare(previous: Trace | None, current: Trace | None) -> dict[str, Any] | N
     return {"previous": prev, "current": cur, **compare_runs(prev, cur)}
 
 
-__all__ = ["RUN_LABELS", "compare", "eos_token_id", "generated_ids", "run_stats", "trace_text"]
+__all__ = ["RUN_LABELS", "compare", "generated_ids", "run_stats"]
