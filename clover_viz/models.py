@@ -163,22 +163,15 @@ def build_model(spec: ModelSpec) -> LoadedModel:
         ValueError: from `engine.checkpoint` for a damaged or mismatched checkpoint; for an
             ``in_memory`` spec (there is nothing to load: use `LoadedModel.in_memory`).
     """
-    import torch
 
     from engine.checkpoint import load_model, load_tokenizer
-    from engine.config import CloverConfig
-    from engine.model import CloverModel
+    from engine.model import random_model
     from engine.tokenizer import byte_tokenizer
 
     if spec.kind == "random":
-        torch.manual_seed(RANDOM_MODEL_SEED)
-        model = CloverModel(CloverConfig.from_name(RANDOM_MODEL_NAME)).eval()
+        model = random_model(RANDOM_MODEL_NAME, RANDOM_MODEL_SEED, spec.dev_scale)
         label = RANDOM_MODEL_LABEL if spec.fallback else f"random {RANDOM_MODEL_NAME}"
         if spec.dev_scale != 1.0:
-            with torch.no_grad():
-                for p in model.parameters():
-                    if p.dim() >= 2:
-                        p.mul_(spec.dev_scale)
             label += f" [dev: weights x{spec.dev_scale:g}]"
         return LoadedModel(spec, model, byte_tokenizer(), label)
     if spec.kind != "checkpoint":

@@ -50,7 +50,7 @@ from engine.config import CloverConfig
 
 __all__ = [  # the model, its state and output; building blocks re-exported from engine.clover
     "MEMORY_MODES", "CloverModel", "CloverState", "DecoderLayer", "GatedAttention", "GatedDeltaNet", "GatedRMSNorm",
-    "LayerState", "ModelOutput", "Pass", "RMSNorm", "SparseMoE", "block_attention", "rope",
+    "LayerState", "ModelOutput", "Pass", "RMSNorm", "SparseMoE", "block_attention", "random_model", "rope",
 ]
 
 
@@ -253,3 +253,24 @@ class CloverModel(nn.Module):
             out.memory_share = torch.stack(p.memory_share)  # [N, B, L]
             out.state_norm = torch.stack(p.state_norm).float()  # [N]
         return out
+
+
+def random_model(cfg: CloverConfig | str, seed: int = 0, weight_scale: float = 1.0) -> CloverModel:
+    """A randomly initialised `CloverModel` in eval mode, reproducible from ``seed``.
+
+    ``weight_scale`` multiplies every weight matrix (every parameter with >= 2 dims): 1 keeps
+    the initialisation (near-uniform predictions, every step a forced fill); ~15 gives peaked
+    logits, so confidences spread over (0, 1) and a decode shows accepted, forced and
+    EOS-filled slots -- the stand-in the explorer's dev option and the tests use.
+
+    Raises:
+        ValueError: an unknown preset name (see `CloverConfig.from_name`).
+    """
+    torch.manual_seed(seed)
+    model = CloverModel(CloverConfig.from_name(cfg) if isinstance(cfg, str) else cfg)
+    if weight_scale != 1.0:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.mul_(weight_scale)
+    return model.eval()

@@ -16,7 +16,7 @@ import dataclasses
 import torch
 
 from engine.config import CloverConfig
-from engine.model import CloverModel
+from engine.model import CloverModel, random_model
 
 CFG = CloverConfig.from_name("clover-test")
 CFG_CONV = dataclasses.replace(CFG, name="clover-test-conv", attention_conv_kernel_dim=3)
@@ -25,12 +25,8 @@ CFG_CONV = dataclasses.replace(CFG, name="clover-test-conv", attention_conv_kern
 def loud_model(seed: int = 0, cfg: CloverConfig = CFG) -> CloverModel:
     """clover-test with weights scaled up so that logits are peaked and history matters
     (the attention convs, if any, get random taps so that they mix neighbours)."""
-    torch.manual_seed(seed)
-    m = CloverModel(cfg)
+    m = random_model(cfg, seed, weight_scale=15.0)
     with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() >= 2:
-                p.mul_(15)
         for layer in m.layers:
             if layer.layer_type == "full_attention" and layer.self_attn.conv1d is not None:
                 layer.self_attn.conv1d.weight.normal_(0.0, 0.7)

@@ -1,7 +1,7 @@
 """Record the clover_viz test traces (no trained model needed).
 
-``loud_clover_test()`` is ``clover-test`` with random weights scaled by 15 (as
-``tests/engine/test_decoder.py::loud_model``), so confidences are peaked and a
+``loud_clover_test()`` is ``engine.model.random_model('clover-test', 0, 15.0)`` (as
+``tests/helpers.py::loud_model``), so confidences are peaked and a
 decode shows accepted, forced and EOS-filled slots. ``tests/data/small_trace.parquet``
 is re-recorded with::
 
@@ -20,18 +20,9 @@ SMALL_CONFIG = dict(block_size=8, threshold=0.4, max_new_tokens=30, eos_bias_sof
 
 def loud_clover_test(seed: int = 0, scale: float = 15.0):
     """``clover-test`` with every >=2-D weight multiplied by ``scale`` (peaked logits), eval mode."""
-    import torch
+    from engine.model import random_model
 
-    from engine.config import CloverConfig
-    from engine.model import CloverModel
-
-    torch.manual_seed(seed)
-    model = CloverModel(CloverConfig.from_name("clover-test"))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(scale)
-    return model.eval()
+    return random_model("clover-test", seed, scale)
 
 
 def record_small_trace(path: Path = SMALL_TRACE):
