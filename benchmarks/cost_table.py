@@ -34,7 +34,7 @@ TPFS = (1, 2, 3, 4, 6, 8)
 UNIONS = (8, 17, 32, "expected")
 
 
-def block_tok_per_s(cfg: CloverConfig, device, tpf: float, union: int | str) -> float:
+def block_tokens_per_s(cfg: CloverConfig, device, tpf: float, union: int | str) -> float:
     """Roofline tokens/s of decoding blocks of `BLOCK` tokens at `tpf` tokens per forward."""
     E, k = cfg.num_experts, cfg.num_experts_per_tok
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     for tpf in TPFS:
         cells = []
         for union in UNIONS:
-            tps = block_tok_per_s(cfg, device, tpf, union)
+            tps = block_tokens_per_s(cfg, device, tpf, union)
             cells.append(f"{tps / ar:>8.2f}x {tps:>6.0f}")
         print(f"{tpf:>5}" + "".join(f"{c:>16}" for c in cells))
     print("* expected union of 32 tokens under independent top-8-of-256 routing; cells: ratio, tokens/s")

@@ -332,8 +332,8 @@ class RunSummary(pn.viewable.Viewer):
                 cell("tokens / forward", f"{st['tokens_per_forward']:.2f}", "clover-tpf",
                      f"{p.get('tokens_per_forward', 0):.2f}" if has else None),
                 cell("forced fills", str(st["n_forced"]), "clover-forced", str(p.get("n_forced")) if has else None),
-                cell("tokens/s (measured, this machine)", format_si(st["tok_per_s"], digits=3), "clover-tps",
-                     format_si(p.get("tok_per_s"), digits=3) if has else None),
+                cell("tokens/s (measured, this machine)", format_si(st["tokens_per_s"], digits=3), "clover-tps",
+                     format_si(p.get("tokens_per_s"), digits=3) if has else None),
                 cell("block · threshold", f"{st['block_size']} · {st['threshold']:.2f}"
                      if st["threshold"] is not None else str(st["block_size"]), "clover-settings",
                      (f"{p.get('block_size')} · {p.get('threshold'):.2f}" if has and p.get("threshold") is not None
@@ -548,13 +548,13 @@ class CostView(pn.viewable.Viewer):
         step = s.trace.step(min(s.position, len(s.trace) - 1))
         parts = [f"bytes read by this forward: <b>{format_si(step.bytes_read, 'B', digits=3)}</b>"]
         if proj is not None:
-            parts.append(f"measured here: <b>{format_si(proj.measured_tok_per_s, digits=3)} tok/s</b>")
+            parts.append(f"measured here: <b>{format_si(proj.measured_tokens_per_s, digits=3)} tok/s</b>")
             if proj.source is not None:
                 parts.append(f"projected {html.escape(proj.source.config_name)} on {proj.device}: "
-                             f"<b>{format_si(proj.source.tok_per_s, digits=3)} tok/s</b>")
+                             f"<b>{format_si(proj.source.tokens_per_s, digits=3)} tok/s</b>")
             parts.append(f"projected {html.escape(proj.target.config_name)} on {proj.device} at the same "
                          f"tokens/forward ({proj.tokens_per_forward:.2f}, {proj.union_assumption} union): "
-                         f"<b>{format_si(proj.target.tok_per_s, digits=3)} tok/s</b>")
+                         f"<b>{format_si(proj.target.tokens_per_s, digits=3)} tok/s</b>")
             mean = proj.source.bytes_read / proj.n_forwards if proj.source else None
             parts.append(f"mean bytes per forward: {format_si(mean, 'B', digits=3)}")
         self.headline.object = ("<div class='clover-cost' style='font-size:13px;line-height:1.6'>"

@@ -87,7 +87,7 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
     """The numbers the views show for one run (None without a trace).
 
     Keys: ``nfe``, ``n_tokens``, ``tokens_per_forward``, ``n_forced``, ``wall_s``,
-    ``tok_per_s`` (measured on the machine that ran it), ``stop_reason``,
+    ``tokens_per_s`` (measured on the machine that ran it), ``stop_reason``,
     ``block_size``, ``threshold``, ``policy``, ``text``.
 
     While a decode runs, ``n_tokens`` (and so tokens / forward and tokens/s) counts what the
@@ -107,7 +107,7 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
         "tokens_per_forward": n_written / s["nfe"] if s["nfe"] else 0.0,
         "n_forced": int(s["n_forced"]),
         "wall_s": float(wall),
-        "tok_per_s": n_written / wall if wall > 0 else 0.0,
+        "tokens_per_s": n_written / wall if wall > 0 else 0.0,
         "stop_reason": s["stop_reason"],
         "block_size": dc.get("block_size"),
         "threshold": dc.get("threshold"),

@@ -142,7 +142,7 @@ class ExplorerState(param.Parameterized):
     threshold = param.Number(default=0.95, bounds=(0.5, 1.0), step=0.01, doc=(
         "LowConfidence threshold: a masked slot is written when its confidence >= threshold."))
     block_size = param.Selector(default=32, objects=list(BLOCK_SIZES), doc=(
-        "Slots per block B (1 = autoregressive greedy decoding)."))
+        "Slots per block, block_size (1 = autoregressive greedy decoding)."))
     policy = param.Selector(default="low_confidence", objects=list(POLICIES), doc="Acceptance policy.")
     memory_mode = param.Selector(default="state", objects=list(MEMORY_MODES), doc=(
         "'state' keeps history only in recurrent state (Clover); 'state+window' also keeps the last W "

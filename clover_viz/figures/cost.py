@@ -73,8 +73,8 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
     lines = []
     if proj is not None:
         if proj.source is not None:
-            lines.append((proj.source.tok_per_s, f"projected: {proj.source.config_name} on {proj.device}", C.PROJECTED_COLOR))
-        lines.append((proj.target.tok_per_s, f"projected: {proj.target.config_name} on {proj.device}", C.TARGET_COLOR))
+            lines.append((proj.source.tokens_per_s, f"projected: {proj.source.config_name} on {proj.device}", C.PROJECTED_COLOR))
+        lines.append((proj.target.tokens_per_s, f"projected: {proj.target.config_name} on {proj.device}", C.TARGET_COLOR))
         lines.append((ar_tokens_per_s(config, device), f"projected: {config} autoregressive on {proj.device}", C.AR_COLOR))
     for rate, label, color in lines:
         text = f"{format_si(rate, digits=3, missing='n/a')} tok/s"
@@ -88,7 +88,7 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
     m_last = measured[np.isfinite(measured)]
     summ = f"measured {format_si(float(m_last[-1]) if m_last.size else None, digits=3, missing='n/a')} tok/s"
     if proj is not None:
-        summ += (f" · projected {config} on {proj.device}: {format_si(proj.target.tok_per_s, digits=3, missing='n/a')}"
+        summ += (f" · projected {config} on {proj.device}: {format_si(proj.target.tokens_per_s, digits=3, missing='n/a')}"
                  f" tok/s ({proj.union_assumption} union)")
     fig.update_layout(**_base_layout(f"Cost<br><sup>{summ}</sup>", margin=dict(l=60, r=20, t=100, b=45)), height=430,
                       legend=dict(orientation="h", y=-0.18, yanchor="top", x=0, font=dict(size=11)))

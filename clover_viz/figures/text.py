@@ -69,12 +69,12 @@ def text_figure(trace: Any, step: int | None = None, color_by: str = "step") -> 
     if color_by not in ("step", "confidence"):
         raise ValueError(f"color_by must be 'step' or 'confidence', got {color_by!r}")
     cells = _text_cells(trace, step)
-    B = max([len(c["tokens"]) for c in cells] + [_index(trace).block_size()])
+    L = max([len(c["tokens"]) for c in cells] + [_index(trace).block_size()])
     R = len(cells)
-    zg = np.full((R, B), np.nan)
-    zp = np.full((R, B), np.nan)
-    text = np.full((R, B), "", dtype=object)
-    hover = np.full((R, B), "", dtype=object)
+    zg = np.full((R, L), np.nan)
+    zp = np.full((R, L), np.nan)
+    text = np.full((R, L), "", dtype=object)
+    hover = np.full((R, L), "", dtype=object)
     fx, fy = [], []
     max_iter = max([c["n_iter"] for c in cells] + [1])
     for r, c in enumerate(cells):
@@ -97,7 +97,7 @@ def text_figure(trace: Any, step: int | None = None, color_by: str = "step") -> 
     fig = go.Figure()
     fig.add_trace(go.Heatmap(
         name=TEXT_PROMPT_TRACE, z=_json_list(zp), text=text.tolist(), customdata=hover.tolist(),
-        x=list(range(B)), y=list(range(R)), zmin=0, zmax=1, showscale=False, xgap=1, ygap=3,
+        x=list(range(L)), y=list(range(R)), zmin=0, zmax=1, showscale=False, xgap=1, ygap=3,
         colorscale=[[0, C.STATE_COLORS["prompt"]], [1, C.STATE_COLORS["prompt"]]],
         texttemplate="%{text}", textfont=dict(family=C.MONO, size=10),
         hovertemplate="%{customdata}<extra></extra>", hoverongaps=False,
@@ -108,7 +108,7 @@ def text_figure(trace: Any, step: int | None = None, color_by: str = "step") -> 
         scale, zmax, cbar = [[0, "#fee2e2"], [0.5, "#fde68a"], [0.9, "#86efac"], [1, "#166534"]], 1.0, "confidence"
     fig.add_trace(go.Heatmap(
         name=TEXT_TRACE, z=_json_list(zg), text=text.tolist(), customdata=hover.tolist(),
-        x=list(range(B)), y=list(range(R)), zmin=0, zmax=zmax, colorscale=scale, xgap=1, ygap=3,
+        x=list(range(L)), y=list(range(R)), zmin=0, zmax=zmax, colorscale=scale, xgap=1, ygap=3,
         texttemplate="%{text}", textfont=dict(family=C.MONO, size=10),
         colorbar=dict(title=dict(text=cbar, side="right"), thickness=12, len=0.9),
         hovertemplate="%{customdata}<extra></extra>", hoverongaps=False,
@@ -116,9 +116,9 @@ def text_figure(trace: Any, step: int | None = None, color_by: str = "step") -> 
     fig.add_trace(go.Scatter(x=fx, y=fy, mode="markers", name="forced fill", hoverinfo="skip",
                              marker=dict(size=5, color=C.STATE_COLORS["forced"], line=dict(width=0))))
     fig.update_layout(
-        **_base_layout(f"Text so far: {R} block(s) of {B} slots, coloured by {'iteration' if color_by == 'step' else 'confidence'}"),
+        **_base_layout(f"Text so far: {R} block(s) of {L} slots, coloured by {'iteration' if color_by == 'step' else 'confidence'}"),
         height=120 + max(R, 2) * 30,
-        xaxis=dict(title="slot", showgrid=False, zeroline=False, range=[-0.5, B - 0.5]),
+        xaxis=dict(title="slot", showgrid=False, zeroline=False, range=[-0.5, L - 0.5]),
         yaxis=dict(tickmode="array", tickvals=list(range(R)), ticktext=ylab, autorange="reversed",
                    showgrid=False, zeroline=False),
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),

@@ -87,8 +87,8 @@ def format_trace_projection(p: TraceProjection, label: str = "") -> str:
         f"{p.tokens_per_forward:.2f} tokens per forward",
         f"{'':<34}{'tokens/s':>12}{'bytes/forward':>16}{'union/layer':>13}",
     ]
-    if p.measured_tok_per_s is not None:
-        lines.append(f"{'measured (this machine)':<34}{p.measured_tok_per_s:>12.1f}")
+    if p.measured_tokens_per_s is not None:
+        lines.append(f"{'measured (this machine)':<34}{p.measured_tokens_per_s:>12.1f}")
     else:
         lines.append(f"{'measured (this machine)':<34}{'n/a':>12}")
     for proj, note in ((p.source, "trace model, measured unions"), (p.target, f"union: {p.union_assumption}")):
@@ -97,7 +97,7 @@ def format_trace_projection(p: TraceProjection, label: str = "") -> str:
             continue
         name = f"projected {proj.config_name} on {proj.device}"
         lines.append(
-            f"{name:<34}{proj.tok_per_s:>12.1f}{format_si(proj.bytes_read / proj.n_forwards, 'B'):>16}"
+            f"{name:<34}{proj.tokens_per_s:>12.1f}{format_si(proj.bytes_read / proj.n_forwards, 'B'):>16}"
             f"{proj.mean_expert_union:>13.1f}  ({note})"
         )
     lines.append("projected = roofline bound (max of bytes/bandwidth, flops/peak) per forward, BF16 weights")

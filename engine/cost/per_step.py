@@ -7,7 +7,7 @@ turn them into per-forward series, and price the same forwards for another model
 device with `engine.cost.formulas.forward_cost` and the roofline (docs/architecture.md §7).
 
 Shapes: S steps (forwards) in the trace. Units in names: ``_bytes``, ``_s``,
-``_tok_per_s``, ``flops_per_s`` (FLOP per second), ``intensity`` (FLOP per byte).
+``_tokens_per_s``, ``flops_per_s`` (FLOP per second), ``intensity`` (FLOP per byte).
 
 Tests: ``.venv/bin/python -m pytest tests/engine/test_cost_per_step.py -q``
 """

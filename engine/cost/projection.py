@@ -27,7 +27,7 @@ class Projection:
         tokens_written: tokens finalised by them.
         bytes_read, flops: totals over the forwards.
         time_s: sum of each forward's roofline time (forwards run one after another).
-        tok_per_s: ``tokens_written / time_s``.
+        tokens_per_s: ``tokens_written / time_s``.
         mean_expert_union: union per layer averaged over layers and forwards.
     """
 
@@ -38,7 +38,7 @@ class Projection:
     bytes_read: float
     flops: float
     time_s: float
-    tok_per_s: float
+    tokens_per_s: float
     mean_expert_union: float
 
 
@@ -94,7 +94,7 @@ def project_forwards(
         bytes_read=total_b,
         flops=total_f,
         time_s=total_t,
-        tok_per_s=tokens_written / total_t,
+        tokens_per_s=tokens_written / total_t,
         mean_expert_union=union_sum / len(forwards),
     )
 
@@ -108,7 +108,7 @@ def project_tokens_per_s(
     **forward_kwargs: Any,
 ) -> float:
     """Projected tokens/s: ``tokens_written / sum(roofline_time_s(forward))`` (see `project_forwards`)."""
-    return project_forwards(tokens_written, forwards, config, device, weight_bytes, **forward_kwargs).tok_per_s
+    return project_forwards(tokens_written, forwards, config, device, weight_bytes, **forward_kwargs).tokens_per_s
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class TraceProjection:
         n_forwards, tokens_written: from the trace (decode forwards only).
         tokens_per_forward: ``tokens_written / n_forwards``.
         measured_wall_s: the run's wall time on the machine that recorded it
-            (None if the trace has none); measured_tok_per_s likewise.
+            (None if the trace has none); measured_tokens_per_s likewise.
         source: projection of the model that produced the trace, with its own
             measured unions (None when its config is unknown).
         target: projection of ``target_config`` (default ``clover-35b-a3b``)
@@ -134,7 +134,7 @@ class TraceProjection:
     tokens_written: int
     tokens_per_forward: float
     measured_wall_s: float | None
-    measured_tok_per_s: float | None
+    measured_tokens_per_s: float | None
     source: Projection | None
     target: Projection
 
@@ -379,7 +379,7 @@ def project_trace(
         tokens_written=written,
         tokens_per_forward=written / len(rows),
         measured_wall_s=wall,
-        measured_tok_per_s=None if wall is None else written / wall,
+        measured_tokens_per_s=None if wall is None else written / wall,
         source=src_proj,
         target=tgt_proj,
     )

@@ -224,21 +224,21 @@ def test_project_trace_from_rows_and_assumptions():
     p = project_trace(rows, "h800", union_assumption="independent", source_config=TINY)
     assert p.tokens_written == 64 and p.n_forwards == 5
     assert p.tokens_per_forward == pytest.approx(12.8)
-    assert p.measured_wall_s == pytest.approx(0.05) and p.measured_tok_per_s == pytest.approx(1280)
+    assert p.measured_wall_s == pytest.approx(0.05) and p.measured_tokens_per_s == pytest.approx(1280)
     assert p.source is not None and p.source.config_name == "clover-test"
     # independent: expected_union(256, 8, T) for T = 32 (x4) and 64 (x1)
     exp = (4 * expected_union(256, 8, 32) + expected_union(256, 8, 64)) / 5
     assert p.target.mean_expert_union == pytest.approx(exp)
     fw = [(32, expected_union(256, 8, 32), 0, 32)] * 3 + [(64, expected_union(256, 8, 64), 32, 32),
                                                          (32, expected_union(256, 8, 32), 0, 32)]
-    assert p.target.tok_per_s == pytest.approx(project_tokens_per_s(64, fw, BIG, "h800"))
+    assert p.target.tokens_per_s == pytest.approx(project_tokens_per_s(64, fw, BIG, "h800"))
 
     frac = project_trace(rows, "h800", union_assumption="measured_fraction", source_config=TINY)
     # the fractions of 8 experts (1, 7/8, 1, 1, 6/8) carried over to 256
     assert frac.target.mean_expert_union == pytest.approx(256 * (3 + 7 / 8 + 6 / 8) / 5)
     fixed = project_trace(rows, "h800", union_assumption=17, source_config=TINY)
     assert fixed.target.mean_expert_union == pytest.approx(17)
-    assert fixed.target.tok_per_s > p.target.tok_per_s > frac.target.tok_per_s
+    assert fixed.target.tokens_per_s > p.target.tokens_per_s > frac.target.tokens_per_s
     rel = project_trace(rows, "h800", union_assumption="measured_vs_independent", source_config=TINY)
     assert 8 <= rel.target.mean_expert_union <= 256
     with pytest.raises(ValueError, match="union_assumption"):
@@ -253,10 +253,10 @@ def test_project_trace_duck_typed_object_without_source_config():
                             decode_config={"block_size": 32})
     p = project_trace(trace, "h100-sxm", union_assumption="independent")
     assert p.source is not None and p.source.config_name == "clover-test"  # preset model_id
-    assert p.tokens_written == 64 and p.measured_tok_per_s == pytest.approx(640)
+    assert p.tokens_written == 64 and p.measured_tokens_per_s == pytest.approx(640)
     anon = SimpleNamespace(steps=steps, summary=lambda: {"wall_s": 0.1}, model_id="some/unknown/model")
     q = project_trace(anon, "h800", union_assumption=32)
-    assert q.source is None and q.target.tok_per_s > 0
+    assert q.source is None and q.target.tokens_per_s > 0
     with pytest.raises(ValueError, match="needs the measured unions"):
         project_trace(anon, "h800", union_assumption="measured_fraction")
 
