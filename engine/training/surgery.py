@@ -38,14 +38,11 @@ def small_config(vocab_size: int = 4096) -> CloverConfig:
     """`clover-small`: `tiny_config`'s layout scaled for a GPU run -- 8 layers (GDN, attention) x 4,
     hidden 512, 8 experts top-2 of FFN 512 plus a shared expert, window 1024; ~70M parameters
     (`engine.cost.count_parameters` gives the exact number). bf16 weights ~140 MB."""
-    return CloverConfig(
-        name="clover-small", vocab_size=vocab_size, hidden_size=512, num_hidden_layers=8,
-        full_attention_interval=2, linear_num_key_heads=8, linear_num_value_heads=8,
-        linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=64, partial_rotary_factor=0.5,
-        rope_theta=10000.0, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512,
-        shared_expert_intermediate_size=512, max_position_embeddings=65536, attention_window=1024,
-        attention_conv_kernel_dim=4, mask_token_id=1, eos_token_id=3,
+    return dataclasses.replace(
+        tiny_config(vocab_size), name="clover-small", hidden_size=512, num_hidden_layers=8,
+        linear_num_key_heads=8, linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64,
+        num_attention_heads=8, head_dim=64, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        attention_window=1024, attention_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"] * 4,
     )
 
 
