@@ -2,8 +2,12 @@
 
 `EXAMPLE_PROMPTS` maps a name to prompt text -- two agent conversations in the chat layout
 the bundled model is trained on, and a code completion -- for the Panel app's picker;
-`DEFAULT_EXAMPLE` names the one a new session starts with. `WEATHER_PROMPT` is the short
-one-tool agent prompt the notebook `Explorer` decodes when given none.
+`DEFAULT_EXAMPLE` names the one a new session starts with. `CHAT_EXAMPLE_PROMPTS` are
+ordinary questions and instructions (and one tool call with tools the model never saw) in
+SmolLM2's ChatML with its default system turn, for chat models adapted from a pretrained
+base (``models/smollm2-bd``); `examples_for` picks the set that fits a loaded model.
+`WEATHER_PROMPT` is the short one-tool agent prompt the notebook `Explorer` decodes when
+given none.
 """
 
 from __future__ import annotations
@@ -77,6 +81,40 @@ EXAMPLE_PROMPTS: dict[str, str] = {
 }
 DEFAULT_EXAMPLE = "agent tool call"
 
+_SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def _chat(user: str) -> str:
+    return (f"<|im_start|>system\n{_SMOLLM2_SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+            "<|im_start|>assistant\n")
+
+
+CHAT_EXAMPLE_PROMPTS: dict[str, str] = {
+    "question": _chat("How many legs does a spider have?"),
+    "explanation": _chat("Explain in two sentences why the sky is blue."),
+    "instruction": _chat("Write a short poem about the sea."),
+    "code": _chat("Write a Python function that returns the factorial of n."),
+    # an open-vocabulary tool call (engine.data.open_tools, eval vocabulary: never in training)
+    "tool call (unseen tool)": (
+        "<|im_start|>system\nYou are a helpful assistant with tools:\n"
+        '{"name": "quarantineKiosk", "description": "Quarantine a kiosk.", "parameters": {"type": "object", '
+        '"properties": {"lane": {"type": "integer"}, "interimHumidity": {"type": "number"}, "gauge": '
+        '{"type": "number"}, "spareTier": {"type": "string", "enum": ["north", "south", "east", "west"]}}, '
+        '"required": ["lane", "interimHumidity", "gauge", "spareTier"]}}<|im_end|>\n'
+        "<|im_start|>user\nQuick one: can you quarantine a kiosk lane of 80447, a interim humidity of 925.3, "
+        "a gauge of 957.57 and spare tier west?<|im_end|>\n<|im_start|>assistant\n"
+    ),
+}
+DEFAULT_CHAT_EXAMPLE = "question"
+
+
+def examples_for(config: object) -> tuple[dict[str, str], str]:
+    """(example prompts, default name) for a model config: `CHAT_EXAMPLE_PROMPTS` for a
+    transformers-backed chat model (``config.backbone == "transformers"``), else `EXAMPLE_PROMPTS`."""
+    if getattr(config, "backbone", None) == "transformers":
+        return CHAT_EXAMPLE_PROMPTS, DEFAULT_CHAT_EXAMPLE
+    return EXAMPLE_PROMPTS, DEFAULT_EXAMPLE
+
 WEATHER_PROMPT = (
     "<|im_start|>system\nYou are a helpful assistant with tools:\n"
     '{"name": "get_weather", "description": "Current weather for a city.", "parameters": {"type": "object", '
@@ -84,4 +122,5 @@ WEATHER_PROMPT = (
     '<|im_start|>user\nWhat is the weather (city: "Lisbon")?<|im_end|>\n<|im_start|>assistant\n'
 )
 
-__all__ = ["DEFAULT_EXAMPLE", "EXAMPLE_PROMPTS", "WEATHER_PROMPT"]
+__all__ = ["CHAT_EXAMPLE_PROMPTS", "DEFAULT_CHAT_EXAMPLE", "DEFAULT_EXAMPLE", "EXAMPLE_PROMPTS", "WEATHER_PROMPT",
+           "examples_for"]

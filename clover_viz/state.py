@@ -47,7 +47,7 @@ from typing import Any
 
 import param
 
-from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS
+from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, examples_for
 from clover_viz.models import (
     DEFAULT_MODEL_DIR,
     DEV_WEIGHT_SCALE,
@@ -181,6 +181,8 @@ class ExplorerState(param.Parameterized):
     playing = param.Boolean(default=False, doc="Playback is advancing `position`.")
     speed = param.Number(default=8.0, bounds=(0.5, 60.0), doc="Playback speed, steps per second.")
 
+    _examples: dict[str, str] = EXAMPLE_PROMPTS  # the example set on offer (`_use_examples`)
+
     def __init__(self, loader: Any = None, **params: Any) -> None:
         super().__init__(**params)
         self._loader = loader or load_model_cached
@@ -217,6 +219,7 @@ class ExplorerState(param.Parameterized):
                 return None
         self._loaded = loaded
         self.model_label = loaded.label
+        self._use_examples(loaded)
         self.window_available = loaded.window_available
         if adjust_mode and not loaded.window_available and self.memory_mode == "state+window":
             self.memory_mode = "state"
@@ -235,9 +238,26 @@ class ExplorerState(param.Parameterized):
         if self.load_model() is not None:
             self.error = ""
 
+    def _use_examples(self, loaded: LoadedModel) -> None:
+        """Offer the example prompts that fit ``loaded`` (chat questions for a chat model, agent
+        and code prompts for a Clover model); switching sets switches to its default prompt."""
+        examples, default = examples_for(loaded.config)
+        if examples is self._examples:
+            return
+        typed = bool(self.prompt.strip()) and self.prompt not in self._examples.values()
+        self._examples = examples
+        self.param.example.objects = list(examples)
+        if typed:  # a prompt the user wrote is kept; only the picker changes
+            with param.discard_events(self):
+                self.example = default
+        elif self.example == default:
+            self.prompt = examples[default]
+        else:
+            self.example = default  # -> _on_example
+
     @param.depends("example", watch=True)
     def _on_example(self) -> None:
-        self.prompt = EXAMPLE_PROMPTS[self.example]
+        self.prompt = self._examples[self.example]
 
     @param.depends("threshold", "block_size", watch=True)
     def _on_decode_setting(self) -> None:

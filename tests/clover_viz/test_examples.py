@@ -1,0 +1,35 @@
+"""The explorer offers example prompts that fit the loaded model."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from clover_viz.examples import CHAT_EXAMPLE_PROMPTS, DEFAULT_CHAT_EXAMPLE, EXAMPLE_PROMPTS, examples_for
+from clover_viz.models import LoadedModel
+from clover_viz.state import ExplorerState
+
+
+def _chat_model():
+    cfg = SimpleNamespace(name="tiny-chat", backbone="transformers", attention_window=0)
+    return LoadedModel.in_memory(SimpleNamespace(config=cfg), None, label="tiny chat model")
+
+
+def test_chat_models_get_chatml_questions():
+    examples, default = examples_for(_chat_model().config)
+    assert examples is CHAT_EXAMPLE_PROMPTS and default == DEFAULT_CHAT_EXAMPLE
+    for text in examples.values():
+        assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    assert examples_for(SimpleNamespace(name="clover-tiny"))[0] is EXAMPLE_PROMPTS
+
+
+def test_switching_to_a_chat_model_switches_examples_but_keeps_a_typed_prompt():
+    s = ExplorerState(prompt=EXAMPLE_PROMPTS["code completion"], example="code completion")
+    s.use_model(_chat_model())
+    assert s.param.example.objects == list(CHAT_EXAMPLE_PROMPTS)
+    assert s.example == DEFAULT_CHAT_EXAMPLE and s.prompt == CHAT_EXAMPLE_PROMPTS[DEFAULT_CHAT_EXAMPLE]
+    s.example = "instruction"
+    assert s.prompt == CHAT_EXAMPLE_PROMPTS["instruction"]
+
+    typed = ExplorerState(prompt="my own words")
+    typed.use_model(_chat_model())
+    assert typed.prompt == "my own words" and typed.param.example.objects == list(CHAT_EXAMPLE_PROMPTS)
