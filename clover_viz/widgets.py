@@ -92,15 +92,17 @@ class Explorer:
         obj = model_or_trace
         loaded: LoadedModel | None = None
         if isinstance(obj, (str, Path)):
-            p = Path(obj)
-            if p.is_dir():
-                loaded = load_model_cached(resolve_model(str(p)))
+            p = Path(obj).expanduser()
+            if p.is_file():
+                obj = Trace.load(p)
+            else:  # a model directory, found as the app finds it (cwd, repository root, models/<name>)
+                try:
+                    spec = resolve_model(str(obj))
+                except ValueError as exc:
+                    raise ValueError(f"{str(obj)!r} is neither a trace file nor a model: {exc}") from None
+                loaded = load_model_cached(spec)
                 if tokenizer is not None:
                     loaded = dataclasses.replace(loaded, tokenizer=tokenizer)
-            elif p.is_file():
-                obj = Trace.load(p)
-            else:
-                raise ValueError(f"{str(p)!r} is neither a trace file nor a checkpoint directory")
         if isinstance(decode_config, dict):
             decode_config = DecodeConfig(**decode_config)
         if loaded is not None:

@@ -93,3 +93,17 @@ def test_decode_streams_into_the_same_figures_and_redecode_compares(monkeypatch)
     assert "previous" in ex.compare.value and "text difference" in ex.compare.value
     assert ex.block_fig is block
     ex.close()
+
+
+def test_explorer_finds_a_bundled_model_by_name_from_any_directory(tmp_path, monkeypatch):
+    """As the app does: a bare name is a bundled model, a relative path also counts from the
+    repository root -- a notebook in notebooks/ can say Explorer('models/clover-tiny')."""
+    from clover_viz.widgets import Explorer
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("clover-tiny", "models/clover-tiny"):
+        ex = Explorer(name)
+        assert ex.state.loaded_model.model_id.endswith("clover-tiny")
+        ex.close()
+    with pytest.raises(ValueError, match="neither a trace file nor a model: no model directory at 'nope'"):
+        Explorer("nope")
