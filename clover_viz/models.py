@@ -112,6 +112,15 @@ class LoadedModel:
         return loaded
 
 
+def bundled_models() -> list[str]:
+    """Names of the models shipped in the repository's ``models/`` (directories holding a
+    ``config.json``), the default one first."""
+    root = REPO_ROOT / "models"
+    names = sorted(p.name for p in root.iterdir() if (p / "config.json").is_file()) if root.is_dir() else []
+    default = Path(DEFAULT_MODEL_DIR).name
+    return sorted(names, key=lambda n: n != default)
+
+
 def resolve_model(model_dir: str, dev_sharpen_random: bool = False) -> ModelSpec:
     """Turn the model-directory text into a `ModelSpec` (no loading).
 
@@ -235,6 +244,7 @@ def load_demo_model(model_dir: str | Path = DEFAULT_MODEL_DIR, allow_fallback: b
 
 
 __all__ = [
+    "bundled_models",
     "DEFAULT_MODEL_DIR",
     "DEV_WEIGHT_SCALE",
     "MODEL_CACHE_SIZE",

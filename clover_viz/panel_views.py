@@ -28,12 +28,14 @@ from __future__ import annotations
 import html
 import pickle
 import time
+from pathlib import Path
 from typing import Any
 
 import panel as pn
 import param
 
 from clover_viz import figures as F
+from clover_viz.models import bundled_models
 from clover_viz.runs import RUN_LABELS, run_stats
 from clover_viz.state import ExplorerState
 from engine.units import format_si
@@ -190,6 +192,13 @@ class SettingsPanel(pn.viewable.Viewer):
         super().__init__(**params)
         s = self.state
         self.model_dir = pn.widgets.TextInput.from_param(s.param.model_dir, label="Model directory")
+        # the bundled models one click away (the text field takes any other directory)
+        self.bundled = pn.widgets.RadioButtonGroup(
+            name="Bundled models", options=bundled_models(), value=None, button_type="light", button_style="outline",
+            sizing_mode="stretch_width")
+        self._sync_bundled()
+        self.bundled.param.watch(self._on_bundled, "value")
+        s.param.watch(lambda _e: self._sync_bundled(), "model_dir")
         self.model_label = pn.pane.Markdown(sizing_mode="stretch_width", margin=(0, 10), styles={"font-size": "12px"})
         self.dev = pn.widgets.Checkbox.from_param(
             s.param.dev_sharpen_random, label="dev: sharpen random model (weights x15)")
@@ -259,9 +268,17 @@ class SettingsPanel(pn.viewable.Viewer):
         self.memory_note.object = ("" if s.window_available else
                                    "this model has no attention window: only `state` (Clover's mode) runs")
 
+    def _on_bundled(self, event: Any) -> None:
+        if event.new and Path(self.state.model_dir.rstrip("/")).name != event.new:
+            self.state.model_dir = f"models/{event.new}"
+
+    def _sync_bundled(self) -> None:
+        name = Path((self.state.model_dir or "").rstrip("/")).name
+        self.bundled.value = name if name in self.bundled.options else None
+
     def __panel__(self) -> Any:
         return pn.Column(
-            self.model_dir, self.model_label, self.dev,
+            self.model_dir, self.bundled, self.model_label, self.dev,
             self.example, self.prompt,
             pn.Row(self.generate, self.stop, sizing_mode="stretch_width"),
             pn.pane.Markdown("#### Decoding", margin=(10, 10, 0, 10)),

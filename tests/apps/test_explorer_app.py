@@ -392,3 +392,26 @@ def test_bundled_models_resolve_by_name():
         assert spec.kind == "checkpoint" and spec.path == str((ROOT / "models" / name).resolve())
     with pytest.raises(ValueError, match="no model directory"):
         resolve_model("no-such-model")
+
+
+def test_bundled_models_are_one_click_away():
+    """The sidebar lists the models shipped in models/ (default first); a click loads one by
+    path, and typing another directory clears the selection."""
+    from clover_viz.models import bundled_models
+    from clover_viz.panel_views import SettingsPanel
+
+    names = bundled_models()
+    assert names[0] == "clover-tiny" and "smollm2-bd" in names
+    loaded_specs = []
+
+    def loader(spec):
+        loaded_specs.append(spec)
+        return load_model_cached(resolve_model("clover-test"))
+
+    s = ExplorerState(loader=loader, model_dir="models/clover-tiny")
+    panel = SettingsPanel(state=s)
+    assert panel.bundled.options == names and panel.bundled.value == "clover-tiny"
+    panel.bundled.value = "smollm2-bd"
+    assert s.model_dir == "models/smollm2-bd" and Path(loaded_specs[-1].path).name == "smollm2-bd"
+    s.model_dir = "clover-test"
+    assert panel.bundled.value is None
