@@ -25,8 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import struct
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -227,19 +229,63 @@ def load_model(
     return model
 
 
-# Parameters renamed since checkpoints were first written: (old suffix, new suffix). A
-# checkpoint saved before the rename loads under the new name; `save_model` writes new names.
-RENAMED_PARAMETERS: tuple[tuple[str, str], ...] = (
-    (".mem_b", ".mem_logit_bias"),  # GDN memory-unit logit bias (attention's ``mem_b.weight`` is a beta projection)
+@dataclass(frozen=True)
+class KeyRule:
+    """One rewrite of a stored tensor name into the model's current name(s).
+
+    Attributes:
+        pattern: a regular expression matched against the whole name (``re.fullmatch``).
+        targets: ``re`` replacement templates (``\\1`` ...); one = a rename, several = the stored
+            tensor is split into that many equal parts along dim 0, part i under ``targets[i]``.
+        why: what changed, for the reader.
+    """
+
+    pattern: str
+    targets: tuple[str, ...]
+    why: str
+
+
+LEGACY_KEYS: tuple[KeyRule, ...] = (
+    KeyRule(r"(embed_tokens|layers|norm)\.(.*)", (r"model.\1.\2",),
+            "embedding, layers and final norm moved under `model.`, as in transformers' Qwen3_5MoeForCausalLM"),
+    KeyRule(r"(.*)\.mem_b", (r"\1.mem_logit_bias",),
+            "GDN memory-unit logit bias (attention's `mem_b.weight`, a beta projection, keeps its name)"),
+    KeyRule(r"(.*\.mlp)\.(gate_up_proj|down_proj)", (r"\1.experts.\2",),
+            "routed experts moved under `mlp.experts.` (Qwen3_5MoeExperts)"),
+    KeyRule(r"(.*\.mlp)\.shared_gate_up\.weight",
+            (r"\1.shared_expert.gate_proj.weight", r"\1.shared_expert.up_proj.weight"),
+            "the fused shared-expert [gate; up] projection split into Qwen3_5MoeMLP's gate_proj and up_proj"),
+    KeyRule(r"(.*\.mlp)\.shared_down\.weight", (r"\1.shared_expert.down_proj.weight",),
+            "shared-expert down projection renamed as in Qwen3_5MoeMLP"),
 )
+"""Old project name -> current name, for checkpoints written before a rename (applied at load,
+every matching rule in order; `save_model` always writes current names). The shipped
+``models/clover-tiny/model.safetensors`` is stored under the old names and loads through this map."""
 
 
-def current_name(stored: str) -> str:
-    """The model's parameter name for a tensor stored as ``stored`` (see `RENAMED_PARAMETERS`)."""
-    for old, new in RENAMED_PARAMETERS:
-        if stored.endswith(old):
-            return stored[: -len(old)] + new
-    return stored
+def current_names(stored: str) -> list[tuple[str, int, int]]:
+    """The model's name(s) for a tensor stored as ``stored`` (see `LEGACY_KEYS`).
+
+    Returns:
+        ``[(name, part, parts)]``: the stored tensor, split into ``parts`` equal pieces along
+        dim 0, fills ``name`` with piece ``part`` (``parts == 1``: the whole tensor). A current
+        name comes back unchanged as ``[(stored, 0, 1)]``.
+    """
+    out = [(stored, 0, 1)]
+    for rule in LEGACY_KEYS:
+        nxt = []
+        for name, part, parts in out:
+            m = re.fullmatch(rule.pattern, name)
+            if m is None:
+                nxt.append((name, part, parts))
+            elif len(rule.targets) == 1:
+                nxt.append((m.expand(rule.targets[0]), part, parts))
+            else:
+                if parts != 1:
+                    raise ValueError(f"{stored!r} would be split twice by LEGACY_KEYS; fix the key map")
+                nxt += [(m.expand(t), i, len(rule.targets)) for i, t in enumerate(rule.targets)]
+        out = nxt
+    return out
 
 
 def load_weights(model: torch.nn.Module, path_or_dir: str | Path) -> torch.nn.Module:
@@ -268,7 +314,8 @@ def load_weights(model: torch.nn.Module, path_or_dir: str | Path) -> torch.nn.Mo
     directory = _checkpoint_dir(path_or_dir)
     files = _weight_files(directory)  # {file: names the index assigns it, or None}
 
-    found: dict[str, tuple[Path, str, tuple[int, ...], str]] = {}  # name -> (file, dtype, shape, stored name)
+    # name -> (file, dtype, shape, stored name, part, parts): a legacy fused tensor fills several names
+    found: dict[str, tuple[Path, str, tuple[int, ...], str, int, int]] = {}
     for path, listed in files.items():
         header = _read_header(path)
         try:  # safetensors' own checks (offsets vs shapes), before any weight is copied
@@ -290,13 +337,19 @@ def load_weights(model: torch.nn.Module, path_or_dir: str | Path) -> torch.nn.Mo
                     f"the index is stale -- re-save the model"
                 )
         for stored, (dt, shape) in header.items():
-            name = current_name(stored)
-            if name in found:
-                raise ValueError(
-                    f"tensor {name!r} appears in both {found[name][0].name} and {path.name}; "
-                    f"remove the stale file and re-save the model"
-                )
-            found[name] = (path, dt, shape, stored)
+            for name, part, parts in current_names(stored):
+                if name in found:
+                    raise ValueError(
+                        f"tensor {name!r} appears twice (as {found[name][3]!r} in {found[name][0].name} and as "
+                        f"{stored!r} in {path.name}); remove the stale file or tensor and re-save the model"
+                    )
+                if parts > 1 and (not shape or shape[0] % parts):
+                    raise ValueError(
+                        f"tensor {stored!r} in {path.name} has shape {list(shape)}; it should split into "
+                        f"{parts} equal parts along dim 0 -- re-save the model"
+                    )
+                part_shape = (shape[0] // parts, *shape[1:]) if parts > 1 else shape
+                found[name] = (path, dt, part_shape, stored, part, parts)
 
     expected = model.state_dict()
     missing = [n for n in expected if n not in found]
@@ -315,7 +368,7 @@ def load_weights(model: torch.nn.Module, path_or_dir: str | Path) -> torch.nn.Mo
             f"different model version or config -- re-save or re-convert it with this engine"
         )
     for name, want in expected.items():
-        path, dt, shape, _ = found[name]
+        path, dt, shape = found[name][:3]
         if shape != tuple(want.shape):
             raise ValueError(
                 f"tensor {name!r} in {path.name} has shape {list(shape)}, the model expects "
@@ -327,17 +380,18 @@ def load_weights(model: torch.nn.Module, path_or_dir: str | Path) -> torch.nn.Mo
                 f"a {_dtype_kind(dt)} tensor cannot fill a {_dtype_kind(want.dtype)} one"
             )
 
-    by_file: dict[Path, list[tuple[str, str]]] = {}
-    for name, (path, _, _, stored) in found.items():
-        by_file.setdefault(path, []).append((name, stored))
+    by_file: dict[Path, list[tuple[str, str, int, int]]] = {}
+    for name, (path, _, _, stored, part, parts) in found.items():
+        by_file.setdefault(path, []).append((name, stored, part, parts))
     with torch.no_grad():
         for path, names in by_file.items():
             try:
                 with safe_open(str(path), framework="pt", device="cpu") as f:
-                    part = {n: f.get_tensor(stored) for n, stored in names}
+                    tensors = {n: f.get_tensor(stored) if parts == 1 else f.get_tensor(stored).chunk(parts, 0)[i]
+                               for n, stored, i, parts in names}
             except SafetensorError as e:
                 raise ValueError(f"cannot read {path}: {e}; re-save or re-download it") from e
-            result = model.load_state_dict(part, strict=False)
+            result = model.load_state_dict(tensors, strict=False)
             assert not result.unexpected_keys, result.unexpected_keys
     return model
 

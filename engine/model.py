@@ -49,7 +49,7 @@ from engine.clover.state import MEMORY_MODES, CloverState, LayerState, ModelOutp
 from engine.config import CloverConfig
 
 __all__ = [  # the model, its state and output; building blocks re-exported from engine.clover
-    "MEMORY_MODES", "CloverModel", "CloverState", "DecoderLayer", "GatedAttention", "GatedDeltaNet", "GatedRMSNorm",
+    "MEMORY_MODES", "CloverBackbone", "CloverModel", "CloverState", "DecoderLayer", "GatedAttention", "GatedDeltaNet", "GatedRMSNorm",
     "LayerState", "ModelOutput", "Pass", "RMSNorm", "SparseMoE", "block_attention", "random_model", "rope",
 ]
 
@@ -83,8 +83,28 @@ class DecoderLayer(nn.Module):
         return x + h
 
 
+class CloverBackbone(nn.Module):
+    """Token embedding, the decoder layers and the final norm: ``CloverModel.model``, the
+    counterpart of transformers' ``Qwen3_5MoeTextModel`` (so its weights are named
+    ``model.embed_tokens.weight``, ``model.layers.{i}...``, ``model.norm.weight``)."""
+
+    def __init__(self, config: CloverConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        nn.init.normal_(self.embed_tokens.weight, std=0.02)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
 class CloverModel(nn.Module):
     """Clover block-diffusion LM (see module docstring).
+
+    Weights are named as in transformers' ``Qwen3_5MoeForCausalLM`` wherever the tensors
+    mean the same thing (``model.embed_tokens``, ``model.layers.{i}.{linear_attn,self_attn,mlp}.*``,
+    ``model.norm``, ``lm_head``); the block-diffusion parameters keep Clover's own names
+    (``mem_*``, ``block_temperature``, the attention ``conv1d``). Older checkpoints load
+    through `engine.checkpoint.LEGACY_KEYS`. ``embed_tokens``, ``layers`` and ``norm`` are
+    also reachable directly on the model.
 
     Args:
         config: a `CloverConfig`.
@@ -93,10 +113,7 @@ class CloverModel(nn.Module):
     def __init__(self, config: CloverConfig):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        nn.init.normal_(self.embed_tokens.weight, std=0.02)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.model = CloverBackbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         for m in self.modules():
             if isinstance(m, nn.Linear):
@@ -104,6 +121,18 @@ class CloverModel(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.model_id = config.name
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.model.layers
+
+    @property
+    def norm(self) -> RMSNorm:
+        return self.model.norm
 
     @property
     def device(self) -> torch.device:

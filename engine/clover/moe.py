@@ -9,9 +9,38 @@ from torch import nn
 from engine.config import CloverConfig
 
 
+class Experts(nn.Module):
+    """The E routed SwiGLU experts as two stacked tensors (transformers' ``Qwen3_5MoeExperts`` layout):
+    ``gate_up_proj`` [E, 2F, D] (gate rows then up rows) and ``down_proj`` [E, D, F]."""
+
+    def __init__(self, cfg: CloverConfig):
+        super().__init__()
+        D, F_, E = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
+        self.gate_up_proj = nn.Parameter(torch.randn(E, 2 * F_, D) * 0.02)
+        self.down_proj = nn.Parameter(torch.randn(E, D, F_) * 0.02)
+
+
+class SharedExpert(nn.Module):
+    """The shared SwiGLU expert: ``down_proj(silu(gate_proj(x)) * up_proj(x))`` (``Qwen3_5MoeMLP``)."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
 class SparseMoE(nn.Module):
     """Softmax router over E experts (fp32), top-k, renormalised; SwiGLU experts;
     a shared SwiGLU expert scaled by ``sigmoid(Linear(x))`` (Qwen3.5-MoE).
+
+    Parameter names are transformers' ``Qwen3_5MoeSparseMoeBlock`` ones, so a Qwen3.5-MoE
+    state dict maps by key: ``gate.weight`` [E, D] (router), ``experts.gate_up_proj`` [E, 2F, D],
+    ``experts.down_proj`` [E, D, F], ``shared_expert.{gate,up,down}_proj.weight``,
+    ``shared_expert_gate.weight`` [1, D].
 
     Returns the output and the expert union (distinct routed experts over all
     tokens of the forward) as a Python int -- the host sync is needed anyway to
@@ -20,14 +49,11 @@ class SparseMoE(nn.Module):
 
     def __init__(self, cfg: CloverConfig):
         super().__init__()
-        D, F_, E = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
+        D, E = cfg.hidden_size, cfg.num_experts
         self.top_k, self.norm_topk = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.gate = nn.Linear(D, E, bias=False)  # router
-        self.gate_up_proj = nn.Parameter(torch.randn(E, 2 * F_, D) * 0.02)
-        self.down_proj = nn.Parameter(torch.randn(E, D, F_) * 0.02)
-        Fs = cfg.shared_expert_intermediate_size
-        self.shared_gate_up = nn.Linear(D, 2 * Fs, bias=False)
-        self.shared_down = nn.Linear(Fs, D, bias=False)
+        self.experts = Experts(cfg)
+        self.shared_expert = SharedExpert(D, cfg.shared_expert_intermediate_size)
         self.shared_expert_gate = nn.Linear(D, 1, bias=False)
         self.last_topk: torch.Tensor | None = None  # [T, k] ids of the last forward (for hooks/tests)
         self.aux_loss: torch.Tensor | None = None  # load-balancing loss of the last training forward
@@ -52,15 +78,14 @@ class SparseMoE(nn.Module):
         ys, start, hit = [], 0, 0
         for e, n in enumerate(counts):
             if n:
-                h = xs[start:start + n] @ self.gate_up_proj[e].t()  # [n, 2F]
+                h = xs[start:start + n] @ self.experts.gate_up_proj[e].t()  # [n, 2F]
                 gte, up = h.chunk(2, -1)
-                ys.append((F.silu(gte) * up) @ self.down_proj[e].t())  # [n, D]
+                ys.append((F.silu(gte) * up) @ self.experts.down_proj[e].t())  # [n, D]
                 start += n
                 hit += 1
         y = torch.cat(ys) * w.reshape(-1)[order, None].to(x.dtype)
         y_pairs = torch.empty_like(y)
         y_pairs[order] = y  # back to (token, slot) order
         out = y_pairs.view(-1, self.top_k, x.shape[-1]).sum(1)  # [T, D]
-        gte, up = self.shared_gate_up(x).chunk(2, -1)
-        shared = self.shared_down(F.silu(gte) * up) * torch.sigmoid(self.shared_expert_gate(x))
+        shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
         return (out + shared).reshape(shape), hit

@@ -132,7 +132,7 @@ def init_induction_heads(model: CloverModel, kv_heads: int, taps: tuple[float, .
                     w[r] = 0.0
                     for lag, tap in enumerate(taps, start=1):
                         w[r, 0, K - 1 - lag] = tap
-            changed.append(f"layers.{i}.{ATTENTION_CONV_WEIGHT}")
+            changed.append(f"model.layers.{i}.{ATTENTION_CONV_WEIGHT}")
     return changed
 
 
@@ -157,13 +157,13 @@ def with_front_attention(model: CloverModel) -> CloverModel:
                                           layer_types=["full_attention", *cfg.layer_types]))
     shifted = {}
     for k, v in model.state_dict().items():
-        m = re.match(r"layers\.(\d+)\.(.*)", k)
-        shifted[f"layers.{int(m[1]) + 1}.{m[2]}" if m else k] = v
-    _carry_over(new, shifted, lambda k: k.startswith("layers.0."))
+        m = re.match(r"model\.layers\.(\d+)\.(.*)", k)
+        shifted[f"model.layers.{int(m[1]) + 1}.{m[2]}" if m else k] = v
+    _carry_over(new, shifted, lambda k: k.startswith("model.layers.0."))
     front = new.layers[0]
     with torch.no_grad():
         front.self_attn.o_proj.weight.zero_()
-        front.mlp.down_proj.zero_()
-        front.mlp.shared_down.weight.zero_()
+        front.mlp.experts.down_proj.zero_()
+        front.mlp.shared_expert.down_proj.weight.zero_()
     init_induction_heads(new, cfg.num_key_value_heads, layers=[0])
     return new

@@ -280,3 +280,64 @@ def test_checkpoint_with_renamed_parameter_loads_under_the_new_name(tmp_path):
     dst = load_weights(_clover(1), tmp_path)
     for (name, a), (_, b) in zip(src.state_dict().items(), dst.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def _pre_hf_layout(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A current state dict as checkpoints stored it before the weights took transformers'
+    Qwen3.5-MoE names: top-level embed_tokens/layers/norm, experts and shared expert on the MoE
+    itself (shared gate and up fused), GDN ``mem_b``."""
+    old = {}
+    for name, t in tensors.items():
+        n = name.removeprefix("model.")
+        n = n.replace(".mlp.experts.", ".mlp.").replace(".shared_expert.down_proj.", ".shared_down.")
+        n = n[: -len("mem_logit_bias")] + "mem_b" if n.endswith(".mem_logit_bias") else n
+        if n.endswith(".shared_expert.up_proj.weight"):
+            continue
+        if n.endswith(".shared_expert.gate_proj.weight"):
+            t = torch.cat([t, tensors[name.replace("gate_proj", "up_proj")]])
+            n = n.replace(".shared_expert.gate_proj.", ".shared_gate_up.")
+        old[n] = t
+    return old
+
+
+def test_every_current_name_maps_to_itself():
+    from engine.checkpoint import current_names
+
+    for name in _clover(0).state_dict():
+        assert current_names(name) == [(name, 0, 1)], name
+
+
+def test_checkpoint_in_the_pre_hf_layout_loads_exactly(tmp_path):
+    """Old project names (the shipped clover-tiny's) load through LEGACY_KEYS; the fused shared
+    [gate; up] projection is split into gate_proj and up_proj."""
+    src = _clover(0)
+    save_model(src, tmp_path)
+    path = tmp_path / WEIGHTS_NAME
+    old = _pre_hf_layout(load_file(path))
+    assert "embed_tokens.weight" in old and any(n.endswith(".mlp.shared_gate_up.weight") for n in old)
+    save_file(old, path)
+    dst = load_model(tmp_path)
+    for (name, a), (_, b) in zip(src.state_dict().items(), dst.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_the_shipped_model_is_stored_under_the_old_names():
+    """models/clover-tiny is never rewritten: it keeps exercising the legacy key map."""
+    from safetensors import safe_open
+
+    shipped = Path(__file__).resolve().parents[2] / "models" / "clover-tiny" / WEIGHTS_NAME
+    with safe_open(str(shipped), framework="pt") as f:
+        names = set(f.keys())
+    assert "embed_tokens.weight" in names and "layers.0.mlp.shared_gate_up.weight" in names
+
+
+def test_a_legacy_fused_tensor_of_odd_length_is_refused(tmp_path):
+    src = _clover(0)
+    save_model(src, tmp_path)
+    path = tmp_path / WEIGHTS_NAME
+    old = _pre_hf_layout(load_file(path))
+    name = next(n for n in old if n.endswith(".shared_gate_up.weight"))
+    old[name] = old[name][:-1]
+    save_file(old, path)
+    with pytest.raises(ValueError, match="equal parts"):
+        load_model(tmp_path)

@@ -133,7 +133,7 @@ def test_induction_heads_key_on_the_preceding_tokens_only():
     torch.manual_seed(0)
     cfg = dataclasses.replace(CloverConfig.from_name("clover-test"), attention_conv_kernel_dim=4)
     model = CloverModel(cfg).eval()
-    assert init_induction_heads(model, 1) == ["layers.3.self_attn.conv1d.weight"]
+    assert init_induction_heads(model, 1) == ["model.layers.3.self_attn.conv1d.weight"]
     keys = []
     hook = model.layers[3].self_attn.k_norm.register_forward_hook(lambda m, i, o: keys.append(i[0].detach()))
     hist = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(1))
