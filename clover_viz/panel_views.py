@@ -509,20 +509,24 @@ class CompareView(pn.viewable.Viewer):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        self.table = FigurePane(_placeholder("Previous run vs this run", "no previous run"), visible=False,
-                                sizing_mode="stretch_width", config={"displayModeBar": False})
+        # a fixed height and always shown: a pane that appears or grows later made the layout
+        # draw this card over the text and the tabs below it (seen in the browser)
+        empty = _placeholder("Previous run vs this run", "no previous run yet")
+        empty.update_layout(height=F.COMPARE_TABLE_HEIGHT)
+        self._empty = empty
+        self.table = FigurePane(empty, height=F.COMPARE_TABLE_HEIGHT, sizing_mode="stretch_width",
+                                config={"displayModeBar": False})
         self.pane = pn.pane.HTML("", sizing_mode="stretch_width")
 
     def refresh(self) -> None:
         s = self.state
         cmp = s.comparison() if s.trace is not None and len(s.trace) else None
         if cmp is None:
-            self.table.visible = False
+            self.table.show(self._empty)
             self.pane.object = ('<div style="color:#64748b">No previous run yet. Generate again, or drag threshold '
                                 'or block size: the run before stays here for comparison.</div>')
             return
         self.table.show(F.compare_table(cmp["previous"], cmp["current"], labels=RUN_LABELS))
-        self.table.visible = True
         self.pane.object = (
             "<p style='font-size:13px;margin:8px 0 4px'>text difference "
             f"(<del style='background:#fee2e2'>{RUN_LABELS[0]} only</del> <ins style='background:#dcfce7;"

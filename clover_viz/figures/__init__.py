@@ -78,7 +78,7 @@ from clover_viz.figures.block import (
     update_block_figure,
     update_confidence_heatmap,
 )
-from clover_viz.figures.compare import compare_runs, compare_table
+from clover_viz.figures.compare import COMPARE_TABLE_HEIGHT, compare_runs, compare_table
 from clover_viz.figures.cost import cost_figure, roofline_figure
 from clover_viz.figures.per_forward import (
     cumulative_tokens_figure,
@@ -91,7 +91,7 @@ from clover_viz.figures.text import text_figure, text_html
 
 __all__ = [
     "ACCEPTED_MARKS", "BLOCK_TRACE", "CONFIDENCE_TRACE", "EOS_MARKS", "EXPERT_TRACE", "FORCED_MARKS",
-    "MEMORY_TRACE", "NOT_APPLICABLE", "TEXT_PROMPT_TRACE", "TEXT_TRACE", "block_figure", "compare_runs",
+    "COMPARE_TABLE_HEIGHT", "MEMORY_TRACE", "NOT_APPLICABLE", "TEXT_PROMPT_TRACE", "TEXT_TRACE", "block_figure", "compare_runs",
     "compare_table", "confidence_heatmap", "cost_figure", "cumulative_tokens_figure", "expert_union_figure",
     "memory_share_figure", "refresh_figure", "roofline_figure", "slot_states", "state_norm_figure", "step_for",
     "text_figure", "text_html", "tokens_per_forward_figure", "update_block_figure", "update_confidence_heatmap",

@@ -69,6 +69,11 @@ def compare_runs(a: Any, b: Any) -> dict[str, Any]:
     return out
 
 
+COMPARE_TABLE_HEIGHT = 110 + 24 * (len(_COMPARE_KEYS) + 1)
+"""Height in px of every `compare_table` figure (one row per metric plus the text row): fixed,
+so a view can reserve the space before the first comparison and never re-flow."""
+
+
 def compare_table(a: Any, b: Any, labels: tuple[str, str] = ("previous", "new")) -> go.Figure:
     """`compare_runs` as a small plotly table: metric, previous, new, change."""
     cmp = compare_runs(a, b)
@@ -91,6 +96,6 @@ def compare_table(a: Any, b: Any, labels: tuple[str, str] = ("previous", "new"))
                     font=dict(size=12)),
         cells=dict(values=[list(c) for c in cols], align="left", fill_color="white", height=24),
     ))
-    fig.update_layout(**_base_layout("Previous run vs new run", margin=dict(l=10, r=10, t=40, b=10)),
-                      height=110 + 24 * len(rows))
+    fig.update_layout(**_base_layout(f"{labels[0].capitalize()} vs {labels[1]}", margin=dict(l=10, r=10, t=40, b=10)),
+                      height=COMPARE_TABLE_HEIGHT)
     return fig
