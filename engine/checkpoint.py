@@ -15,6 +15,16 @@ the directory lacks raises `ValueError` naming the file or tensor and the fix.
 There is no checksum in the format, so flipped bits inside tensor *data* are
 not detected (a flipped header is).
 
+Tensor names are transformers' Qwen3.5-MoE names where the tensors mean the same thing
+(``model.layers.{i}.mlp.experts.gate_up_proj`` ...; `engine.model.CloverModel`); checkpoints
+written under older project names load through `LEGACY_KEYS`.
+
+`load_model` opens every format the engine decodes, chosen by ``config.json``'s ``model_type``
+(`model_format`, `supported_formats`): Clover checkpoints, ``hf-block-diffusion`` adapter
+directories and plain transformers Llama / Qwen2 / Qwen3 directories. A transformers
+Qwen3.5-MoE directory is refused with the ``python -m engine.convert`` command that turns it
+into a Clover checkpoint.
+
 Command line (a random model of a preset, e.g. for tests and the README)::
 
     python -m engine.checkpoint --init clover-test --out runs/clover-test [--seed 0]
@@ -170,12 +180,22 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | str | None = None,
 ) -> torch.nn.Module:
-    """Build an `engine.model.CloverModel` from a checkpoint directory.
+    """Load any model format this engine decodes from a checkpoint directory.
 
-    Reads ``config.json`` into a `CloverConfig`, builds the model on the CPU,
-    loads the weights with `load_weights` (strict), then moves it to `device`
-    and, if asked, `dtype`. The model is returned in ``eval()`` mode with
-    ``model.model_id`` set to the directory's name (traces record it).
+    The format is read from ``config.json``'s ``model_type`` (`model_format`, `FORMATS`):
+
+    * ``clover`` (or no ``model_type``): a Clover checkpoint. ``config.json`` is read into a
+      `CloverConfig`, the model is built on the CPU, the weights are loaded with `load_weights`
+      (strict; older names through `LEGACY_KEYS`), then moved to `device` / `dtype`.
+    * ``hf-block-diffusion``: an adapter directory over a pinned transformers base
+      (`engine.hf_adapter.load_adapter_model`).
+    * ``llama`` / ``qwen2`` / ``qwen3``: a transformers ``save_pretrained`` directory, decoded as
+      a block-diffusion model with token shift (`engine.hf_model.wrap_pretrained`).
+
+    A transformers Qwen3.5-MoE directory (``qwen3_5_moe``, ``qwen3_5_moe_text``) is refused with
+    the command that converts it (`engine.convert`). Weights are read from safetensors only.
+    The model is returned in ``eval()`` mode with ``model.model_id`` set to the directory's name
+    (traces record it).
 
     Args:
         path_or_dir: the checkpoint directory, or any file inside it
@@ -193,21 +213,23 @@ def load_model(
         The loaded model.
 
     Raises:
-        ValueError: the directory or its ``config.json`` is missing or invalid,
-            `dtype` is not one of `MODEL_DTYPES`, or any weights problem listed in
-            `load_weights`.
+        ValueError: the directory or its ``config.json`` is missing or invalid, its
+            ``model_type`` is not a supported format (the message lists `FORMATS`, or gives the
+            convert command), `dtype` is not one of `MODEL_DTYPES`, or any weights problem
+            listed in `load_weights`.
     """
     directory = _checkpoint_dir(path_or_dir)
     config_path = directory / CONFIG_NAME
-    hf_kind = _hf_kind(config_path)
-    if hf_kind is not None:  # a transformers backbone (engine.hf_model): adapter over a pinned base, or plain
-        return _load_hf_model(directory, hf_kind, device, _as_float_dtype(dtype))
     if not config_path.is_file():
         raise ValueError(
             f"{directory} has no {CONFIG_NAME}; a checkpoint directory holds config.json and "
             f"model.safetensors (write one with engine.checkpoint.save_model or "
-            f"`python -m engine.checkpoint --init clover-test --out DIR`)"
+            f"`python -m engine.checkpoint --init clover-test --out DIR`); {_supported()}"
         )
+    fmt = model_format(directory)
+    if fmt != "clover":  # a transformers backbone (engine.hf_model): adapter over a pinned base, or plain
+        return _load_hf_model(directory, "adapter" if fmt == ADAPTER_FORMAT else "transformers", device,
+                              _as_float_dtype(dtype))
     try:
         config = CloverConfig.from_json(config_path)
     except (ValueError, TypeError) as e:
@@ -227,6 +249,71 @@ def load_model(
     except (AttributeError, TypeError):  # a model that forbids new attributes keeps working
         pass
     return model
+
+
+ADAPTER_FORMAT = "hf-block-diffusion"
+FORMATS: dict[str, str] = {
+    "clover": "a Clover checkpoint (config.json + model.safetensors, engine.checkpoint.save_model)",
+    ADAPTER_FORMAT: "an adapter directory over a pinned transformers base (engine.hf_adapter)",
+}
+"""``config.json`` ``model_type`` -> what `load_model` opens for it, besides the transformers
+causal LMs of `engine.hf_model.SUPPORTED_MODEL_TYPES` (see `supported_formats`)."""
+CONVERT_FIRST: dict[str, str] = {"qwen3_5_moe": "qwen3_5_moe", "qwen3_5_moe_text": "qwen3_5_moe"}
+"""``model_type`` -> ``engine.convert --from`` value, for formats that load after conversion to Clover."""
+
+
+def supported_formats() -> dict[str, str]:
+    """Every ``model_type`` `load_model` opens -> a description: `FORMATS` plus the transformers
+    ``save_pretrained`` directories `engine.hf_model` decodes with token shift."""
+    from engine.hf_model import SUPPORTED_MODEL_TYPES
+
+    plain = {mt: f"a transformers {mt} directory (save_pretrained), decoded with token shift (engine.hf_model)"
+             for mt in SUPPORTED_MODEL_TYPES}
+    return {**FORMATS, **plain}
+
+
+def _supported() -> str:
+    return ("supported formats (config.json model_type): "
+            + "; ".join(f"{k!r}: {v}" for k, v in supported_formats().items())
+            + f"; convert first: {', '.join(repr(k) for k in CONVERT_FIRST)} (python -m engine.convert)")
+
+
+def model_format(path_or_dir: str | Path) -> str:
+    """The format of a checkpoint directory: a key of `supported_formats`, from ``config.json``'s
+    ``model_type`` (a config without one is a Clover checkpoint, as older saves were).
+
+    Raises:
+        ValueError: no directory, no or unreadable ``config.json``, a format to convert first
+            (`CONVERT_FIRST`: the message gives the ``python -m engine.convert`` command), or an
+            unknown ``model_type`` (the message lists the supported formats).
+    """
+    directory = _checkpoint_dir(path_or_dir)
+    config_path = directory / CONFIG_NAME
+    try:
+        data = json.loads(config_path.read_text())
+    except OSError as e:
+        raise ValueError(f"cannot read {config_path}: {e}; {_supported()}") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{config_path} is not valid JSON ({e}); re-save the model") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{config_path} holds a JSON {type(data).__name__}, not an object; re-save the model")
+    mt = data.get("model_type", "clover")
+    if mt in FORMATS:
+        return mt
+    if mt in CONVERT_FIRST:
+        return _refuse_convert_first(directory, mt)
+    if mt in supported_formats():
+        return mt
+    raise ValueError(f"{config_path} has model_type={mt!r}, which this engine cannot load; {_supported()}")
+
+
+def _refuse_convert_first(directory: Path, model_type: str):
+    out = directory.with_name(directory.name + "-clover")
+    raise ValueError(
+        f"{directory} is a transformers checkpoint of model_type {model_type!r}, which the engine runs as a "
+        f"Clover model after conversion: python -m engine.convert --from {CONVERT_FIRST[model_type]} "
+        f"{directory} --out {out} ; then load {out}"
+    )
 
 
 @dataclass(frozen=True)
@@ -429,18 +516,12 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
 # --------------------------------------------------------------------------- helpers
 def _hf_kind(config_path: Path) -> str | None:
     """``"adapter"`` (engine.hf_adapter), ``"transformers"`` (a plain Llama / Qwen2 / Qwen3
-    ``save_pretrained`` directory) or None (a Clover checkpoint, or no readable config)."""
-    if not config_path.is_file():
-        return None
+    ``save_pretrained`` directory) or None (a Clover checkpoint, or no readable / known config)."""
     try:
-        model_type = json.loads(config_path.read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
+        fmt = model_format(config_path.parent)
+    except ValueError:
         return None
-    from engine.hf_model import SUPPORTED_MODEL_TYPES
-
-    if model_type == "hf-block-diffusion":
-        return "adapter"
-    return "transformers" if model_type in SUPPORTED_MODEL_TYPES else None
+    return None if fmt == "clover" else "adapter" if fmt == ADAPTER_FORMAT else "transformers"
 
 
 def _load_hf_model(directory: Path, kind: str, device, dtype) -> torch.nn.Module:

@@ -341,3 +341,23 @@ def test_a_legacy_fused_tensor_of_odd_length_is_refused(tmp_path):
     save_file(old, path)
     with pytest.raises(ValueError, match="equal parts"):
         load_model(tmp_path)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_moe", "qwen3_5_moe_text"])
+def test_a_raw_qwen3_5_moe_directory_is_refused_with_the_convert_command(tmp_path, model_type):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    with pytest.raises(ValueError, match=rf"python -m engine.convert --from qwen3_5_moe {tmp_path} --out"):
+        load_model(tmp_path)
+
+
+def test_an_unknown_model_type_is_refused_listing_the_supported_formats(tmp_path):
+    from engine.checkpoint import model_format, supported_formats
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="model_type='gpt2'") as e:
+        load_model(tmp_path)
+    for fmt in ("clover", "hf-block-diffusion", "llama", "qwen3", "qwen3_5_moe"):
+        assert repr(fmt) in str(e.value)
+    assert {"clover", "hf-block-diffusion", "llama", "qwen2", "qwen3"} <= set(supported_formats())
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))  # older saves had no model_type
+    assert model_format(tmp_path) == "clover"
