@@ -228,6 +228,26 @@ def setup_model(args: argparse.Namespace, vocab_size: int) -> tuple[CloverModel,
     return model, prog, saved
 
 
+def check_tokenizer_fits(cfg, tokenizer, tokenizer_path: Path, model_dir: Path) -> None:
+    """Refuse a tokenizer that does not belong to the model: ids past the model's vocabulary (they
+    would index past its embedding), or a MASK id that is an ordinary token of the tokenizer.
+
+    Raises:
+        SystemExit: naming both sizes / the token and the ``--tokenizer`` that fits.
+    """
+    own = Path(model_dir) / "tokenizer.json"
+    fix = (f"pass the model's own tokenizer: --tokenizer {own}" if own.is_file() else
+           f"{model_dir} has no tokenizer.json; pass the tokenizer its {cfg.vocab_size}-id vocabulary was built with")
+    n = tokenizer.get_vocab_size(with_added_tokens=True)
+    if n > cfg.vocab_size:
+        raise SystemExit(f"error: --tokenizer {tokenizer_path} has {n} tokens but the model has a vocabulary of "
+                         f"{cfg.vocab_size}; its ids would index past the model's embedding -- {fix}")
+    tok = tokenizer.id_to_token(cfg.mask_token_id)
+    if tok is not None and "mask" not in tok.lower():
+        raise SystemExit(f"error: the model's MASK id {cfg.mask_token_id} is the token {tok!r} in --tokenizer "
+                         f"{tokenizer_path}, so the tokenizer is not the model's -- {fix}")
+
+
 def make_optimizer(model: CloverModel, lr: float, conv_lr_mult: float) -> torch.optim.AdamW:
     """AdamW (betas 0.9 / 0.95) in groups: matrices with weight decay 0.01, vectors without, and
     the attention conv taps (if any) without decay at ``lr * conv_lr_mult``. Each group's
@@ -354,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"--out, --resume to continue that run, or --overwrite to replace it")
     args.out.mkdir(parents=True, exist_ok=True)
     model, prog, saved = setup_model(args, tokenizer.get_vocab_size())
+    if args.resume or args.init_from is not None:  # a fresh model is built for the tokenizer
+        check_tokenizer_fits(model.config, tokenizer, args.tokenizer, args.out if args.resume else args.init_from)
     mask_id = model.config.mask_token_id
     model.to(args.device)
     opt = make_optimizer(model, args.lr, args.conv_lr_mult)
