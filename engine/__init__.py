@@ -22,7 +22,9 @@ Public API::
     BlockDecoder(model, tokenizer, DecodeConfig(...)).generate(prompt, hooks=...) -> DecodeResult
     BlockStart, StepEvent, BlockEnd, DecodeEnd      (events, engine.events)
     Trace (engine.trace): record / save / load Parquet or Arrow
-    load_model, save_model, load_tokenizer          (engine.checkpoint)
+    load_model, save_model, load_tokenizer          (engine.checkpoint; load_model opens every format
+                                                     model_format names)
+    python -m engine.convert --from qwen3_5_moe SRC --out DST   (a Qwen3.5-MoE checkpoint -> Clover)
     forward_cost, DEVICES                            (engine.cost)
 """
 
@@ -32,6 +34,7 @@ from engine.config import CloverConfig
 # do not import their own module twice.
 _LAZY = {
     "load_model": "engine.checkpoint", "save_model": "engine.checkpoint", "load_tokenizer": "engine.checkpoint",
+    "model_format": "engine.checkpoint",
     "DEVICES": "engine.cost", "forward_cost": "engine.cost",
     "BlockDecoder": "engine.decoder", "DecodeConfig": "engine.decoder", "DecodeResult": "engine.decoder",
     "BlockEnd": "engine.events", "BlockStart": "engine.events", "DecodeEnd": "engine.events",
