@@ -194,7 +194,7 @@ class SettingsPanel(pn.viewable.Viewer):
         self.model_dir = pn.widgets.TextInput.from_param(s.param.model_dir, label="Model directory")
         # the bundled models one click away (the text field takes any other directory)
         self.bundled = pn.widgets.RadioButtonGroup(
-            name="Bundled models", options=bundled_models(), value=None, button_type="light", button_style="outline",
+            label="Bundled models", options=bundled_models(), value=None, color="light", variant="outline",
             sizing_mode="stretch_width")
         self._sync_bundled()
         self.bundled.param.watch(self._on_bundled, "value")
