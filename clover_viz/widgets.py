@@ -12,11 +12,16 @@ needs ``anywidget`` in the kernel's env) that are created once and mutated in pl
   cursor of the cumulative-tokens chart;
 * with a model, ``threshold`` (``FloatSlider``) and ``block_size``
   (``Dropdown``) have ``continuous_update=False`` and re-decode the prompt on
-  release; the previous run stays beside the new one (``figures.compare_table`` of
+  release, in the background: the callback starts the state's decode (a worker
+  thread) and returns, a pump thread drains its events into the figures, and the
+  kernel stays free; the Stop button ends it after its current forward. The previous
+  run stays beside the new one (``figures.compare_table`` of
   `ExplorerState.comparison`, the table the Panel app shows, and the text diff);
-* `Explorer.decode` starts the state's decode and drains its events until the run
-  ends (a notebook has no periodic callback), so the block visibly fills in while
-  the cell runs; interrupting the kernel stops the decode after its current forward.
+* `Explorer.decode` is the synchronous form for cells and scripts: it returns the
+  trace when the run has ended (the block visibly fills in while the cell runs);
+  interrupting the kernel stops the decode after its current forward;
+* an error in a widget callback (a decode that cannot start or fails) is shown in
+  the status line; the run on display stays.
 
 Callbacks are registered once per `Explorer`, in its constructor; calling
 `show()` again (re-running a cell) returns the same widget tree and adds
@@ -37,6 +42,8 @@ Tests: ``.venv/bin/python -m pytest tests/clover_viz/test_widgets.py -q``
 from __future__ import annotations
 
 import dataclasses
+import html
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -136,6 +143,10 @@ class Explorer:
         self._drawn: tuple[Any, int] = (None, 0)  # (trace, forwards) of the last live draw
         self._busy = False
         self._quiet = False
+        self._lock = threading.RLock()  # the pump thread and the kernel's callbacks draw in turn
+        self._pump: threading.Thread | None = None  # drains a background decode into the figures
+        self._last_error = ""
+        self._decodes_started = 0
         self._conf_trace = None
         self.state.param.watch(self._on_trace_grown, "trace_version")
         self._build()
@@ -175,6 +186,8 @@ class Explorer:
                                      layout=W.Layout(width="98%"), disabled=not has_model)
         self.decode_button = W.Button(description="Decode", button_style="primary", disabled=not has_model,
                                       icon="play")
+        self.stop_button = W.Button(description="Stop", button_style="warning", disabled=True, icon="stop",
+                                    tooltip="stop the running decode after its current forward (keeps what it wrote)")
         self.status = W.HTML(value="" if has_model else "<i>replaying a recorded trace (no model: threshold and "
                                                           "block_size show the recorded run)</i>")
         self.text = W.HTML(layout=W.Layout(max_height="220px", overflow="auto", border="1px solid #e2e8f0",
@@ -203,10 +216,11 @@ class Explorer:
         self.speed.observe(self._on_speed, names="value")
         self.threshold.observe(self._on_setting, names="value")
         self.block_size.observe(self._on_setting, names="value")
-        self.decode_button.on_click(lambda _b: self.decode())
+        self.decode_button.on_click(lambda _b: self.start_decode())
+        self.stop_button.on_click(lambda _b: self.stop())
 
         controls = W.HBox([self.play, self.step_slider, self.speed])
-        settings = W.HBox([self.threshold, self.block_size, self.decode_button])
+        settings = W.HBox([self.threshold, self.block_size, self.decode_button, self.stop_button])
         tabs = W.Tab(children=[
             W.VBox([self.cum_fig, self.tpf_fig]),
             W.VBox([self.expert_fig, self.norm_fig, self.memory_fig]),
@@ -225,7 +239,7 @@ class Explorer:
             tabs,
         ])
         self._widgets = [self.play, self.step_slider, self.speed, self.threshold, self.block_size, self.prompt_box,
-                         self.decode_button, self.status, self.text, self.compare, *self.figures.values(),
+                         self.decode_button, self.stop_button, self.status, self.text, self.compare, *self.figures.values(),
                          controls, settings, tabs, *tabs.children, self._layout]
         if self.trace is not None and len(self.trace):
             self._set_trace(self.trace, n - 1)
@@ -319,18 +333,29 @@ class Explorer:
                 self.cum_fig.layout.shapes[-1].update(x0=step + 1, x1=step + 1)
 
     # ------------------------------------------------------------------ callbacks
+    def _show_error(self, exc: BaseException | str) -> None:
+        """Put an error in the status line (a widget callback's exception only reaches the log console)."""
+        msg = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        self._last_error = msg
+        self.status.value = f'<span style="color:#b91c1c"><b>error:</b> {html.escape(msg)}</span>'
+
     def _on_step(self, change: dict) -> None:
-        if not self._quiet:
-            self.state.seek(int(change["new"]))
-            self.show_step(int(change["new"]))
+        if self._quiet:
+            return
+        try:
+            with self._lock:
+                self.state.seek(int(change["new"]))
+                self.show_step(int(change["new"]))
+        except Exception as exc:  # noqa: BLE001  (shown in the widget, not lost in the log console)
+            self._show_error(exc)
 
     def _on_speed(self, change: dict) -> None:
         self.play.interval = int(1000 / max(int(change["new"]), 1))
 
     def _on_setting(self, change: dict) -> None:
-        if self.config is None or self._busy:
+        if self.config is None or self._quiet:
             return
-        self.decode()
+        self.start_decode()  # a running decode is replaced by the new one
 
     # ------------------------------------------------------------------ decoding
     def decode_config(self) -> Any:
@@ -338,15 +363,109 @@ class Explorer:
         return dataclasses.replace(self.config, threshold=float(self.threshold.value),
                                    block_size=int(self.block_size.value))
 
+    def start_decode(self, prompt: str | None = None, **overrides: Any) -> bool:
+        """Start decoding in the background and return at once (the Decode button and the sliders).
+
+        The decode runs in the state's worker thread; a pump thread drains its events into
+        the figures (at most ~20 redraws a second) while the kernel stays free for other
+        cells. `stop` (the Stop button) ends it after its current forward, keeping what it
+        wrote. A decode already running is replaced. Errors go to the status line, the run
+        on display stays. Returns whether a decode started; `wait` blocks until it ends.
+        """
+        try:
+            if self.config is None:
+                raise ValueError("this Explorer replays a recorded trace; give it a model (or a BlockDecoder / "
+                                 "checkpoint directory) to decode")
+            s = self.state
+            with self._lock:
+                if prompt is not None:
+                    self.prompt_box.value = prompt
+                s.prompt = self.prompt_box.value
+                dc = dataclasses.replace(self.decode_config(), **overrides)
+                self._last_error = ""
+                self.status.value = "<b>decoding…</b>"
+                if not s.generate(config=dc):
+                    raise ValueError(s.error or "the decode did not start")
+                self._decodes_started += 1
+                self._busy = True
+                self.stop_button.disabled = False
+                if self._pump is None:
+                    self._pump = threading.Thread(target=self._pump_events, name="clover-explorer-pump",
+                                                  daemon=True)
+                    self._pump.start()
+            return True
+        except Exception as exc:  # noqa: BLE001  (a callback's error is shown, not lost)
+            self._show_error(exc)
+            return False
+
+    def _pump_events(self) -> None:
+        """Drain the running decode one forward at a time (drawing as they arrive), then finish the run."""
+        s = self.state
+        while True:
+            try:
+                with self._lock:
+                    if s.running:
+                        if s.drain(max_steps=1):
+                            continue
+                    else:
+                        s.drain()
+                        self._busy = False
+                        self.stop_button.disabled = True
+                        try:
+                            self._finish_run()
+                        finally:
+                            self._pump = None  # last: `wait` returns once the run is drawn
+                        return
+            except Exception as exc:  # noqa: BLE001
+                with self._lock:
+                    self._busy = False
+                    self.stop_button.disabled = True
+                    self._show_error(exc)
+                    self._pump = None
+                return
+            time.sleep(_POLL_S)
+
+    def _finish_run(self) -> None:
+        """The run ended: draw it whole (what it produced, even when it failed), its numbers and the comparison."""
+        s = self.state
+        live = s.trace
+        if live is not None and len(live):
+            self._set_trace(live)
+        if s.error:
+            self._show_error(s.error)
+            return
+        if live is None:
+            return
+        st = live.summary()
+        self.status.value = (f"NFE {st['nfe']} · {st['n_tokens']} tokens · {st['tokens_per_forward']:.2f} "
+                             f"tokens/forward · {st['n_forced']} forced · {st['wall_s']:.2f} s · "
+                             f"stop: {st['stop_reason']}")
+        self._show_comparison()
+
+    def stop(self) -> None:
+        """Stop the running decode after its current forward (the Stop button); the run keeps what it wrote."""
+        self.state.stop()
+
+    def wait(self, timeout: float = 60.0) -> bool:
+        """Block until a background decode has ended and been drawn. Returns False on timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pump = self._pump
+            if pump is None:
+                return True
+            pump.join(max(deadline - time.monotonic(), 0.0) if timeout is not None else None)
+            if pump.is_alive():
+                return False
+
     def decode(self, prompt: str | None = None, **overrides: Any) -> Any:
         """Decode ``prompt`` (default: the prompt box) with the current settings, streaming into the view.
 
-        Starts `ExplorerState.generate` (a worker thread) and drains its events here until the
-        run ends, redrawing the block as forwards arrive (at most ~20 times a second; the
-        last step always), so the block fills in while the cell runs. The previous run is
-        kept for the comparison. ``overrides`` replace `DecodeConfig` fields for this call.
-        Interrupting the kernel stops the decode after its current forward; the run keeps
-        what it wrote (stop reason ``cancelled``) and is returned.
+        Synchronous (for scripts and cells): `start_decode`, then wait until the run ends; the
+        block fills in while the cell runs (each forward drawn as it arrives, at most ~20
+        times a second; the last step always). The previous run is kept for the comparison.
+        ``overrides`` replace `DecodeConfig` fields for this call. Interrupting the kernel
+        stops the decode after its current forward; the run keeps what it wrote (stop reason
+        ``cancelled``) and is returned.
 
         Returns:
             the decode's ``engine.trace.Trace``.
@@ -359,35 +478,17 @@ class Explorer:
         if self.config is None:
             raise ValueError("this Explorer replays a recorded trace; give it a model (or a BlockDecoder / checkpoint "
                              "directory) to decode")
-        s = self.state
-        if prompt is not None:
-            self.prompt_box.value = prompt
-        s.prompt = self.prompt_box.value
-        dc = dataclasses.replace(self.decode_config(), **overrides)
-        self._busy = True
-        self.status.value = "<b>decoding…</b>"
+        if not self.start_decode(prompt, **overrides):
+            raise ValueError(self._last_error)
         try:
-            if not s.generate(config=dc):
-                raise ValueError(s.error)
-            try:
-                while s.running:
-                    if not s.drain(max_steps=1):  # one forward at a time: each can be drawn
-                        time.sleep(_POLL_S)
-            except KeyboardInterrupt:
-                s.stop()
-                s.wait()
-        finally:
-            self._busy = False
-        if s.error:
-            raise RuntimeError(s.error)
-        live = s.trace
-        self._set_trace(live)
-        st = live.summary()
-        self.status.value = (f"NFE {st['nfe']} · {st['n_tokens']} tokens · {st['tokens_per_forward']:.2f} "
-                             f"tokens/forward · {st['n_forced']} forced · {st['wall_s']:.2f} s · "
-                             f"stop: {st['stop_reason']}")
-        self._show_comparison()
-        return live
+            while not self.wait(0.1):
+                pass
+        except KeyboardInterrupt:
+            self.stop()
+            self.wait()
+        if self.state.error:
+            raise RuntimeError(self.state.error)
+        return self.state.trace
 
     def _on_trace_grown(self, _event: Any) -> None:
         """While `decode` drains: draw each new forward (rate-limited), the first one always."""

@@ -87,7 +87,8 @@ def test_decode_streams_into_the_same_figures_and_redecode_compares(monkeypatch)
     assert len(live_draws) >= len(first)  # each step was drawn as it arrived
     assert ex.block_fig is block and ex.trace is first
     assert "NFE" in ex.status.value
-    ex.threshold.value = 0.9  # on release: re-decode, keep the previous run
+    ex.threshold.value = 0.9  # on release: re-decode in the background, keep the previous run
+    assert ex.wait(60)
     assert ex.previous is first and ex.trace is not first
     assert ex.trace.decode_config["threshold"] == 0.9
     assert "previous" in ex.compare.value and "text difference" in ex.compare.value
@@ -107,3 +108,59 @@ def test_explorer_finds_a_bundled_model_by_name_from_any_directory(tmp_path, mon
         ex.close()
     with pytest.raises(ValueError, match="neither a trace file nor a model: no model directory at 'nope'"):
         Explorer("nope")
+
+
+def _live_explorer(tokenizer=True, **cfg):
+    from record_trace import loud_clover_test  # tests/clover_viz/record_trace.py
+
+    from engine.decoder import DecodeConfig
+    from engine.tokenizer import byte_tokenizer
+
+    dc = DecodeConfig(**{"block_size": 4, "threshold": 0.4, "max_new_tokens": 4, **cfg})
+    return Explorer(loud_clover_test(), byte_tokenizer() if tokenizer else None, dc)
+
+
+def test_a_callback_error_is_shown_in_the_status_line_and_the_run_stays():
+    """A click whose decode cannot start used to leave "decoding…" and the error only in the log console."""
+    ex = _live_explorer()
+    first = ex.decode("def f(x):")
+    ex.state.loaded_model.tokenizer, tok = None, ex.state.loaded_model.tokenizer  # as Explorer(model) alone
+    ex.decode_button.click()  # ipywidgets swallows a click handler's exception
+    assert ex.wait(30)
+    assert "error" in ex.status.value and "decoding…" not in ex.status.value
+    assert "NoneType" in ex.status.value or "tokenizer" in ex.status.value.lower()
+    assert ex.trace is first and len(ex.block_fig.data) > 0  # what was produced stays on display
+    ex.close()
+
+    bare = _live_explorer(tokenizer=False)
+    bare.decode_button.click()
+    assert bare.wait(30) and "error" in bare.status.value
+    bare.close()
+
+
+def test_slider_release_decodes_in_the_background_with_a_stop_button(monkeypatch):
+    import threading
+
+    ex = _live_explorer(max_new_tokens=64)
+    gate = threading.Event()
+    real_drain = ex.state.drain
+
+    def slow_drain(*a, **k):  # hold the pump until the test has looked at the running decode
+        gate.wait(30)
+        return real_drain(*a, **k)
+
+    monkeypatch.setattr(ex.state, "drain", slow_drain)
+    calls = []
+    real_generate = ex.state.generate
+    monkeypatch.setattr(ex.state, "generate", lambda **k: (calls.append(k), real_generate(**k))[1])
+    ex.threshold.value = 0.97  # the callback returns while the decode runs
+    assert len(calls) == 1 and ex._decodes_started == 1  # one release, one decode
+    assert ex.state.running and not ex.stop_button.disabled and ex._pump is not None
+    ex.stop_button.click()
+    gate.set()
+    assert ex.wait(60)
+    assert not ex.state.running and ex.stop_button.disabled
+    assert ex.trace.summary()["stop_reason"] == "cancelled"
+    assert "stop: cancelled" in ex.status.value
+    assert len(calls) == 1
+    ex.close()
