@@ -60,6 +60,50 @@ _LIVE_MIN_INTERVAL_S = 0.05  # redraw at most ~20 times a second while decoding
 _POLL_S = 0.005  # wait between drains when the decode has queued nothing new
 
 
+def _live_widgets() -> dict:
+    """ipywidgets' registry of open widgets (model id -> widget)."""
+    from ipywidgets.widgets import widget as _w
+
+    reg = getattr(_w, "_instances", None)
+    return reg if reg is not None else _w.Widget.widgets
+
+
+# Explorers by notebook cell: cell id -> (the execute request that made them, [explorers]). Re-running a
+# cell replaces its output, so the widgets the previous run made are closed when the new run makes one.
+_BY_CELL: dict[str, tuple[str, list[Any]]] = {}
+
+
+def _cell_key() -> tuple[str, str] | None:
+    """(cell id, execute-request id) of the notebook cell running now; None outside one (scripts, tests,
+    front ends that send no cell id, widget callbacks)."""
+    try:
+        from IPython import get_ipython
+
+        ip = get_ipython()
+        parent = getattr(ip, "parent_header", None) or {}
+        cell = (parent.get("metadata") or {}).get("cellId")
+        msg = (parent.get("header") or {}).get("msg_id")
+        if parent.get("header", {}).get("msg_type") != "execute_request":
+            return None
+        return (str(cell), str(msg)) if cell and msg else None
+    except Exception:  # noqa: BLE001  (no IPython, or a shell without a parent header)
+        return None
+
+
+def _register(ex: Any) -> None:
+    key = _cell_key()
+    if key is None:
+        return
+    cell, msg = key
+    prev_msg, exs = _BY_CELL.get(cell, (None, []))
+    if prev_msg != msg:  # the cell ran again: its earlier explorers are no longer on screen
+        for old in exs:
+            old.close()
+        exs = []
+    exs.append(ex)
+    _BY_CELL[cell] = (msg, exs)
+
+
 def _is_trace(obj: Any) -> bool:
     return hasattr(obj, "steps") and hasattr(obj, "blocks") and hasattr(obj, "token_str")
 
@@ -148,8 +192,13 @@ class Explorer:
         self._last_error = ""
         self._decodes_started = 0
         self._conf_trace = None
-        self.state.param.watch(self._on_trace_grown, "trace_version")
+        self._watcher = self.state.param.watch(self._on_trace_grown, "trace_version")
+        self._closed = False
+        before = set(_live_widgets())
         self._build()
+        # every widget the build made (layouts, styles, the jslink, containers), for `close`
+        self._created = [w for k, w in list(_live_widgets().items()) if k not in before]
+        _register(self)
 
     @property
     def trace(self) -> Any:
@@ -254,8 +303,32 @@ class Explorer:
         display(self._layout)
 
     def close(self) -> None:
-        """Close every widget (ends their comms); the Explorer is unusable afterwards."""
-        for w in self._widgets:
+        """Stop a running decode and close every widget this Explorer made (their layouts and styles
+        too), ending their comms; the Explorer is unusable afterwards. Idempotent.
+
+        Re-running a notebook cell closes the Explorers its previous run made (JupyterLab and
+        Notebook 7 send the cell's id); elsewhere, call ``ex.close()`` before replacing ``ex``.
+        """
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self.state.stop()
+        self.state.close()
+        self.state.param.unwatch(self._watcher)
+        if self._pump is not None:
+            self._pump.join(5.0)
+        seen: set[int] = set()
+        todo = [*self._created, *self._widgets, self._link]
+        while todo:
+            w = todo.pop()
+            if id(w) in seen:
+                continue
+            seen.add(id(w))
+            for name in ("layout", "style"):  # a widget's Layout/Style are widgets of their own
+                sub = getattr(w, name, None)
+                if sub is not None and hasattr(sub, "close") and hasattr(sub, "comm"):
+                    todo.append(sub)
+            todo.extend(c for c in (getattr(w, "children", None) or ()) if hasattr(c, "close"))
             w.close()
 
     @property

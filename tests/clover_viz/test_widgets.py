@@ -164,3 +164,41 @@ def test_slider_release_decodes_in_the_background_with_a_stop_button(monkeypatch
     assert "stop: cancelled" in ex.status.value
     assert len(calls) == 1
     ex.close()
+
+
+def test_close_closes_every_widget_it_made(trace):
+    from ipywidgets.widgets.widget import _instances
+
+    before = set(_instances)
+    ex = _live_explorer()
+    ex.decode("def f(x):")
+    assert len(set(_instances) - before) > 30
+    ex.close()
+    assert set(_instances) - before == set()  # layouts, styles, the jslink and the containers too
+    ex.close()  # idempotent
+    replay = Explorer(trace)
+    replay.close()
+    assert set(_instances) - before == set()
+
+
+def test_rerunning_a_cell_closes_the_explorers_its_previous_run_made(monkeypatch, trace):
+    from ipywidgets.widgets.widget import _instances
+
+    before = set(_instances)
+    key = ["cell-1", "run-1"]
+    monkeypatch.setattr(Wmod, "_cell_key", lambda: tuple(key))
+    a, b = Explorer(trace), Explorer(trace)  # one run of the cell may make two
+    made = len(set(_instances) - before)
+    assert a.show().comm is not None and b.show().comm is not None
+    for run in range(2, 7):  # five re-runs
+        key[1] = f"run-{run}"
+        a, b = Explorer(trace), Explorer(trace)
+    assert len(set(_instances) - before) == made  # not 6x
+    key[0] = "cell-2"  # another cell's explorer leaves this cell's alone
+    c = Explorer(trace)
+    assert a.show().comm is not None
+    for ex in (a, b, c):
+        ex.close()
+    assert set(_instances) - before == set()
+    monkeypatch.undo()
+    assert Wmod._cell_key() is None  # outside a notebook cell: nothing is closed behind the user's back
