@@ -104,6 +104,70 @@ def _register(ex: Any) -> None:
     _BY_CELL[cell] = (msg, exs)
 
 
+# One plotly widget bundle per Explorer, not one per figure. plotly's FigureWidget carries the whole
+# plotly.js widget bundle (~5 MB) in its ``_esm`` state, so every figure of an Explorer would put another
+# copy into the notebook and over the websocket. The first figure (the block view, always on screen)
+# carries the bundle, which also publishes its widget factory on ``globalThis`` under a name made from the
+# bundle's hash; the other figures carry a few hundred bytes that wait for that factory and call it
+# (anywidget calls a default-exported function once per widget model). Offline: nothing is fetched.
+def _plotly_bundle() -> tuple[str, str] | None:
+    """(the bundle publishing its factory, the stub the other figures carry); None when the bundle's
+    export is not where it is expected (a plotly release that changed it: every figure then carries it)."""
+    import hashlib
+    import re
+
+    import plotly
+
+    path = Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
+    try:
+        src = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    exports = list(re.finditer(r"export\{([^{}]*?)\b([A-Za-z_$][\w$]*) as default\b([^{}]*)\}", src))
+    if not exports:
+        return None
+    m = exports[-1]
+    key = "__clover_plotly_widget_" + hashlib.sha1(src.encode()).hexdigest()[:16]
+    carrier = f"{src[:m.start()]};globalThis[{key!r}]={m.group(2)};{src[m.start():]}"
+    stub = (
+        "const KEY = %r;\n"
+        "function factory() {\n"
+        "  return new Promise((resolve, reject) => {\n"
+        "    const t0 = Date.now();\n"
+        "    (function poll() {\n"
+        "      const f = globalThis[KEY];\n"
+        "      if (f) return resolve(f);\n"
+        "      if (Date.now() - t0 > 600000) return reject(new Error('plotly widget bundle did not load'));\n"
+        "      setTimeout(poll, 25);\n"
+        "    })();\n"
+        "  });\n"
+        "}\n"
+        "export default async () => (await factory())();\n" % key
+    )
+    return carrier, stub
+
+
+_BUNDLE = _plotly_bundle()
+
+
+def _figure_classes() -> tuple[type, type]:
+    """(the figure class that carries the bundle, the class of the others)."""
+    if _BUNDLE is None:
+        return go.FigureWidget, go.FigureWidget
+    carrier_esm, stub_esm = _BUNDLE
+
+    class CarrierFigure(go.FigureWidget):
+        _esm = carrier_esm
+
+    class StubFigure(go.FigureWidget):
+        _esm = stub_esm
+
+    return CarrierFigure, StubFigure
+
+
+_CarrierFigure, _StubFigure = _figure_classes()
+
+
 def _is_trace(obj: Any) -> bool:
     return hasattr(obj, "steps") and hasattr(obj, "blocks") and hasattr(obj, "token_str")
 
@@ -248,16 +312,16 @@ class Explorer:
         # state and does not reliably drop properties (an annotation, hidden axes) the new figure lacks.
         placeholder = go.Figure(layout=dict(title=dict(text="decode a prompt to see the block fill in", x=0.01),
                                             height=260, template="plotly_white"))
-        self.block_fig = go.FigureWidget(placeholder)
-        self.conf_fig = go.FigureWidget(placeholder)
-        self.cum_fig = go.FigureWidget(placeholder)
-        self.tpf_fig = go.FigureWidget(placeholder)
-        self.expert_fig = go.FigureWidget(placeholder)
-        self.norm_fig = go.FigureWidget(placeholder)
-        self.memory_fig = go.FigureWidget(placeholder)
-        self.cost_fig = go.FigureWidget(placeholder)
-        self.roofline_fig = go.FigureWidget(F.roofline_figure(None))
-        self.compare_fig = go.FigureWidget(go.Figure(layout={
+        self.block_fig = _CarrierFigure(placeholder)  # carries plotly's widget bundle; the rest share it
+        self.conf_fig = _StubFigure(placeholder)
+        self.cum_fig = _StubFigure(placeholder)
+        self.tpf_fig = _StubFigure(placeholder)
+        self.expert_fig = _StubFigure(placeholder)
+        self.norm_fig = _StubFigure(placeholder)
+        self.memory_fig = _StubFigure(placeholder)
+        self.cost_fig = _StubFigure(placeholder)
+        self.roofline_fig = _StubFigure(F.roofline_figure(None))
+        self.compare_fig = _StubFigure(go.Figure(layout={
             "title": {"text": "no previous run yet", "x": 0.01}, "height": 120, "template": "plotly_white"}))
 
         # callbacks: registered exactly once, here

@@ -202,3 +202,23 @@ def test_rerunning_a_cell_closes_the_explorers_its_previous_run_made(monkeypatch
     assert set(_instances) - before == set()
     monkeypatch.undo()
     assert Wmod._cell_key() is None  # outside a notebook cell: nothing is closed behind the user's back
+
+
+def test_one_plotly_bundle_per_explorer_not_one_per_figure(trace):
+    """Each FigureWidget used to carry plotly's ~5 MB widget bundle: ~50 MB of widget state per Explorer."""
+    import json
+
+    from ipywidgets.widgets.widget import _instances
+
+    full = len(go.FigureWidget().get_state()["_esm"])
+    before = set(_instances)
+    ex = Explorer(trace)
+    made = [w for k, w in _instances.items() if k not in before]
+    size = sum(len(json.dumps(w.get_state(), default=lambda _o: "")) for w in made)
+    esms = [len(f.get_state()["_esm"]) for f in ex.figures.values()]
+    assert sorted(esms)[-1] >= full and sorted(esms)[-2] < 2000  # the block view carries it, the rest a stub
+    assert size < 1.5 * full  # was ~10x
+    key = Wmod._BUNDLE[1].split("'")[1]
+    assert f"globalThis[{key!r}]=" in ex.block_fig.get_state()["_esm"]  # the carrier publishes the factory
+    assert all(key in ex.figures[n].get_state()["_esm"] for n in ex.figures if n != "block")
+    ex.close()
