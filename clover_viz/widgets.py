@@ -322,7 +322,8 @@ class Explorer:
         self.cost_fig = _StubFigure(placeholder)
         self.roofline_fig = _StubFigure(F.roofline_figure(None))
         self.compare_fig = _StubFigure(go.Figure(layout={
-            "title": {"text": "no previous run yet", "x": 0.01}, "height": 120, "template": "plotly_white"}))
+            "title": {"text": "no previous run yet", "x": 0.01}, "height": 120, "template": "plotly_white",
+            "xaxis": {"visible": False}, "yaxis": {"visible": False}}))  # a message, not an empty chart
 
         # callbacks: registered exactly once, here
         self.step_slider.observe(self._on_step, names="value")
