@@ -265,8 +265,10 @@ class SettingsPanel(pn.viewable.Viewer):
         warn = " ⚠" if "random" in label else ""
         self.model_label.object = f"**Model:** {html.escape(label)}{warn}"
         self.memory_mode.disabled = not s.window_available
-        self.memory_note.object = ("" if s.window_available else
-                                   "this model has no attention window: only `state` (Clover's mode) runs")
+        self.memory_note.object = (
+            "`state+window` (default): the last W tokens' K/V beside the state -- the bundled model "
+            "copies values far better with it; `state` is Clover's own" if s.window_available else
+            "this model has no attention window: only `state` (Clover's mode) runs")
 
     def _on_bundled(self, event: Any) -> None:
         if event.new and Path(self.state.model_dir.rstrip("/")).name != event.new:

@@ -144,9 +144,11 @@ class ExplorerState(param.Parameterized):
     block_size = param.Selector(default=32, objects=list(BLOCK_SIZES), doc=(
         "Slots per block, block_size (1 = autoregressive greedy decoding)."))
     policy = param.Selector(default="low_confidence", objects=list(POLICIES), doc="Acceptance policy.")
-    memory_mode = param.Selector(default="state", objects=list(MEMORY_MODES), doc=(
+    memory_mode = param.Selector(default="state+window", objects=list(MEMORY_MODES), doc=(
         "'state' keeps history only in recurrent state (Clover); 'state+window' also keeps the last W "
-        "committed K/V in attention layers (a labelled non-Clover variant; needs attention_window > 0)."))
+        "committed K/V in attention layers (a labelled non-Clover variant; needs attention_window > 0). "
+        "Default state+window: the bundled model's best mode (exact tool calls 29 % vs 4 % in state, "
+        "models/clover-tiny's card); a model without a window falls back to state on load."))
     max_new_tokens = param.Integer(default=128, bounds=(MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX),
                                    doc="Generated-token budget.")
     repetition_control = param.Boolean(default=False, doc="n-gram repetition penalty (model card).")

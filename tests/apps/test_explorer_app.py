@@ -113,7 +113,8 @@ def test_state_decodes_in_a_worker_and_streams_events(state):
     # Same tokens as the decoder called directly with the same model and settings.
     loaded = state.loaded_model
     ref = BlockDecoder(loaded.model, loaded.tokenizer).generate(
-        state.prompt, config=DecodeConfig(block_size=8, threshold=0.95, max_new_tokens=16), record_trace=False)
+        state.prompt, config=DecodeConfig(block_size=8, threshold=0.95, max_new_tokens=16, memory_mode=state.memory_mode),
+        record_trace=False)
     assert trace.generated_tokens.tolist() == ref.tokens and end.nfe == ref.nfe
     # Block starts are copied at emit time: generation slots start as MASK.
     mask_id = loaded.config.mask_token_id
