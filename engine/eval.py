@@ -145,6 +145,9 @@ def _code_job(args: tuple[str, list[int], int, int]) -> list[dict]:
     cfg = model.config
     files = _code_files(source)
     dec = BlockDecoder(model, tok, DecodeConfig(block_size=32, threshold=0.95, max_new_tokens=32))
+    cont = {name: BlockDecoder(model, tok, DecodeConfig(block_size=bs, threshold=0.95, max_new_tokens=n_cont,
+                                                         eos_bias_soft_limit=None))
+            for name, bs in (("bd32", 32), ("ar1", 1))} if n_cont else {}
     out = []
     for fi in file_idx:
         ids = tok.encode(files[fi].read_text(encoding="utf-8")).ids
@@ -160,9 +163,8 @@ def _code_job(args: tuple[str, list[int], int, int]) -> list[dict]:
             pred = logits.argmax(-1).tolist()
             row = dict(decoded_correct=[int(a == b) for a, b in zip(gen, truth[:32])],
                        slot_correct=[int(a == b) for a, b in zip(pred, truth[:32])], nfe=r.nfe)
-            for name, bs in (("bd32", 32), ("ar1", 1)) if n_cont else ():
-                rc = BlockDecoder(model, tok, DecodeConfig(block_size=bs, threshold=0.95, max_new_tokens=n_cont,
-                                                           eos_bias_soft_limit=None)).generate(ctx, record_trace=False)
+            for name, cdec in cont.items():
+                rc = cdec.generate(ctx, record_trace=False)
                 row[name] = dict(n_tokens=len(rc.tokens), nfe=rc.nfe, n_forced=rc.n_forced, wall_s=rc.wall_s,
                                  correct=sum(int(a == b) for a, b in zip(rc.tokens, truth)))
             out.append(row)

@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -282,7 +281,7 @@ def load_adapter_weights(plm, directory: Path) -> torch.Tensor:
         ValueError: the directory lacks the adapter files, or its LoRA rank / targets differ
             from ``plm``'s (pass the same ``--lora-r``).
     """
-    from peft import set_peft_model_state_dict
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from safetensors.torch import load_file
 
     files = [directory / "adapter_model.safetensors", directory / MASK_EMBEDDING]
@@ -290,20 +289,13 @@ def load_adapter_weights(plm, directory: Path) -> torch.Tensor:
     if missing:
         raise ValueError(f"--init-adapter {directory}: missing {missing}; give a directory written by this trainer")
     sd = {k: v.float() for k, v in load_file(str(files[0])).items()}
-    own = get_peft_state_shapes(plm)
+    own = {k: v.shape for k, v in get_peft_model_state_dict(plm).items()}
     bad = [k for k, v in sd.items() if k not in own or own[k] != v.shape]
     if bad or len(sd) != len(own):
         raise ValueError(f"--init-adapter {directory}: its LoRA tensors do not match this model's "
                          f"({len(bad)} differ, e.g. {bad[:2]}); use the adapter's own --lora-r")
     set_peft_model_state_dict(plm, sd)
     return load_file(str(files[1]))["mask_embedding"].float()
-
-
-def get_peft_state_shapes(plm) -> dict:
-    """Names and shapes of the peft model's adapter tensors (as saved)."""
-    from peft import get_peft_model_state_dict
-
-    return {k: v.shape for k, v in get_peft_model_state_dict(plm).items()}
 
 
 def save_adapter(model: HFBlockDiffusionModel, out: Path, base_name: str, extra: dict) -> None:
@@ -446,7 +438,6 @@ def train(args) -> int:
     step, elapsed, tokens = 0, 0.0, 0
     if args.resume and state_path.is_file():
         from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
 
         st = torch.load(state_path, map_location="cpu", weights_only=True)
         set_peft_model_state_dict(plm, {k: v.float() for k, v in st["lora"].items()})
