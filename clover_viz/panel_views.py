@@ -270,12 +270,15 @@ class SettingsPanel(pn.viewable.Viewer):
             "copies values far better with it; `state` is Clover's own" if s.window_available else
             "this model has no attention window: only `state` (Clover's mode) runs")
 
+    def _bundled_name(self) -> str:
+        return Path((self.state.model_dir or "").rstrip("/")).name
+
     def _on_bundled(self, event: Any) -> None:
-        if event.new and Path(self.state.model_dir.rstrip("/")).name != event.new:
+        if event.new and self._bundled_name() != event.new:
             self.state.model_dir = f"models/{event.new}"
 
     def _sync_bundled(self) -> None:
-        name = Path((self.state.model_dir or "").rstrip("/")).name
+        name = self._bundled_name()
         self.bundled.value = name if name in self.bundled.options else None
 
     def __panel__(self) -> Any:
