@@ -191,6 +191,8 @@ def load_model(
       (`engine.hf_adapter.load_adapter_model`).
     * ``llama`` / ``qwen2`` / ``qwen3``: a transformers ``save_pretrained`` directory, decoded as
       a block-diffusion model with token shift (`engine.hf_model.wrap_pretrained`).
+    * ``Dream`` / ``llada``: a masked diffusion checkpoint, bidirectional with a full recompute
+      per forward (`engine.masked_diffusion.load_masked_diffusion`).
 
     A transformers Qwen3.5-MoE directory (``qwen3_5_moe``, ``qwen3_5_moe_text``) is refused with
     the command that converts it (`engine.convert`). Weights are read from safetensors only.
@@ -227,6 +229,12 @@ def load_model(
             f"`python -m engine.checkpoint --init clover-test --out DIR`); {_supported()}"
         )
     fmt = model_format(directory)
+    from engine.masked_diffusion import FORMATS as MASKED_FORMATS
+
+    if fmt in MASKED_FORMATS:  # Dream / LLaDA: bidirectional, full recompute (engine.masked_diffusion)
+        from engine.masked_diffusion import load_masked_diffusion
+
+        return load_masked_diffusion(directory, device=device, dtype=_as_float_dtype(dtype))
     if fmt != "clover":  # a transformers backbone (engine.hf_model): adapter over a pinned base, or plain
         return _load_hf_model(directory, "adapter" if fmt == ADAPTER_FORMAT else "transformers", device,
                               _as_float_dtype(dtype))
@@ -266,10 +274,11 @@ def supported_formats() -> dict[str, str]:
     """Every ``model_type`` `load_model` opens -> a description: `FORMATS` plus the transformers
     ``save_pretrained`` directories `engine.hf_model` decodes with token shift."""
     from engine.hf_model import SUPPORTED_MODEL_TYPES
+    from engine.masked_diffusion import FORMATS as MASKED_FORMATS
 
     plain = {mt: f"a transformers {mt} directory (save_pretrained), decoded with token shift (engine.hf_model)"
              for mt in SUPPORTED_MODEL_TYPES}
-    return {**FORMATS, **plain}
+    return {**FORMATS, **plain, **MASKED_FORMATS}
 
 
 def _supported() -> str:
@@ -298,6 +307,8 @@ def model_format(path_or_dir: str | Path) -> str:
     if not isinstance(data, dict):
         raise ValueError(f"{config_path} holds a JSON {type(data).__name__}, not an object; re-save the model")
     mt = data.get("model_type", "clover")
+    if isinstance(mt, str) and mt.lower() in ("dream", "llada"):  # Dream ships model_type "Dream"
+        mt = mt.lower()
     if mt in FORMATS:
         return mt
     if mt in CONVERT_FIRST:

@@ -89,3 +89,34 @@ def dense_forward_cost(
         flops_by_component={k: float(v) for k, v in f.items()},
         n_tokens=T, n_commit_tokens=C, block_len=L, mean_expert_union=0.0,
     )
+
+
+def recompute_forward_cost(
+    config: Any,
+    n_tokens: int,
+    weight_bytes: float = 2,
+    n_commit_tokens: int = 0,
+    block_len: int | None = None,
+    *,
+    context_len: int = 0,
+    canvas_tail: int = 0,
+    act_bytes: float = 2,
+) -> ForwardCost:
+    """One forward of a masked diffusion model without a cache (Dream / LLaDA, `engine.masked_diffusion`).
+
+    Every forward recomputes the whole sequence: the ``context_len`` tokens of
+    history, the C newly committed ones, the L block slots and ``canvas_tail``
+    MASK positions after the block all pass through every layer, with every
+    position attending to every other. Priced by `dense_forward_cost` over
+    ``T' = context_len + C + L + canvas_tail`` tokens of which only the L slots
+    get logits, with no KV cache read or written.
+
+    Raises:
+        ValueError: token counts that do not add up, or a negative context or tail.
+    """
+    T, _, L = check_token_counts(n_tokens, n_commit_tokens, block_len)
+    if context_len < 0 or canvas_tail < 0:
+        raise ValueError(f"context_len and canvas_tail must be >= 0, got {context_len}, {canvas_tail}")
+    total = context_len + T + canvas_tail
+    return dense_forward_cost(config, total, weight_bytes, total - L, L, context_len=0, act_bytes=act_bytes,
+                              include_kv=False)

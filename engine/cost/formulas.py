@@ -362,8 +362,13 @@ def forward_cost(
         TypeError: on a config or union of the wrong type.
     """
     if is_dense(config):
-        from engine.cost.dense import dense_forward_cost  # dense.py builds a ForwardCost
+        from engine.cost.dense import dense_forward_cost, recompute_forward_cost  # dense.py builds a ForwardCost
 
+        get = config.get if isinstance(config, Mapping) else (lambda k, d=None: getattr(config, k, d))
+        if get("kv_cache", True) is False:  # masked diffusion (engine.masked_diffusion): no cache, full recompute
+            return recompute_forward_cost(config, n_tokens, weight_bytes, n_commit_tokens, block_len,
+                                          context_len=context_len, canvas_tail=int(get("canvas_tail", 0) or 0),
+                                          act_bytes=act_bytes)
         return dense_forward_cost(config, n_tokens, weight_bytes, n_commit_tokens, block_len,
                                   context_len=context_len, act_bytes=act_bytes, include_kv=include_state)
     cfg = _as_config(config)
