@@ -102,6 +102,26 @@ class StepEvent(_Repr):
             this forward (bytes, FLOPs, FLOPs/byte); None until filled.
         wall_s: wall time of this iteration in seconds (forward + selection).
         firings: logits-processor interventions of this step.
+        rewritten: (L,) bool -- slots that held a written (non-MASK) token before this
+            step and hold a *different* token after it. Always False for an accept-once
+            decoder (Clover's rule 5, docs/architecture.md §5); a revisable decoder
+            (`engine.diffusion_gemma`) sets it. A rewritten slot is also marked
+            ``accepted`` or ``forced`` (it was written this step).
+        remasked: (L,) bool -- slots that held a written token before this step and are
+            masked again after it (a revisable sampler withdrew them). Always False for
+            an accept-once decoder.
+        previous_tokens: (L,) int64 -- the token a rewritten or remasked slot held
+            before this step; -1 elsewhere.
+            These three default to "nothing rewritten" (all False / all -1, shaped like
+            ``tokens``) when not given, which is what every accept-once decoder and
+            every trace saved before they existed reads as.
+
+    A revisable decoder re-predicts every slot at every step, so it records
+    ``confidence`` / ``candidate`` / top candidates for every slot, not only the masked ones.
+
+    Raises:
+        ValueError: when ``rewritten``, ``remasked`` or ``previous_tokens`` is given with a
+            shape other than ``tokens``'s (L,).
     """
 
     block_index: int
@@ -125,6 +145,27 @@ class StepEvent(_Repr):
     flops: float | None = None
     arithmetic_intensity: float | None = None
     firings: tuple[ProcessorFiring, ...] = field(default_factory=tuple)
+    rewritten: np.ndarray | None = None
+    remasked: np.ndarray | None = None
+    previous_tokens: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        L = np.shape(self.tokens)[0] if np.ndim(self.tokens) else 0
+        for name, fill, dtype in (("rewritten", False, bool), ("remasked", False, bool),
+                                  ("previous_tokens", -1, np.int64)):
+            value = getattr(self, name)
+            if value is None:
+                object.__setattr__(self, name, np.full(L, fill, dtype=dtype))
+                continue
+            value = np.asarray(value, dtype=dtype)
+            if value.shape != (L,):
+                raise ValueError(f"StepEvent.{name} must have shape ({L},) like tokens, got {value.shape}")
+            object.__setattr__(self, name, value)
+
+    @property
+    def n_rewritten(self) -> int:
+        """Slots whose written token this step replaced by another one (0 for accept-once decoders)."""
+        return int(np.sum(self.rewritten))
 
     @property
     def n_written(self) -> int:

@@ -14,6 +14,13 @@ step ``i``: ``masked``, ``prompt`` (pre-filled, never masked), ``earlier`` (writ
 earlier step of the block), ``eos`` (EOS-filled this step), ``forced`` (forced fill or
 ``max_steps`` this step) and ``accepted`` (accepted by the policy this step).
 
+Revisable decoders (`engine.diffusion_gemma`) may replace a written token by another
+(`StepEvent.rewritten`) or withdraw it (`StepEvent.remasked`). A block with any such step
+is *revised* (`SlotIndex.revised`); its history is then read step by step: a slot holds
+a written token after step ``i`` when it held one before and was not remasked, or was
+written at ``i``. For a block that was never revised every answer is the accept-once one
+(written once, held from then on), computed as before.
+
 Tests: ``.venv/bin/python -m pytest tests/engine/test_slot_index.py -q``
 """
 
@@ -49,6 +56,12 @@ class SlotIndex:
         written_conf: ``{b: (L,) float64}`` its confidence when written (NaN: never
             written, or EOS-filled).
         written_kind: ``{b: (L,) object}`` one of `WRITE_KINDS`, ``""`` never written.
+            For a revised block these describe the write of the token each slot holds at
+            the end (a slot remasked after its last write reads as never written);
+            `written_as_of` gives them at any step.
+        n_rewritten, n_remasked: (S,) int64, slots each step rewrote / remasked (0 for
+            accept-once decoders).
+        revised: block indices with at least one rewritten or remasked slot.
         eos_id: the EOS token id from ``meta["model_config"]["eos_token_id"]``, else
             learned from the first EOS-filled slot, else None.
 
@@ -63,6 +76,9 @@ class SlotIndex:
         self.n_accepted = np.zeros(0, dtype=np.int64)
         self.n_forced = np.zeros(0, dtype=np.int64)
         self.n_eos = np.zeros(0, dtype=np.int64)
+        self.n_rewritten = np.zeros(0, dtype=np.int64)
+        self.n_remasked = np.zeros(0, dtype=np.int64)
+        self.revised: set[int] = set()
         self.blocks: dict[int, dict[str, Any]] = {}
         self.steps_of: dict[int, list[int]] = {}
         self.written_at: dict[int, np.ndarray] = {}
@@ -95,6 +111,8 @@ class SlotIndex:
         self.n_accepted = np.concatenate([self.n_accepted, column(lambda s: int(np.sum(s.accepted)))])
         self.n_forced = np.concatenate([self.n_forced, column(lambda s: int(np.sum(s.forced)))])
         self.n_eos = np.concatenate([self.n_eos, column(lambda s: int(np.sum(s.eos_filled)))])
+        self.n_rewritten = np.concatenate([self.n_rewritten, column(lambda s: int(np.sum(_rev(s, "rewritten"))))])
+        self.n_remasked = np.concatenate([self.n_remasked, column(lambda s: int(np.sum(_rev(s, "remasked"))))])
         for i in new:
             ev = steps[i]
             b = int(ev.block_index)
@@ -108,6 +126,11 @@ class SlotIndex:
             self.steps_of[b].append(i)
             it = len(self.steps_of[b]) - 1
             at, conf, kind = self.written_at[b], self.written_conf[b], self.written_kind[b]
+            if self.n_rewritten[i] or self.n_remasked[i]:
+                self.revised.add(b)
+            gone = _rev(ev, "remasked")
+            if gone.any():  # withdrawn: the slot holds no written token any more
+                at[gone], self.written_iter[b][gone], conf[gone], kind[gone] = -1, -1, np.nan, ""
             for name, mask in zip(WRITE_KINDS, (ev.accepted, ev.forced, ev.eos_filled)):
                 m = np.asarray(mask, dtype=bool)
                 if not m.any():
@@ -152,17 +175,61 @@ class SlotIndex:
         return self.steps_of[block][-1]
 
     def written_by(self, block: int, step: int) -> np.ndarray:
-        """(L,) bool: slots of ``block`` written at or before global step ``step``
-        (pre-filled slots excluded: they are never written)."""
+        """(L,) bool: slots of ``block`` holding a token written at or before global step
+        ``step`` (pre-filled slots excluded: they are never written). For a revised block,
+        a slot remasked since its last write is not counted."""
+        if block in self.revised:
+            return self.written_as_of(block, step)[0] >= 0
         at = self.written_at[block]
         return (at >= 0) & (at <= step)
 
+    def written_as_of(self, block: int, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per slot of ``block``, the write of the token it holds after global step ``step``:
+        ``(at, iteration, confidence, kind)`` shaped like `written_at`, `written_iter`,
+        `written_conf`, `written_kind` (-1 / NaN / ``""`` for a slot holding no written token).
+
+        For a block that was never revised these are those arrays themselves when ``step`` is
+        at or after the block's last step, else masked to the writes up to ``step``.
+
+        Raises:
+            KeyError: for a block with no steps in the trace.
+        """
+        at_end = self.written_at[block]
+        if block not in self.revised:
+            if step >= self.steps_of[block][-1]:
+                return at_end, self.written_iter[block], self.written_conf[block], self.written_kind[block]
+            keep = (at_end >= 0) & (at_end <= step)
+            return (np.where(keep, at_end, -1), np.where(keep, self.written_iter[block], -1),
+                    np.where(keep, self.written_conf[block], np.nan),
+                    np.where(keep, self.written_kind[block], "").astype(object))
+        L = len(at_end)
+        at = np.full(L, -1, dtype=np.int64)
+        it = np.full(L, -1, dtype=np.int64)
+        conf = np.full(L, np.nan, dtype=np.float64)
+        kind = np.full(L, "", dtype=object)
+        for r, i in enumerate(self.steps_of[block]):
+            if i > step:
+                break
+            ev = self.steps[i]
+            gone = _rev(ev, "remasked")
+            at[gone], it[gone], conf[gone], kind[gone] = -1, -1, np.nan, ""
+            for name, mask in zip(WRITE_KINDS, (ev.accepted, ev.forced, ev.eos_filled)):
+                m = np.asarray(mask, dtype=bool)
+                at[m], it[m], kind[m] = i, r, name
+                conf[m] = np.asarray(ev.confidence, dtype=np.float64)[m] if name != "eos" else np.nan
+        return at, it, conf, kind
+
     def slot_states(self, step: int) -> np.ndarray:
         """(L,) str: the state of each slot of step ``step``'s block after that step
-        (``0 <= step < n``; names in the module docstring)."""
+        (``0 <= step < n``; names in the module docstring). In a revised block a rewritten
+        slot has the kind of its new write (``accepted`` / ``forced``; `rewritten_at` tells
+        it apart) and a remasked one is ``masked``."""
         b = int(self.block_of[step])
-        at = self.written_at[b]
-        kind = self.written_kind[b]
+        if b in self.revised:
+            at, _, _, kind = self.written_as_of(b, step)
+        else:
+            at = self.written_at[b]
+            kind = self.written_kind[b]
         out = np.full(len(at), "masked", dtype=object)
         earlier = (at >= 0) & (at < step)
         now = at == step
@@ -170,6 +237,13 @@ class SlotIndex:
         out[now] = kind[now]
         out[self.prefilled(b, len(at))] = "prompt"
         return out.astype(str)
+
+    def rewritten_at(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What global step ``step`` revised: ``(rewritten, remasked, previous_tokens)``,
+        (L,) bool, (L,) bool and (L,) int64 (-1 where neither), as recorded in its
+        `engine.events.StepEvent` (all False / -1 for accept-once decoders)."""
+        ev = self.steps[step]
+        return _rev(ev, "rewritten"), _rev(ev, "remasked"), _rev(ev, "previous_tokens")
 
     def confidence_rows(self, block: int) -> np.ndarray:
         """(R, L) float64: the recorded confidence of every slot at each of the block's R
@@ -206,6 +280,16 @@ class SlotIndex:
     def _check_block(self, block: int) -> None:
         if block not in self.steps_of:
             raise ValueError(f"block {block} has no steps in this trace (blocks: {sorted(self.steps_of)})")
+
+
+def _rev(ev: Any, name: str) -> np.ndarray:
+    """A revision field of a step (``rewritten`` / ``remasked`` / ``previous_tokens``), as an
+    array; the "nothing rewritten" default for an event object that lacks it."""
+    value = getattr(ev, name, None)
+    L = len(ev.tokens)
+    if value is None:
+        return np.full(L, -1, dtype=np.int64) if name == "previous_tokens" else np.zeros(L, dtype=bool)
+    return np.asarray(value, dtype=np.int64 if name == "previous_tokens" else bool)
 
 
 __all__ = ["WRITE_KINDS", "SlotIndex"]

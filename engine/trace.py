@@ -18,7 +18,11 @@ written as Parquet (``.parquet`` / ``.pq``) or as an Arrow IPC file
   NumPy dtype kept (bool / int64 / float32, NaN preserved); the 2-D fields
   (``top_tokens``, ``top_probs`` (L, K) and ``memory_share`` (N, L)) add a
   ``<field>_shape`` ``list<int64>`` column;
-* ``firings`` is ``list<struct<name, slot, token, value>>``.
+* ``firings`` is ``list<struct<name, slot, token, value>>``;
+* the revision columns ``rewritten``, ``remasked`` (``list<bool>``) and
+  ``previous_tokens`` (``list<int64>``) were added later without a format change:
+  a file without them loads as "nothing rewritten" (all False, all -1), which is
+  what an accept-once decoder records anyway (`engine.events.StepEvent`).
 
 The schema metadata holds JSON under the keys ``format_version``
 (`FORMAT_VERSION`), ``created_by`` (``"clover-explorer"``), ``decode_config``,
@@ -71,7 +75,13 @@ _ARRAY_FIELDS: dict[str, tuple[int, str]] = {
     "expert_union": (1, "int64"),
     "state_norm": (1, "float32"),
     "memory_share": (2, "float32"),
+    "rewritten": (1, "bool"),
+    "remasked": (1, "bool"),
+    "previous_tokens": (1, "int64"),
 }
+# Array fields added after format_version 1 was fixed: a file may lack them; each missing row
+# then gets the StepEvent default ("nothing rewritten"), shaped like the row's tokens.
+_OPTIONAL_ARRAY_FIELDS = ("rewritten", "remasked", "previous_tokens")
 _INT_FIELDS = ("block_index", "step_index", "position_start", "n_tokens_forward")
 _FLOAT_FIELDS = ("wall_s",)
 _OPTIONAL_FLOAT_FIELDS = ("bytes_read", "flops", "arithmetic_intensity")
@@ -88,7 +98,7 @@ _METADATA_KEYS = (
 )
 _STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepEvent))
 # StepEvent fields whose arrays hold token ids (-1 = none), for the vocabulary.
-_TOKEN_FIELDS = ("tokens", "candidate", "top_tokens")
+_TOKEN_FIELDS = ("tokens", "candidate", "top_tokens", "previous_tokens")
 
 assert set(_STEP_FIELDS) == (
     set(_ARRAY_FIELDS) | set(_INT_FIELDS) | set(_FLOAT_FIELDS) | set(_OPTIONAL_FLOAT_FIELDS) | {"firings"}
@@ -315,16 +325,16 @@ class Trace:
     def model_config(self) -> Any:
         """The `engine.config.CloverConfig` of the model that recorded the trace, or None.
 
-        Looked up from ``meta["model_config"]`` (None for a transformers backbone,
-        ``backbone == "transformers"``: it has no Clover config), else from ``model_id`` as
+        Looked up from ``meta["model_config"]`` (None for any config with a ``backbone``
+        field -- a transformers backbone, DiffusionGemma: they have no Clover config), else from ``model_id`` as
         a checkpoint directory holding ``config.json`` or a preset name. Never raises: a
         config that cannot be read gives None.
         """
         from engine.config import CloverConfig
 
         cand = self.meta.get("model_config")
-        if isinstance(cand, Mapping) and cand.get("backbone") == "transformers":
-            return None
+        if isinstance(cand, Mapping) and cand.get("backbone") is not None:
+            return None  # a transformers backbone or DiffusionGemma: Clover configs have no backbone field
         if isinstance(cand, Mapping):
             try:
                 return CloverConfig.from_dict(dict(cand))
@@ -692,6 +702,9 @@ class Trace:
         columns = trace._columns
         n = table.num_rows
         for name in _STEP_FIELDS:
+            if name in _OPTIONAL_ARRAY_FIELDS and name not in table.column_names:
+                columns[name] = [None] * n  # filled with the StepEvent default below
+                continue
             if name not in table.column_names:
                 raise ValueError(f"{source}: column {name!r} missing; the file is damaged or not a trace")
             col = table.column(name).combine_chunks()
@@ -712,6 +725,11 @@ class Trace:
                 if col.null_count:  # rows recorded as None (not applicable to the model)
                     rows = [None if null else r for r, null in zip(rows, col.is_null().to_pylist())]
                 columns[name] = rows
+        for name in _OPTIONAL_ARRAY_FIELDS:
+            if any(v is None for v in columns[name]):
+                fill, dtype = (-1, np.int64) if name == "previous_tokens" else (False, bool)
+                columns[name] = [np.full(len(tok), fill, dtype=dtype) if v is None else v
+                                 for v, tok in zip(columns[name], columns["tokens"])]
         assert all(len(v) == n for v in columns.values()), {k: len(v) for k, v in columns.items()}
 
         blocks = fields.get("blocks") or {"starts": [], "ends": []}
@@ -761,6 +779,8 @@ def _check_columns(table: Any, source: str) -> None:
                 expected[name + "_shape"] = (lambda x: is_list(x, t.is_integer), "list<int64> (the row's shape)")
     schema = table.schema
     for name, (ok, what) in expected.items():
+        if name in _OPTIONAL_ARRAY_FIELDS and name not in schema.names:
+            continue  # a trace saved before the revision columns existed
         if name not in schema.names:
             raise ValueError(f"{source}: column {name!r} is missing; the file is damaged or was not written by "
                              "Trace.save() -- re-record or re-save the trace")
