@@ -45,6 +45,7 @@ import dataclasses
 import html
 import threading
 import time
+from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
@@ -150,16 +151,42 @@ def _plotly_bundle() -> tuple[str, str] | None:
 _BUNDLE = _plotly_bundle()
 
 
+class _CurrentStateFigure(go.FigureWidget):
+    """A FigureWidget whose widget state is what the Python side shows *now*.
+
+    plotly sends in-place updates (restyle / relayout / batch_update) to the front end as
+    messages and the front end applies them to its own copy of ``_widget_data`` /
+    ``_widget_layout``; the kernel-side traits keep the values of the last display. A view
+    built later -- the page reloaded with the kernel alive, a second view of the cell, a
+    view whose front end was not ready when the updates were sent -- is built from that
+    stale state and shows the placeholder. Here the state a view is built from
+    (`get_state`, answered to every ``request_state``) is read from the figure's current
+    data and layout; nothing more is sent per update.
+    """
+
+    def get_state(self, key=None, drop_defaults=False):
+        state = super().get_state(key, drop_defaults)
+        if "_data" not in self.__dict__:  # the widget opens before plotly has built the figure
+            return state
+        current = {"_widget_data": lambda: deepcopy(self._data),
+                   "_widget_layout": lambda: deepcopy(self._layout_obj._props)}
+        for name, value in current.items():
+            if name in state:
+                to_json = self.trait_metadata(name, "to_json", self._trait_to_json)
+                state[name] = to_json(value(), self)
+        return state
+
+
 def _figure_classes() -> tuple[type, type]:
     """(the figure class that carries the bundle, the class of the others)."""
     if _BUNDLE is None:
-        return go.FigureWidget, go.FigureWidget
+        return _CurrentStateFigure, _CurrentStateFigure
     carrier_esm, stub_esm = _BUNDLE
 
-    class CarrierFigure(go.FigureWidget):
+    class CarrierFigure(_CurrentStateFigure):
         _esm = carrier_esm
 
-    class StubFigure(go.FigureWidget):
+    class StubFigure(_CurrentStateFigure):
         _esm = stub_esm
 
     return CarrierFigure, StubFigure

@@ -222,3 +222,44 @@ def test_one_plotly_bundle_per_explorer_not_one_per_figure(trace):
     assert f"globalThis[{key!r}]=" in ex.block_fig.get_state()["_esm"]  # the carrier publishes the factory
     assert all(key in ex.figures[n].get_state()["_esm"] for n in ex.figures if n != "block")
     ex.close()
+
+
+def _plain(obj):
+    """JSON-like data with arrays as lists (a figure may hold lists, arrays, plotly's base64 typed arrays
+    or the widget serialiser's binary buffers)."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(obj, dict) and "dtype" in obj and ("bdata" in obj or "buffer" in obj):  # typed arrays
+        raw = base64.b64decode(obj["bdata"]) if "bdata" in obj else bytes(obj["buffer"])
+        arr = np.frombuffer(raw, dtype=obj["dtype"])
+        return _plain(arr.reshape(obj["shape"]) if "shape" in obj else arr)
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in obj]
+    return obj.item() if isinstance(obj, np.generic) else obj
+
+
+def test_a_view_built_after_updates_shows_the_current_figure():
+    """A page reloaded with the kernel alive (or any view opened later) is built from the widget
+    state: after a decode, that state must hold the drawn figures, not the placeholders."""
+    from record_trace import loud_clover_test  # tests/clover_viz/record_trace.py
+    from ipywidgets.widgets.widget import _remove_buffers
+
+    from engine.decoder import DecodeConfig
+    from engine.tokenizer import byte_tokenizer
+
+    ex = Explorer(loud_clover_test(), byte_tokenizer(), DecodeConfig(block_size=4, threshold=0.4, max_new_tokens=8))
+    placeholder_traces = {name: len(fig.get_state()["_widget_data"]) for name, fig in ex.figures.items()}
+    ex.decode("def f(x):")
+    ex.show_step(1)
+    for name, fig in ex.figures.items():
+        state = fig.get_state()
+        _remove_buffers(state)  # what ipywidgets sends: must serialise
+        shown = fig.to_plotly_json()
+        assert _plain(state["_widget_data"]) == _plain(shown["data"]), name
+        assert _plain(state["_widget_layout"]) == _plain(shown["layout"]), name
+    assert len(ex.block_fig.get_state()["_widget_data"]) > placeholder_traces["block"] == 0
+    ex.close()
