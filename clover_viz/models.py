@@ -195,7 +195,16 @@ def build_model(spec: ModelSpec) -> LoadedModel:
                 "<|mask|>"):
             raise
         tokenizer = tok  # a byte-level checkpoint saved without tokenizer.json
-    return LoadedModel(spec, model, tokenizer, f"{Path(spec.path).name} ({spec.path})")
+    return LoadedModel(spec, model, tokenizer, f"{Path(spec.path).name} ({_shown_path(spec.path)})")
+
+
+def _shown_path(path: str) -> str:
+    """``path`` relative to the repository when inside it (labels, saved notebooks and screenshots carry
+    no machine's absolute paths), else as given."""
+    try:
+        return Path(path).resolve().relative_to(REPO_ROOT.resolve()).as_posix()
+    except ValueError:
+        return path
 
 
 _MODEL_CACHE: dict[ModelSpec, LoadedModel] = {}
