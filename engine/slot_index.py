@@ -62,6 +62,9 @@ class SlotIndex:
         n_rewritten, n_remasked: (S,) int64, slots each step rewrote / remasked (0 for
             accept-once decoders).
         revised: block indices with at least one rewritten or remasked slot.
+        revisable: True when the trace comes from a revisable decoder (``meta["revisable"]``,
+            set by `engine.diffusion_gemma`) or has a revised block; views then show the
+            revision marks even before the first revision.
         eos_id: the EOS token id from ``meta["model_config"]["eos_token_id"]``, else
             learned from the first EOS-filled slot, else None.
 
@@ -87,6 +90,7 @@ class SlotIndex:
         self.written_kind: dict[int, np.ndarray] = {}
         self.eos_id: int | None = None
         self._decode_block_size: Any = None
+        self._declared_revisable = bool((getattr(trace, "meta", None) or {}).get("revisable"))
         cfg = (getattr(trace, "meta", None) or {}).get("model_config")
         if isinstance(cfg, Mapping) and cfg.get("eos_token_id") is not None:
             self.eos_id = int(cfg["eos_token_id"])
@@ -143,6 +147,11 @@ class SlotIndex:
                 elif self.eos_id is None:  # EOS-filled slots hold EOS: learn the id from them
                     self.eos_id = int(np.asarray(ev.tokens)[m][0])
         self.n = len(steps)
+
+    @property
+    def revisable(self) -> bool:
+        """Whether the decoder that recorded the trace may rewrite or withdraw written tokens."""
+        return self._declared_revisable or bool(self.revised)
 
     # ------------------------------------------------------------------ per block
 

@@ -23,11 +23,17 @@ Block view and its states (`slot_states`), one per slot of the current block:
 * ``forced``   -- written by the forced fill (or ``max_steps``) this step;
 * ``accepted`` -- accepted by the policy this step; shaded by confidence.
 
+A revisable decoder (DiffusionGemma, `engine.diffusion_gemma`) can replace a written token
+(the slot shows its new token, state ``accepted`` / ``forced``, with a star marker
+``REWRITTEN_MARKS``) or withdraw it (state ``masked``, crossed circle ``REMASKED_MARKS``);
+hovers name the token the slot held. `block_revision_marks(trace, step)` gives those
+markers' data (None for accept-once traces, whose figures are unchanged).
+
 Modules and API (all return ``plotly.graph_objects.Figure`` unless noted), every
 name importable from ``clover_viz.figures``:
 
 * ``block``: `block_figure(trace, step)`, `update_block_figure(fig, trace, step)` (in place),
-  `slot_states(trace, step)` -> ``np.ndarray[str]``;
+  `slot_states(trace, step)` -> ``np.ndarray[str]``, `block_revision_marks(trace, step)`;
   `confidence_heatmap(trace, block_index, step=None)` -- steps x slots;
   `update_confidence_heatmap(fig, trace, block_index, step=None)` (in place)
 * ``text``: `text_figure(trace, step=None)` (blocks x slots grid), `text_html(trace, step=None)` -> str
@@ -69,15 +75,18 @@ from clover_viz.figures._common import _empty_figure as _empty_figure
 from clover_viz.figures._common import _Index as _Index
 from clover_viz.figures._common import _index as _index
 from clover_viz.figures._common import _resolve_step as _resolve_step
-from clover_viz.figures.block import _block_payload as _block_payload
-from clover_viz.figures.block import _confidence_payload as _confidence_payload
 from clover_viz.figures.block import (
+    REMASKED_MARKS,
+    REWRITTEN_MARKS,
     block_figure,
+    block_revision_marks,
     confidence_heatmap,
     slot_states,
     update_block_figure,
     update_confidence_heatmap,
 )
+from clover_viz.figures.block import _block_payload as _block_payload
+from clover_viz.figures.block import _confidence_payload as _confidence_payload
 from clover_viz.figures.compare import COMPARE_TABLE_HEIGHT, compare_runs, compare_table
 from clover_viz.figures.cost import cost_figure, roofline_figure
 from clover_viz.figures.per_forward import (
@@ -91,6 +100,7 @@ from clover_viz.figures.text import text_figure, text_html
 
 __all__ = [
     "ACCEPTED_MARKS", "BLOCK_TRACE", "CONFIDENCE_TRACE", "EOS_MARKS", "EXPERT_TRACE", "FORCED_MARKS",
+    "REMASKED_MARKS", "REWRITTEN_MARKS", "block_revision_marks",
     "COMPARE_TABLE_HEIGHT", "MEMORY_TRACE", "NOT_APPLICABLE", "TEXT_PROMPT_TRACE", "TEXT_TRACE", "block_figure", "compare_runs",
     "compare_table", "confidence_heatmap", "cost_figure", "cumulative_tokens_figure", "expert_union_figure",
     "memory_share_figure", "refresh_figure", "roofline_figure", "slot_states", "state_norm_figure", "step_for",

@@ -4,6 +4,12 @@
 Slot states are `engine.slot_index.SlotIndex.slot_states`: ``masked`` (the cell shows,
 faintly, the forward's current argmax candidate), ``prompt``, ``earlier``, ``eos``,
 ``forced``, ``accepted`` (shaded by confidence).
+
+A revisable decoder (`engine.diffusion_gemma`: a written token can be replaced or
+withdrawn) adds two marker traces to the block view: ``REWRITTEN_MARKS`` on slots this step
+rewrote (the cell shows the new token; its hover names the previous one) and
+``REMASKED_MARKS`` on slots it withdrew (masked again; hover names the token they held).
+Traces of accept-once decoders draw exactly as before, without these traces.
 """
 
 from __future__ import annotations
@@ -32,6 +38,11 @@ from clover_viz.figures._common import (
 
 _BLOCK_COLS = 8
 _CELL_H = 46
+
+REWRITTEN_MARKS = "rewritten this step"
+REMASKED_MARKS = "withdrawn this step"
+_REWRITTEN_COLOR = "#be123c"
+_REMASKED_COLOR = "#475569"
 
 
 # =============================================================================== block view
@@ -64,13 +75,36 @@ def _top_text(trace: Any, top_tokens: np.ndarray, top_probs: np.ndarray, k: int 
 
 def _block_payload(trace: Any, step: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(heatmap properties, layout properties) of the block view at ``step``."""
+    heat, layout, _ = _block_view(trace, step)
+    return heat, layout
+
+
+def block_revision_marks(trace: Any, step: int | None = None) -> dict[str, dict[str, Any]] | None:
+    """The revision marker traces' properties at ``step``: ``{REWRITTEN_MARKS: {x, y, text},
+    REMASKED_MARKS: {...}}`` for a revisable trace, None for an accept-once one (its block
+    view has no such traces). What `update_block_figure` writes into them.
+
+    Raises:
+        ValueError / TypeError: as `slot_states`.
+    """
+    return _block_view(trace, step)[2]
+
+
+def _block_view(trace: Any, step: int | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    """(heatmap properties, layout properties, revision marks or None) of the block view at
+    ``step``; the marks (``{trace name: properties}``) only for a revisable trace."""
     i = _resolve_step(trace, step)
     idx = _index(trace)
     ev = idx.steps[i]
     b = int(idx.block_of[i])
     L = len(ev.tokens)
     states = idx.slot_states(i)
-    at, wconf, witer = idx.written_at[b], idx.written_conf[b], idx.written_iter[b]
+    if b in idx.revised:  # the writes of the tokens held at this step, not the block's final ones
+        at, witer, wconf, _ = idx.written_as_of(b, i)
+    else:
+        at, wconf, witer = idx.written_at[b], idx.written_conf[b], idx.written_iter[b]
+    revisable = idx.revisable
+    rewritten, remasked, previous = idx.rewritten_at(i)
     cols, rows = _grid(L)
     z: list[list[float | None]] = [[None] * cols for _ in range(rows)]
     text: list[list[str]] = [[""] * cols for _ in range(rows)]
@@ -91,6 +125,8 @@ def _block_payload(trace: Any, step: int | None) -> tuple[dict[str, Any], dict[s
                     trace, ev.top_tokens[s], ev.top_probs[s])
             else:
                 detail = "no forward yet"
+            if remasked[s]:
+                detail += _previous_text(trace, "withdrawn this step; it held", int(previous[s]))
             z[r][c] = C.STATE_CODES["masked"]
         else:
             token = int(ev.tokens[s])
@@ -107,6 +143,8 @@ def _block_payload(trace: Any, step: int | None) -> tuple[dict[str, Any], dict[s
                 detail = f"written at iteration {k_in} of this block (step {j})"
                 if conf == conf:
                     detail += f", conf {conf:.3f}"
+                if rewritten[s] and j == i:
+                    detail += _previous_text(trace, "rewritten this step; it held", int(previous[s]))
                 if st != "eos":
                     detail += "<br>top candidates then:<br>" + _top_text(trace, wev.top_tokens[s], wev.top_probs[s])
             z[r][c] = C.STATE_CODES[st] + (float(conf_now[s]) if st == "accepted" else 0.5)
@@ -116,6 +154,8 @@ def _block_payload(trace: Any, step: int | None) -> tuple[dict[str, Any], dict[s
     thr = _threshold(trace)
     wrote = f"wrote {n_acc} accepted" + (f", {n_forced} forced" if n_forced else "") + (
         f", {n_eos} EOS-filled" if n_eos else "")
+    if revisable:
+        wrote += f" ({int(rewritten.sum())} rewritten), {int(remasked.sum())} withdrawn"
     title = (
         f"Block {b} · iteration {int(ev.step_index) + 1} of {len(block_steps)} · step {i + 1}/{len(trace)}"
         f"<br><sup>{wrote} · {n_masked} still masked"
@@ -142,7 +182,31 @@ def _block_payload(trace: Any, step: int | None) -> tuple[dict[str, Any], dict[s
         ),
         xaxis=dict(showticklabels=False, showgrid=False, zeroline=False, range=[-0.5, cols - 0.5]),
     )
-    return heat, layout
+    marks = None
+    if revisable:
+        marks = {}
+        for name, m in ((REWRITTEN_MARKS, rewritten), (REMASKED_MARKS, remasked)):
+            slots = np.flatnonzero(m).tolist()
+            marks[name] = {
+                "x": [s % cols + 0.36 for s in slots], "y": [s // cols - 0.3 for s in slots],
+                "text": [f"slot {s}: {'rewritten' if m is rewritten else 'withdrawn'}, it held "
+                         f"{C.plotly_text(_tok(trace, int(previous[s])))} (id {int(previous[s])})" for s in slots],
+            }
+    return heat, layout, marks
+
+
+def _previous_text(trace: Any, what: str, token: int) -> str:
+    return f"<br><b>{what}</b> {C.plotly_text(_tok(trace, token))} (id {token})"
+
+
+def _add_revision_marks(fig: go.Figure, marks: dict[str, Any]) -> None:
+    """The revision marker traces of a revisable trace's block view (see the module docstring)."""
+    sty = {REWRITTEN_MARKS: {"symbol": "star", "size": 11, "color": _REWRITTEN_COLOR,
+                             "line": {"width": 1, "color": "#ffffff"}},
+           REMASKED_MARKS: {"symbol": "circle-x-open", "size": 10, "color": _REMASKED_COLOR, "line": {"width": 2}}}
+    for name, marker in sty.items():
+        fig.add_trace(go.Scatter(mode="markers", name=name, marker=marker, showlegend=True,
+                                 hovertemplate="%{text}<extra></extra>", **marks[name]))
 
 
 def block_figure(trace: Any, step: int | None = None) -> go.Figure:
@@ -151,9 +215,12 @@ def block_figure(trace: Any, step: int | None = None) -> go.Figure:
     Cell text is the token (masked cells: the forward's candidate in grey
     italics); hover gives the state, the token, when it was written and the
     top candidates with probabilities. The cells are the heatmap trace named
-    ``BLOCK_TRACE``; its ``customdata[r][c][0]`` is the slot state.
+    ``BLOCK_TRACE``; its ``customdata[r][c][0]`` is the slot state. For a revisable
+    trace (`engine.slot_index.SlotIndex.revisable`) rewritten slots carry a star
+    (``REWRITTEN_MARKS``) and withdrawn ones a crossed circle (``REMASKED_MARKS``), and
+    their hovers name the token they held.
     """
-    heat, layout = _block_payload(trace, step)
+    heat, layout, marks = _block_view(trace, step)
     fig = go.Figure()
     fig.add_trace(
         go.Heatmap(
@@ -180,6 +247,8 @@ def block_figure(trace: Any, step: int | None = None) -> go.Figure:
                 hoverinfo="skip",
             )
         )
+    if marks is not None:
+        _add_revision_marks(fig, marks)
     fig.update_layout(
         **_base_layout(""),
         legend=dict(orientation="h", y=-0.02, yanchor="top", x=0, font=dict(size=11)),
@@ -196,14 +265,23 @@ def update_block_figure(fig: go.Figure, trace: Any, step: int | None = None) -> 
     One ``batch_update`` (a single message to the browser for a FigureWidget);
     the result equals ``block_figure(trace, step)``.
 
+    A figure drawn for an accept-once trace gains the revision marker traces when
+    redrawn for a revisable one; in the other direction they are emptied.
+
     Raises:
         ValueError: if ``fig`` has no ``BLOCK_TRACE`` heatmap.
     """
-    heat, layout = _block_payload(trace, step)
+    heat, layout, marks = _block_view(trace, step)
     cells = _find(fig, BLOCK_TRACE)
+    present = {t.name for t in fig.data}
     with fig.batch_update():
         cells.update(**heat)
         fig.update_layout(**layout)
+        for name in (REWRITTEN_MARKS, REMASKED_MARKS):
+            if name in present:
+                _find(fig, name).update(**(marks[name] if marks is not None else {"x": [], "y": [], "text": []}))
+    if marks is not None and not present >= {REWRITTEN_MARKS, REMASKED_MARKS}:
+        _add_revision_marks(fig, marks)
 
 
 # =============================================================================== confidence heatmap

@@ -49,11 +49,12 @@ def _text_cells(trace: Any, step: int | None) -> list[dict[str, Any]]:
         L = len(ev.tokens)
         pre = idx.prefilled(b, L)
         written = idx.written_by(b, last)
-        iteration = np.where(written, idx.written_iter[b], -1)
+        w_iter, w_conf, w_kind = _writes_of(idx, b, last)
+        iteration = np.where(written, w_iter, -1)
         out.append(dict(
             block=b, position_start=int(ev.position_start), tokens=np.asarray(ev.tokens), prefilled=pre,
-            written=written, iteration=iteration, confidence=np.where(written, idx.written_conf[b], np.nan),
-            kind=np.where(written, idx.written_kind[b], ""), n_iter=len(steps_b),
+            written=written, iteration=iteration, confidence=np.where(written, w_conf, np.nan),
+            kind=np.where(written, w_kind, ""), n_iter=len(steps_b),
         ))
     return out
 
@@ -187,6 +188,7 @@ def _block_html(trace: Any, idx: SlotIndex, b: int, last: int, color_by: str, sh
     L = len(toks)
     pre = idx.prefilled(b, L)
     written = idx.written_by(b, last)
+    w_iter, w_conf, w_kind = _writes_of(idx, b, last)
     n_iter = len(idx.steps_of[b])
     eos = idx.eos_id
     parts = [(f'<span title="block {b} (pos {int(ev.position_start)})" '
@@ -200,14 +202,14 @@ def _block_html(trace: Any, idx: SlotIndex, b: int, last: int, color_by: str, sh
         if not written[s_]:
             parts.append('<span style="color:#cbd5e1">░</span>')
             continue
-        kind = idx.written_kind[b][s_]
+        kind = w_kind[s_]
         if (eos is not None and tok == eos) or kind == "eos":
             parts.append(f'<span class="clover-end" title="end of text: EOS in block {b}, slot {s_}" '
                          'style="color:#6d28d9;font-size:11px;padding:0 3px">end</span>')
             ended = True
             break
-        conf = float(idx.written_conf[b][s_])
-        it = int(idx.written_iter[b][s_])
+        conf = float(w_conf[s_])
+        it = int(w_iter[s_])
         if color_by == "confidence":
             bg = C.STATE_COLORS["forced"] if kind == "forced" else C.accepted_color(conf if conf == conf else 0.0)
         else:
@@ -217,6 +219,16 @@ def _block_html(trace: Any, idx: SlotIndex, b: int, last: int, color_by: str, sh
         parts.append(f'<span title="{html.escape(tip)}" style="background:{bg};color:{fg};'
                      f'border-radius:2px">{_esc_text(trace.token_str(tok)) or "∅"}</span>')
     return "".join(parts), ended
+
+
+def _writes_of(idx: SlotIndex, b: int, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(iteration, confidence, kind) per slot of block ``b`` for the tokens held after global
+    step ``step``: the index's final writes, or for a block a revisable decoder revised, the
+    writes as of that step (`SlotIndex.written_as_of`)."""
+    if b in idx.revised:
+        _, it, conf, kind = idx.written_as_of(b, step)
+        return it, conf, kind
+    return idx.written_iter[b], idx.written_conf[b], idx.written_kind[b]
 
 
 _VIRIDIS = ("#440154", "#482878", "#3e4989", "#31688e", "#26828e", "#1f9e89", "#35b779", "#6ece58", "#b5de2b", "#fde725")
