@@ -14,6 +14,8 @@ after every chunk, and the peak bytes of the tensors a prefill allocates.
   keeps the peak: the activation memory of the code it wraps (weights and state tensors
   allocated before it are not counted; in-place updates of them allocate nothing).
   `prefill_peak_bytes` wraps `prefill` in it.
+* `decode_step_s` -- the median time of a denoising forward on states of different context
+  lengths, interleaved.
 
 What `PeakMemory` sees: storages returned by aten ops (outputs that alias an input --
 views, in-place and ``out=`` results -- are not new allocations). Scratch memory inside a
@@ -197,4 +199,31 @@ def prefill_peak_bytes(model, ids: torch.Tensor, chunk: int, block_size: int = 3
     return int(pm.peak_bytes)
 
 
-__all__ = ["PeakMemory", "PrefillRun", "long_context_model", "prefill", "prefill_peak_bytes"]
+def decode_step_s(model, states: dict, block_ids: torch.Tensor, n: int = 30) -> dict:
+    """Median wall seconds of one denoising forward of ``block_ids`` on each of ``states``.
+
+    The forwards read the state only (no commit), so the states are left as they were. The
+    states take turns, one forward each, ``n`` rounds, so that load from other processes
+    falls on all of them alike; one warm-up round is not timed.
+
+    Args:
+        model: a `CloverModel`.
+        states: ``{label: CloverState}``, e.g. states after short and long prompts.
+        block_ids: [1, L] the block (its slots sit at each state's position).
+        n: timed rounds.
+
+    Returns:
+        ``{label: median seconds}``.
+    """
+    times: dict = {k: [] for k in states}
+    with torch.no_grad():
+        for r in range(n + 1):
+            for k, st in states.items():
+                t0 = time.perf_counter()
+                model(block_ids, st)
+                if r:
+                    times[k].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+__all__ = ["PeakMemory", "PrefillRun", "decode_step_s", "long_context_model", "prefill", "prefill_peak_bytes"]

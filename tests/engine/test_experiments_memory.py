@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.experiments_memory import PeakMemory, long_context_model, prefill, prefill_peak_bytes
+from engine.experiments_memory import PeakMemory, decode_step_s, long_context_model, prefill, prefill_peak_bytes
 
 
 def test_peak_memory_counts_allocations_views_and_frees():
@@ -60,11 +60,22 @@ def test_prefill_chunks_give_the_same_state_and_constant_bytes(model):
 
 
 def test_prefill_peak_grows_with_the_chunk_not_the_prompt(model):
-    ids = torch.randint(0, 256, (1, 2048), generator=torch.Generator().manual_seed(1))
-    whole_1k = prefill_peak_bytes(model, ids[:, :1024], chunk=1024)
-    whole_2k = prefill_peak_bytes(model, ids, chunk=2048)
-    chunked_1k = prefill_peak_bytes(model, ids[:, :1024], chunk=256)
-    chunked_2k = prefill_peak_bytes(model, ids, chunk=256)
-    assert whole_2k == pytest.approx(2 * whole_1k, rel=0.1)
-    assert chunked_2k == pytest.approx(chunked_1k, rel=0.05)
-    assert chunked_2k < whole_1k / 2
+    ids = torch.randint(0, 256, (1, 1024), generator=torch.Generator().manual_seed(1))
+    whole_half = prefill_peak_bytes(model, ids[:, :512], chunk=512)
+    whole = prefill_peak_bytes(model, ids, chunk=1024)
+    chunked_half = prefill_peak_bytes(model, ids[:, :512], chunk=128)
+    chunked = prefill_peak_bytes(model, ids, chunk=128)
+    assert whole == pytest.approx(2 * whole_half, rel=0.1)
+    assert chunked == pytest.approx(chunked_half, rel=0.05)
+    assert chunked < whole_half / 2
+
+
+def test_decode_step_s_reads_the_states_without_changing_them(model):
+    ids = torch.randint(0, 256, (1, 512), generator=torch.Generator().manual_seed(2))
+    short, long = prefill(model, ids[:, :64], chunk=64).state, prefill(model, ids, chunk=256).state
+    before = [layer.S.clone() for layer in long.layers]
+    got = decode_step_s(model, {"short": short, "long": long}, ids[:, :32], n=3)
+    assert set(got) == {"short", "long"} and all(v > 0 for v in got.values())
+    assert long.position == 512 and short.position == 64
+    for b, layer in zip(before, long.layers):
+        assert torch.equal(b, layer.S)
