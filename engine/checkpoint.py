@@ -193,6 +193,9 @@ def load_model(
       a block-diffusion model with token shift (`engine.hf_model.wrap_pretrained`).
     * ``Dream`` / ``llada``: a masked diffusion checkpoint, bidirectional with a full recompute
       per forward (`engine.masked_diffusion.load_masked_diffusion`).
+    * ``diffusion_gemma``: transformers' DiffusionGemma (revisable commits, its own sampler): the
+      return value is an `engine.diffusion_gemma.DiffusionGemmaDecoder` (``.generate(prompt)``
+      gives text, tokens and a trace), not a model for `BlockDecoder`.
 
     A transformers Qwen3.5-MoE directory (``qwen3_5_moe``, ``qwen3_5_moe_text``) is refused with
     the command that converts it (`engine.convert`). Weights are read from safetensors only.
@@ -231,6 +234,10 @@ def load_model(
     fmt = model_format(directory)
     from engine.masked_diffusion import FORMATS as MASKED_FORMATS
 
+    if fmt == "diffusion_gemma":  # revisable block diffusion with its own sampler (engine.diffusion_gemma)
+        from engine.diffusion_gemma import load_diffusion_gemma
+
+        return load_diffusion_gemma(directory, device=device, dtype=_as_float_dtype(dtype))
     if fmt in MASKED_FORMATS:  # Dream / LLaDA: bidirectional, full recompute (engine.masked_diffusion)
         from engine.masked_diffusion import load_masked_diffusion
 
@@ -278,7 +285,9 @@ def supported_formats() -> dict[str, str]:
 
     plain = {mt: f"a transformers {mt} directory (save_pretrained), decoded with token shift (engine.hf_model)"
              for mt in SUPPORTED_MODEL_TYPES}
-    return {**FORMATS, **plain, **MASKED_FORMATS}
+    gemma = {"diffusion_gemma": "a transformers DiffusionGemma directory (save_pretrained), decoded by its own "
+                                "revisable sampler; load_model returns an engine.diffusion_gemma.DiffusionGemmaDecoder"}
+    return {**FORMATS, **plain, **MASKED_FORMATS, **gemma}
 
 
 def _supported() -> str:

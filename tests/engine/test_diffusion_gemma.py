@@ -348,3 +348,64 @@ def test_cancel_keeps_finished_canvases(decoder):
     assert result.tokens == events[[type(e) for e in events].index(BlockEnd)].tokens.tolist()
     assert isinstance(events[-1], DecodeEnd) and isinstance(events[-2], BlockEnd)
     assert sum(isinstance(e, BlockEnd) for e in events) == 2
+
+
+# ---------------------------------------------------------------------- in the explorer
+def _byte_level_checkpoint(path: Path) -> Path:
+    """A tiny random DiffusionGemma over the byte-level tokenizer (tokenizer.json beside it), as a user's
+    folder would hold a tokenizer: the app and the notebook widget take text prompts."""
+    from engine.tokenizer import byte_tokenizer
+
+    tok = byte_tokenizer()
+    cfg = _tiny_config()
+    cfg.text_config.vocab_size = tok.get_vocab_size()
+    cfg.text_config.eos_token_id = tok.token_to_id("<|endoftext|>")
+    torch.manual_seed(1)
+    DiffusionGemmaForBlockDiffusion(cfg).eval().save_pretrained(path)
+    tok.save(str(path / "tokenizer.json"))
+    return path
+
+
+def test_load_model_opens_it_by_path(checkpoint):
+    from engine.checkpoint import load_model, model_format
+
+    assert model_format(checkpoint) == "diffusion_gemma"
+    dec = load_model(checkpoint)
+    assert isinstance(dec, DiffusionGemmaDecoder) and dec.info.revisable
+
+
+def test_the_app_shows_it_beside_a_clover_run_on_the_same_prompt(tmp_path):
+    """Clover (accept-once) then DiffusionGemma (revisable) on one prompt in the app's session:
+    both traces are kept, compared in one table, and the block view draws the revisable one."""
+    from clover_viz import figures as F
+    from clover_viz.runs import compare
+    from clover_viz.state import ExplorerState
+    from clover_viz.widgets import Explorer
+
+    d = _byte_level_checkpoint(tmp_path / "tiny-gemma")
+    s = ExplorerState(model_dir="clover-test", prompt="Hello, diffusion", max_new_tokens=16, block_size=8)
+    try:
+        assert s.generate() and s.wait(60)
+        s.tick(0.02)
+        clover_run = s.trace
+        s.model_dir = str(d)  # typed into the model field
+        assert s.error == "", s.error
+        assert s.generate() and s.wait(120)
+        s.tick(0.02)
+        gemma_run = s.trace
+        assert s.previous is clover_run and gemma_run.model_id == "tiny-gemma"
+        end = gemma_run.decode_end
+        assert end is not None and len(gemma_run) == end.nfe >= 2 and len(gemma_run.generated_tokens) >= 1
+        table = compare(clover_run, gemma_run)
+        assert table is not None
+        assert len(F.compare_table(clover_run, gemma_run).data) == 1
+        assert len(F.block_figure(gemma_run).data) >= 1
+    finally:
+        s.close()
+        s.wait(5)
+    ex = Explorer(str(d))
+    try:
+        tr = ex.decode("Hi")
+        assert len(tr) >= 2 and "NFE" in ex.status.value
+    finally:
+        ex.close()
