@@ -7,7 +7,7 @@ after every chunk, and the peak bytes of the tensors a prefill allocates.
   weights being trained).
 * `prefill` -- commit a prompt in chunks of ``chunk`` tokens (each chunk is one forward
   with an empty block: ``model(ids[:, :0], state, commit_ids=chunk, block_size=...)``),
-  recording after each chunk the committed position, the cumulative wall time and
+  recording after each chunk the committed position, the cumulative wall and CPU time and
   ``CloverState.nbytes()`` of the live state object (`PrefillRun`).
 * `PeakMemory` -- a ``TorchDispatchMode`` that counts the bytes of every tensor storage
   a torch op allocates inside it, until the last tensor using that storage is freed, and
@@ -42,7 +42,7 @@ from torch.utils._pytree import tree_flatten
 class _Storage:
     """One tracked allocation: its bytes and how many live tensors use it."""
 
-    __slots__ = ("nbytes", "refs", "live")
+    __slots__ = ("live", "nbytes", "refs")
 
     def __init__(self, nbytes: int):
         self.nbytes, self.refs, self.live = nbytes, 0, True
@@ -73,7 +73,7 @@ class PeakMemory(TorchDispatchMode):
         self.current_bytes = 0
         self._live: dict[int, _Storage] = {}
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:  # noqa: PYI034
         self.peak_bytes = self.current_bytes = 0
         self._live = {}
         super().__enter__()
@@ -131,13 +131,16 @@ class PrefillRun:
 
     Attributes (K = chunks):
         positions: (K,) int64 -- tokens committed after each chunk.
-        wall_s: (K,) float64 -- cumulative seconds of the forwards up to that chunk.
+        wall_s: (K,) float64 -- cumulative wall seconds of the forwards up to that chunk.
+        cpu_s: (K,) float64 -- the same in CPU seconds of this process (`time.process_time`):
+            less sensitive than wall time to other processes sharing the cores.
         state_bytes: (K,) int64 -- ``state.nbytes()`` after that chunk (the live object).
         state: the final `engine.model.CloverState`.
     """
 
     positions: np.ndarray
     wall_s: np.ndarray
+    cpu_s: np.ndarray
     state_bytes: np.ndarray
     state: Any
 
@@ -172,17 +175,19 @@ def prefill(model, ids: torch.Tensor, chunk: int, block_size: int = 32, memory_m
     elif state.position:
         raise ValueError(f"state already holds {state.position} tokens; prefill starts from a fresh state")
     empty = ids[:, :0]
-    positions, walls, sizes = [], [], []
-    total = 0.0
+    positions, walls, cpus, sizes = [], [], [], []
+    wall = cpu = 0.0
     with torch.no_grad():
         for c0 in range(0, P, chunk):
-            t0 = time.perf_counter()
+            t0, c0_cpu = time.perf_counter(), time.process_time()
             model(empty, state, commit_ids=ids[:, c0:c0 + chunk], block_size=block_size)
-            total += time.perf_counter() - t0
+            wall += time.perf_counter() - t0
+            cpu += time.process_time() - c0_cpu
             positions.append(state.position)
-            walls.append(total)
+            walls.append(wall)
+            cpus.append(cpu)
             sizes.append(state.nbytes())
-    return PrefillRun(np.asarray(positions, np.int64), np.asarray(walls, np.float64),
+    return PrefillRun(np.asarray(positions, np.int64), np.asarray(walls, np.float64), np.asarray(cpus, np.float64),
                       np.asarray(sizes, np.int64), state)
 
 
