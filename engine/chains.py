@@ -14,7 +14,12 @@ their time re-reading it). Clover keeps history as state (docs/architecture.md Â
 `decode_chain` commits only what each round adds -- the previous call, the tool response, the
 next turn's header -- into one shared state (one forward per round, counted apart from the
 settings' NFE, as `BlockDecoder.generate` fuses it into its first forward), and each setting
-decodes from a copy of it. The blocks, the partial-block head and every decoding rule are the
+decodes from a copy of it. Settings decode one after another, and a forward whose inputs a
+setting shares with an earlier setting's forward of the same round -- the same answer so far,
+the same block -- is not run again: its logits (and, for a forward that commits, the state after
+it) are taken from the earlier one, bit for bit what running it would give
+(`RoundRun.n_reused`). Settings that differ only in a logits processor share every forward up to
+the first decision the processor changes. The blocks, the partial-block head and every decoding rule are the
 decoder's: each iteration is `engine.decoder`'s own step (the same selector, processors,
 forced fill and EOS fill), so a round's answer is what `BlockDecoder.generate` gives for the same
 prompt ids, up to the floating-point order of committing the history in pieces instead of at
@@ -29,6 +34,7 @@ Tests: ``.venv/bin/python -m pytest tests/engine/test_chains.py -q``
 from __future__ import annotations
 
 import copy
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -53,6 +59,9 @@ class RoundRun:
             float32 the change; fire_forward: (F,) int64 the answer's forward (0-based).
         write_pos, write_token: (W,) int64 -- every written answer slot and its token (writes after
             the first EOS included); write_forward: (W,) int64 the forward that wrote it.
+        n_fields, n_fields_correct: ground-truth arguments, and how many the call got right.
+        n_reused: of the `nfe` forwards, how many were taken from an earlier setting's identical
+            forward instead of being run (`decode_chain`).
     """
 
     setting: str
@@ -77,6 +86,9 @@ class RoundRun:
     write_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     write_token: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     write_forward: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    n_fields: int = 0
+    n_fields_correct: int = 0
+    n_reused: int = 0
 
     def firings(self, name: str) -> int:
         """How many firings of processor `name` this answer's forwards recorded."""
@@ -161,17 +173,19 @@ def decode_chain(model, tokenizer, conversation, settings: Mapping[str, object],
                 committed = list(full)
             if i not in todo:
                 continue
+            shared: dict = {}  # (answer so far, block) -> (logits, state after the forward or None)
             for name, dc in settings.items():
                 select = _Selector(dc, mcfg, never)
                 out[name].append(_decode_round(model, tokenizer, copy.deepcopy(state), committed, head, len(ids), dc,
-                                               select, name, i, conversation.calls[i]))
+                                               select, name, i, conversation.calls[i], shared))
             if progress is not None:
                 progress(i + 1, len(prompts))
     return out
 
 
-def _decode_round(model, tokenizer, state, committed, head, P, dc, select, name, index, call) -> RoundRun:
-    """`BlockDecoder.generate`'s block loop from a state that already holds `committed`."""
+def _decode_round(model, tokenizer, state, committed, head, P, dc, select, name, index, call, shared) -> RoundRun:
+    """`BlockDecoder.generate`'s block loop from a state that already holds `committed`; forwards
+    found in `shared` (this round's earlier settings) are reused, new ones added to it."""
     from engine.data.agent import score_call
     from engine.decoder import _Block, finished_tokens
 
@@ -179,7 +193,8 @@ def _decode_round(model, tokenizer, state, committed, head, P, dc, select, name,
     budget = min(dc.max_new_tokens, cfg.max_position_embeddings - P)
     seq, commit, head = list(committed), None, list(head)
     generated: list[int] = []
-    nfe = n_forced = block_index = 0
+    nfe = n_forced = block_index = n_reused = 0
+    n0 = len(committed)
     fires, writes = [], []
     t0 = time.perf_counter()
     hit_eos = False
@@ -187,9 +202,17 @@ def _decode_round(model, tokenizer, state, committed, head, P, dc, select, name,
         n_gen = min(dc.block_size - len(head), budget)
         blk = _Block(block_index, len(seq), head, n_gen, cfg.mask_token_id, model.device)
         while bool(blk.masked.any()):
-            out = model(blk.ids, state, commit_ids=commit, block_size=dc.block_size)
+            key = (tuple(seq[n0:]), tuple(blk.ids[0].tolist()))
+            if key in shared:  # the same inputs as an earlier setting's forward: the same outputs
+                logits, after = shared[key]
+                if after is not None:
+                    state = copy.deepcopy(after)
+                n_reused += 1
+            else:
+                logits = model(blk.ids, state, commit_ids=commit, block_size=dc.block_size).logits[0]
+                shared[key] = (logits.clone(), None if commit is None else copy.deepcopy(state))
             commit = None
-            st = select.step(out.logits[0], blk, seq, P, last_step=dc.max_steps is not None
+            st = select.step(logits.clone(), blk, seq, P, last_step=dc.max_steps is not None
                              and blk.step + 1 >= dc.max_steps)
             for f in st.firings:
                 fires.append((f.name, blk.pos0 + f.slot - P, f.token, f.value, nfe))
@@ -217,7 +240,50 @@ def _decode_round(model, tokenizer, state, committed, head, P, dc, select, name,
         tokens=np.asarray(generated, np.int64), hit_eos=hit_eos, text=text, nfe=nfe, n_forced=n_forced, wall_s=wall,
         exact_match=bool(s["exact_match"]), json_valid=bool(s["json_valid"]), name_correct=bool(s["name_correct"]),
         complete="</tool_call>" in text and "<tool_call>" in text,
+        n_fields=len(s["fields"]), n_fields_correct=sum(f["correct"] for f in s["fields"]), n_reused=n_reused,
         fire_name=np.asarray(fa[0], "<U12"), fire_pos=np.asarray(fa[1], np.int64),
         fire_token=np.asarray(fa[2], np.int64), fire_value=np.asarray(fa[3], np.float32),
         fire_forward=np.asarray(fa[4], np.int64), write_pos=np.asarray(wa[0], np.int64),
         write_token=np.asarray(wa[1], np.int64), write_forward=np.asarray(wa[2], np.int64))
+
+
+_CLAUSE_SPLIT = re.compile(r", then |, and finally ")
+
+
+def turn_per_call_chain(conversation):
+    """The same calls and tool responses as `conversation`, with the request split into one user
+    turn per call: system, then per round ``user: Please <clause>.``, the assistant's call, the
+    tool's response (a user turn, as in the training layout); each call's values sit in the turn
+    just before it or in a recent tool response, instead of in one request at the top of the chain.
+
+    Args:
+        conversation: from `engine.data.agent.generate_conversation` (two rounds or more).
+
+    Returns:
+        An `engine.data.agent.Conversation` whose `calls` hold the new prompts (targets, names,
+        arguments and fields unchanged); its text ends with the last tool response.
+
+    Raises:
+        ValueError: the request does not split into one clause per call.
+    """
+    from engine.data.agent import IM_END, IM_START, CallTurn, Conversation
+
+    text = conversation.text
+    system_end = text.index(IM_END) + len(IM_END) + 1
+    user = text[system_end:].split(IM_END, 1)[0].split("\n", 1)[1]  # the request turn's content
+    body = user.split("Please ", 1)[1].rstrip(".")
+    clauses = _CLAUSE_SPLIT.split(body)
+    responses = re.findall(r"<tool_response>.*?</tool_response>", text)
+    n = len(conversation.calls)
+    if len(clauses) != n or len(responses) < n - 1:
+        raise ValueError(f"the request splits into {len(clauses)} clauses and {len(responses)} responses for "
+                         f"{n} calls; cannot build one turn per call")
+    out = text[:system_end]
+    calls = []
+    for i, (call, clause) in enumerate(zip(conversation.calls, clauses)):
+        out += f"{IM_START}user\nPlease {clause}.{IM_END}\n{IM_START}assistant\n"
+        calls.append(CallTurn(out, call.target, call.name, dict(call.arguments), list(call.fields), i))
+        out += call.target + "\n"
+        if i < len(responses):
+            out += f"{IM_START}user\n{responses[i]}{IM_END}\n"
+    return Conversation(out, calls)

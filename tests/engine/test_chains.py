@@ -45,6 +45,8 @@ def test_rounds_equal_fresh_decodes_of_the_same_prompt(bundled):
     eos = runs["eos bias"]
     assert sum(r.firings("eos_bias") for r in eos) > 0 and np.all(np.concatenate([r.fire_pos for r in eos]) > 16)
     assert all(r.firings("repetition") == 0 and r.firings("eos_bias") == 0 for r in runs["off"])
+    # the first setting runs every forward; the others reuse the forwards they share with it
+    assert all(r.n_reused == 0 for r in runs["off"]) and sum(r.n_reused for r in runs["eos bias"]) > 0
 
 
 def test_eos_written_under_the_bias_is_found(bundled):
@@ -66,3 +68,24 @@ def test_prompts_extend_each_other_and_errors(bundled):
         decode_chain(model, tok, conv, {})
     with pytest.raises(ValueError, match="share block_size"):
         decode_chain(model, tok, conv, {"a": DecodeConfig(block_size=32), "b": DecodeConfig(block_size=16)})
+
+
+def test_turn_per_call_chain_keeps_calls_and_responses(bundled):
+    from engine.chains import turn_per_call_chain
+
+    _, tok = bundled
+    conv = generate_conversation(random.Random(EVAL_SEED_START + 11), n_rounds=6)
+    chain = turn_per_call_chain(conv)
+    assert [c.target for c in chain.calls] == [c.target for c in conv.calls]
+    assert [c.arguments for c in chain.calls] == [c.arguments for c in conv.calls]
+    assert chain.text.count("<tool_response>") == conv.text.count("<tool_response>")
+    for i, call in enumerate(chain.calls):
+        last_user = call.prompt.rsplit("<|im_start|>user\n", 1)[1]
+        assert last_user.startswith("Please ") and last_user.endswith(".<|im_end|>\n<|im_start|>assistant\n")
+        for f in call.fields:  # a value written in the request sits in this round's own turn
+            if f.source == "request" and not f.is_repeat_of_earlier_field:
+                assert str(f.value) in last_user
+        if i:
+            assert call.prompt.startswith(chain.calls[i - 1].prompt + chain.calls[i - 1].target)
+    p = chain_prompts(tok, chain)
+    assert all(b[: len(a)] == a for a, b in zip(p, p[1:]))
