@@ -310,8 +310,10 @@ class Explorer:
         get = (lambda k, d: getattr(dc, k, d)) if has_model else (lambda k, d: dc.get(k, d) if dc else d)
         n = len(self.trace) if self.trace is not None else 0
 
-        self.play = W.Play(value=0, min=0, max=max(n - 1, 0), step=1, interval=100, description="play")
-        self.step_slider = W.IntSlider(value=0, min=0, max=max(n - 1, 0), step=1, description="step",
+        # The slider counts forwards from 1, as the figure titles do ("step 3/17" = after forward 3);
+        # `show_step` and the state take 0-based step indices.
+        self.play = W.Play(value=1, min=1, max=max(n, 1), step=1, interval=100, description="play")
+        self.step_slider = W.IntSlider(value=1, min=1, max=max(n, 1), step=1, description="step",
                                        continuous_update=True, layout=W.Layout(width="420px"))
         self._link = W.jslink((self.play, "value"), (self.step_slider, "value"))
         self.speed = W.IntSlider(value=10, min=1, max=60, description="fps", continuous_update=False,
@@ -462,12 +464,12 @@ class Explorer:
             self.status.value = f"<i>cost panel unavailable: {exc}</i>"
 
     def _set_slider_range(self, n: int, value: int) -> None:
-        """Move the slider without drawing (the caller draws once)."""
+        """Move the slider to 0-based step ``value`` of ``n`` without drawing (the caller draws once)."""
         self._quiet = True
         try:
-            self.step_slider.max = max(n - 1, 0)
-            self.play.max = max(n - 1, 0)
-            self.step_slider.value = value
+            self.step_slider.max = max(n, 1)
+            self.play.max = max(n, 1)
+            self.step_slider.value = value + 1
         finally:
             self._quiet = False
 
@@ -509,8 +511,9 @@ class Explorer:
             return
         try:
             with self._lock:
-                self.state.seek(int(change["new"]))
-                self.show_step(int(change["new"]))
+                step = int(change["new"]) - 1  # the slider counts from 1
+                self.state.seek(step)
+                self.show_step(step)
         except Exception as exc:  # noqa: BLE001  (shown in the widget, not lost in the log console)
             self._show_error(exc)
 

@@ -65,13 +65,40 @@ def tokens_per_forward_figure(trace: Any) -> go.Figure:
     return fig
 
 
+def answer_writes(trace: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per forward, the answer tokens it wrote: ``(written, forced)``, each ``(NFE,)`` int64.
+
+    A slot counts when it was accepted or forced and, once the decode has ended, lies within
+    the answer (`Trace.generated_tokens`: before the first EOS). The EOS itself and slots after
+    it are not answer tokens, so the totals equal the summary's token and forced counts (the
+    status line's). While a decode is still running every accepted or forced slot counts.
+    """
+    idx = _index(trace)
+    end = trace.decode_end
+    if end is None:
+        return np.asarray(idx.n_accepted + idx.n_forced, dtype=np.int64), np.asarray(idx.n_forced, dtype=np.int64)
+    n_answer = len(trace.generated_tokens)
+    starts = {b.block_index: b for b in trace.block_starts}
+    first = starts.get(min(starts)) if starts else None
+    gen0 = (first.position_start + int(np.sum(first.prefilled))) if first is not None else 0
+    written, forced = [], []
+    for ev in trace.steps:
+        b = starts.get(int(ev.block_index))
+        pos = (b.position_start if b is not None else 0) + np.arange(len(ev.tokens)) - gen0
+        inside = pos < n_answer
+        acc, frc = np.asarray(ev.accepted, bool) & inside, np.asarray(ev.forced, bool) & inside
+        written.append(int(acc.sum() + frc.sum()))
+        forced.append(int(frc.sum()))
+    return np.asarray(written, dtype=np.int64), np.asarray(forced, dtype=np.int64)
+
+
 def cumulative_tokens_figure(trace: Any) -> go.Figure:
-    """Tokens written (accepted + forced) against forwards, beside the autoregressive line y = x."""
+    """Answer tokens written (accepted + forced, `answer_writes`) against forwards, beside the
+    autoregressive line y = x."""
     if len(trace) == 0:
         return _empty_figure("Cumulative tokens vs forwards", "no steps yet")
-    idx = _index(trace)
-    acc, frc = idx.n_accepted, idx.n_forced
-    y = np.concatenate([[0], np.cumsum(acc + frc)])
+    written, frc = answer_writes(trace)
+    y = np.concatenate([[0], np.cumsum(written)])
     x = np.arange(0, len(trace) + 1)
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=x, y=x, name="autoregressive (1 token / forward)", mode="lines",

@@ -210,7 +210,9 @@ def test_per_forward_charts(trace):
     ar = next(t for t in cum.data if t.name.startswith("autoregressive"))
     assert list(ar.x) == list(ar.y)
     bd = next(t for t in cum.data if t.name == "block diffusion")
-    assert bd.y[-1] == sum(int(s.accepted.sum() + s.forced.sum()) for s in trace.steps)
+    written = sum(int(s.accepted.sum() + s.forced.sum()) for s in trace.steps)
+    # answer tokens (before the first EOS), as the summary and the status line count them
+    assert bd.y[-1] == trace.summary()["n_tokens"] == len(trace.generated_tokens) <= written
     tpf = F.tokens_per_forward_figure(trace)
     assert [len(t.x) for t in tpf.data] == [S, S, S]
     eu = F.expert_union_figure(trace)
@@ -315,3 +317,23 @@ def test_live_trace_grows(trace):
             n += 1
             assert F.slot_states(live, -1).tolist() == expected_states(trace, n - 1)
     assert len(F.cumulative_tokens_figure(live).data[1].x) == len(trace) + 1
+
+
+def test_cumulative_chart_counts_the_answer_tokens_the_summary_counts():
+    """The EOS and the slots after it are not answer tokens: the chart's total equals the summary's
+    (the status line's), also for a decode whose last block wrote slots past its EOS."""
+    from engine.decoder import BlockDecoder, DecodeConfig
+    from engine.experiments import load_bundled
+
+    model, tok = load_bundled()
+    from clover_viz.examples import WEATHER_PROMPT
+
+    r = BlockDecoder(model, tok, DecodeConfig(block_size=32, threshold=0.95, max_new_tokens=64)).generate(
+        WEATHER_PROMPT)
+    trace = r.trace
+    written = sum(int(ev.accepted.sum() + ev.forced.sum()) for ev in trace.steps)
+    assert r.stop_reason == "eos" and written > len(r.tokens)  # the EOS slot itself was written
+    fig = F.cumulative_tokens_figure(trace)
+    s = trace.summary()
+    assert fig.data[1].y[-1] == s["n_tokens"] == len(r.tokens)
+    assert fig.data[2].y[-1] <= s["n_forced"]

@@ -24,16 +24,17 @@ def n_observers(widget, name="value") -> int:
 def test_explorer_from_a_trace_steps_in_place(trace):
     ex = Explorer(trace)
     assert ex.show() is ex.show()  # the same tree on every call
-    assert ex.step_slider.max == len(trace) - 1 and ex.play.max == len(trace) - 1
+    assert ex.step_slider.min == 1 and ex.step_slider.max == len(trace) == ex.play.max  # counts like the titles
     assert ex.threshold.disabled and ex.block_size.disabled  # no model: settings show the recorded run
     assert ex.threshold.continuous_update is False and ex.block_size.value == trace.decode_config["block_size"]
     figs = dict(ex.figures)
     assert all(isinstance(f, go.FigureWidget) for f in figs.values())
     block = ex.block_fig
     for i in (0, 4, 9, len(trace) - 1):
-        ex.step_slider.value = i
+        ex.step_slider.value = i + 1  # "step i+1 of n" shows the state after forward i+1
         assert ex.block_fig is block
         fresh = F.block_figure(trace, i)
+        assert f"step {i + 1}/{len(trace)}" in ex.block_fig.layout.title.text
         assert ex.block_fig.data[0].z == fresh.data[0].z
         assert ex.block_fig.data[0].customdata == fresh.data[0].customdata
         assert F.text_html(trace, i) == ex.text.value
