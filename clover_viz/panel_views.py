@@ -466,7 +466,11 @@ class BlockView(pn.viewable.Viewer):
             self.pane.object = self._base
         else:  # the step's payload merged into that copy: no plotly validation per step
             heat, layout = F._block_payload(s.trace, pos)
-            self.pane.object = self._base.updated({self._base.trace_index(F.BLOCK_TRACE): heat}, layout)
+            updates = {self._base.trace_index(F.BLOCK_TRACE): heat}
+            if s.trace.slot_index().revisable:  # rewritten / withdrawn slots (a revisable decoder's trace)
+                for name, props in (F.block_revision_marks(s.trace, pos) or {}).items():
+                    updates[self._base.trace_index(name)] = props
+            self.pane.object = self._base.updated(updates, layout)
 
     def __panel__(self) -> Any:
         return self.pane

@@ -409,3 +409,33 @@ def test_the_app_shows_it_beside_a_clover_run_on_the_same_prompt(tmp_path):
         assert len(tr) >= 2 and "NFE" in ex.status.value
     finally:
         ex.close()
+
+
+def test_the_app_block_view_moves_the_revision_marks_with_the_step(decoder):
+    """The Panel block view's fast path (a snapshot updated per step) equals the full figure,
+    revision markers included, at every step of a revisable trace."""
+    pytest.importorskip("panel")
+    from clover_viz import figures as F
+    from clover_viz.panel_views import BlockView, FigureSnapshot
+    from clover_viz.state import ExplorerState
+
+    trace = _revision_trace(decoder)
+    s = ExplorerState(model_dir="clover-test")
+    try:
+        s.trace = trace
+        view = BlockView(state=s)
+        marked = 0
+        for pos in range(len(trace)):
+            s.position = pos
+            shown = view.pane.object.to_dict()
+            want = FigureSnapshot.of(F.block_figure(trace, pos)).to_dict()
+            names = [t.get("name") for t in want["data"]]
+            for name in (F.REWRITTEN_MARKS, F.REMASKED_MARKS):
+                i = names.index(name)
+                got = shown["data"][i]
+                assert list(got.get("x", [])) == list(want["data"][i].get("x", [])), (pos, name)
+                assert list(got.get("text", [])) == list(want["data"][i].get("text", [])), (pos, name)
+                marked += len(want["data"][i].get("x", []))
+        assert marked > 0  # the trace has rewrites to show
+    finally:
+        s.close()
