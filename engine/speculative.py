@@ -55,8 +55,8 @@ from __future__ import annotations
 import math
 import numbers
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch

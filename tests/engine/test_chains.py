@@ -6,6 +6,7 @@ Run: ``.venv/bin/python -m pytest tests/engine/test_chains.py -q``
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
@@ -15,9 +16,8 @@ from engine import experiments as X
 from engine.chains import chain_prompts, decode_chain
 from engine.data.agent import EVAL_SEED_START, generate_conversation
 from engine.decoder import BlockDecoder, DecodeConfig
-from engine.events import StepEvent
 
-BASE = dict(block_size=32, threshold=0.95, max_new_tokens=64, memory_mode="state+window")
+BASE = {"block_size": 32, "threshold": 0.95, "max_new_tokens": 64, "memory_mode": "state+window"}
 SETTINGS = {"off": DecodeConfig(**BASE), "repetition": DecodeConfig(**BASE, repetition_penalty=2.0),
             "eos bias": DecodeConfig(**BASE, eos_bias_soft_limit=16, eos_bias_rate=0.5)}
 
@@ -63,7 +63,7 @@ def test_prompts_extend_each_other_and_errors(bundled):
     model, tok = bundled
     conv = generate_conversation(random.Random(EVAL_SEED_START + 9), n_rounds=3)
     p = chain_prompts(tok, conv)
-    assert all(b[: len(a)] == a for a, b in zip(p, p[1:]))
+    assert all(b[: len(a)] == a for a, b in itertools.pairwise(p))
     with pytest.raises(ValueError, match="at least one setting"):
         decode_chain(model, tok, conv, {})
     with pytest.raises(ValueError, match="share block_size"):
@@ -88,4 +88,4 @@ def test_turn_per_call_chain_keeps_calls_and_responses(bundled):
         if i:
             assert call.prompt.startswith(chain.calls[i - 1].prompt + chain.calls[i - 1].target)
     p = chain_prompts(tok, chain)
-    assert all(b[: len(a)] == a for a, b in zip(p, p[1:]))
+    assert all(b[: len(a)] == a for a, b in itertools.pairwise(p))

@@ -11,12 +11,17 @@ import copy
 
 import pytest
 import torch
+from helpers import CFG_CONV, loud_model
 
 from engine.config import CloverConfig
 from engine.decoder import BlockDecoder, DecodeConfig
 from engine.model import CloverModel, ModelOutput
-from engine.speculative import SpeculativeConfig, SpeculativeDecoder, greedy_reference, summarize_speculative
-from helpers import CFG_CONV, loud_model
+from engine.speculative import (
+    SpeculativeConfig,
+    SpeculativeDecoder,
+    greedy_reference,
+    summarize_speculative,
+)
 
 CFG = CloverConfig.from_name("clover-test")
 MASK, EOS, V = CFG.mask_token_id, CFG.eos_token_id, CFG.vocab_size
@@ -135,11 +140,11 @@ def test_summary_counts():
 
 
 @pytest.mark.parametrize("kw, err, match", [
-    (dict(draft_size=0), ValueError, "draft_size"),
-    (dict(draft_size=2.0), TypeError, "draft_size"),
-    (dict(max_new_tokens=True), TypeError, "max_new_tokens"),
-    (dict(memory_mode="kv"), ValueError, "memory_mode"),
-    (dict(verifier="tree"), ValueError, "verifier"),
+    ({"draft_size": 0}, ValueError, "draft_size"),
+    ({"draft_size": 2.0}, TypeError, "draft_size"),
+    ({"max_new_tokens": True}, TypeError, "max_new_tokens"),
+    ({"memory_mode": "kv"}, ValueError, "memory_mode"),
+    ({"verifier": "tree"}, ValueError, "verifier"),
 ])
 def test_config_errors(kw, err, match):
     with pytest.raises(err, match=match):
