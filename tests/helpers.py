@@ -61,3 +61,31 @@ class ReferenceDriven(torch.nn.Module):
         self.max_diff = max(self.max_diff, float((fast.logits - ref.logits).abs().max()))
         ref.expert_union = fast.expert_union  # the reference pass re-reads all history: not this forward's cost
         return ref
+
+
+# ------------------------------------------------------------------ browser tests
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+"""Flags for headless Chromium in a container (no sandbox, no GPU, nothing fetched in the background)."""
+
+
+def chromium_executable() -> str | None:
+    """Debian's chromium (``$CHROMIUM``, ``/usr/bin/chromium`` or on ``PATH``), or None when absent."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    for cand in (os.environ.get("CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
+                 shutil.which("chromium-browser")):
+        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -18,34 +18,19 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 import re
-import shutil
 import socket
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import CHROMIUM_ARGS, chromium_executable, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 TIMEOUT_MS = 45_000  # per wait; the whole test is bounded by these waits
 
 
-def _chromium() -> str | None:
-    for cand in (os.environ.get("CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
-                 shutil.which("chromium-browser")):
-        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
-            return cand
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _load_app_module():
@@ -59,13 +44,13 @@ def _load_app_module():
 def served_app():
     pytest.importorskip("panel")
     pytest.importorskip("playwright.sync_api")
-    chromium = _chromium()
+    chromium = chromium_executable()
     if chromium is None:
         pytest.skip("no chromium executable found (install Debian's package: apt-get install -y chromium)")
     import panel as pn
 
     app_module = _load_app_module()
-    port = _free_port()
+    port = free_port()
     sessions = []
 
     def make():

@@ -16,10 +16,8 @@ Run: ``.venv/bin/python -m pytest tests/apps/test_jupyterlab.py -q``
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -27,39 +25,26 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import CHROMIUM_ARGS, chromium_executable, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = "01_block_decoding_loop.ipynb"
 RUN_TIMEOUT_S = 420  # every cell of one notebook on 2 busy cores
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
-def _chromium() -> str | None:
-    for cand in (os.environ.get("CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
-                 shutil.which("chromium-browser")):
-        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
-            return cand
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     pytest.importorskip("jupyterlab")
     pytest.importorskip("playwright.sync_api")
-    chromium = _chromium()
+    chromium = chromium_executable()
     if chromium is None:
         pytest.skip("no chromium executable found (install Debian's package: apt-get install -y chromium)")
     work = tmp_path_factory.mktemp("lab")
     for name in ("00_quickstart.ipynb", TUTORIAL):
         shutil.copy(ROOT / "notebooks" / name, work / name)
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", JUPYTER_CONFIG_DIR=str(work / ".jupyter"),
                JUPYTER_RUNTIME_DIR=str(work / ".runtime"), PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
