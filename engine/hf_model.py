@@ -189,7 +189,31 @@ def block_window_mask(n_prefix: int, n_causal: int, n_window: int, dtype: torch.
     return mask[None, None]
 
 
-class HFBlockDiffusionModel(nn.Module):
+class TransformersBackbone(nn.Module):
+    """What the transformers-backed backbones share: the wrapped LM (``self.lm``) gives the device
+    and dtype, and a history of one sequence in ``state`` mode (`check_state_args`)."""
+
+    lm: nn.Module
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm.get_input_embeddings().weight.dtype
+
+    @staticmethod
+    def check_state_args(batch_size: int, memory_mode: str, backbone: str, history: str) -> None:
+        """Raise ValueError unless ``batch_size == 1`` and ``memory_mode == "state"`` (``history`` says
+        what ``state`` means for ``backbone``)."""
+        if batch_size != 1:
+            raise ValueError(f"the {backbone} decodes one sequence at a time, got batch_size={batch_size}")
+        if memory_mode != "state":
+            raise ValueError(f"memory_mode={memory_mode!r} is a Clover variant; {history} -- use memory_mode='state'")
+
+
+class HFBlockDiffusionModel(TransformersBackbone):
     """A transformers causal LM driven as a block-diffusion model (see module docstring).
 
     Args:
@@ -210,15 +234,6 @@ class HFBlockDiffusionModel(nn.Module):
         else:
             self.mask_embedding = None
 
-    # ------------------------------------------------------------------ properties
-    @property
-    def device(self) -> torch.device:
-        return self.lm.get_input_embeddings().weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm.get_input_embeddings().weight.dtype
-
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Input embeddings of ``ids`` [B, T] -> [B, T, D], MASK rows replaced by `mask_embedding`."""
         x = self.lm.get_input_embeddings()(ids)
@@ -236,13 +251,8 @@ class HFBlockDiffusionModel(nn.Module):
         """
         from transformers import DynamicCache
 
-        if batch_size != 1:
-            raise ValueError(f"the transformers backbone decodes one sequence at a time, got batch_size={batch_size}")
-        if memory_mode != "state":
-            raise ValueError(
-                f"memory_mode={memory_mode!r} is a Clover variant; this transformers-backed model keeps all "
-                "history in its KV cache -- use memory_mode='state'"
-            )
+        self.check_state_args(batch_size, memory_mode, "transformers backbone",
+                              "this transformers-backed model keeps all history in its KV cache")
         return HFBlockState(cache=DynamicCache())
 
     # ------------------------------------------------------------------ forward

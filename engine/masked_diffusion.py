@@ -55,7 +55,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.hf_model import HFBlockConfig, count_parameters
+from engine.hf_model import HFBlockConfig, TransformersBackbone, count_parameters
 from engine.model import ModelOutput
 
 FORMATS = {
@@ -140,7 +140,7 @@ class MaskedDiffusionState:
         return 0
 
 
-class MaskedDiffusionModel(nn.Module):
+class MaskedDiffusionModel(TransformersBackbone):
     """A bidirectional transformers LM driven as a masked diffusion model (module docstring).
 
     Args:
@@ -154,27 +154,14 @@ class MaskedDiffusionModel(nn.Module):
         self.config = config
         self.model_id = config.name
 
-    @property
-    def device(self) -> torch.device:
-        return self.lm.get_input_embeddings().weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm.get_input_embeddings().weight.dtype
-
     def setup_state(self, batch_size: int = 1, memory_mode: str = "state") -> MaskedDiffusionState:
         """An empty history.
 
         Raises:
             ValueError: ``batch_size != 1`` or a memory mode other than ``state``.
         """
-        if batch_size != 1:
-            raise ValueError(f"the masked-diffusion backbone decodes one sequence at a time, got batch_size={batch_size}")
-        if memory_mode != "state":
-            raise ValueError(
-                f"memory_mode={memory_mode!r} is a Clover variant; a masked diffusion model recomputes its whole "
-                "history every forward -- use memory_mode='state'"
-            )
+        self.check_state_args(batch_size, memory_mode, "masked-diffusion backbone",
+                              "a masked diffusion model recomputes its whole history every forward")
         return MaskedDiffusionState()
 
     def forward(self, block_ids: torch.Tensor, state: MaskedDiffusionState, commit_ids: torch.Tensor | None = None,
