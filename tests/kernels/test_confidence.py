@@ -1,0 +1,93 @@
+"""Confidence step: the Triton kernel (under TRITON_INTERPRET=1 on the CPU) against the
+plain-torch definition over awkward sizes, with NaN-poisoned outputs; the dispatcher.
+
+Run: .venv/bin/python -m pytest tests/kernels/test_confidence.py -q
+"""
+
+import importlib.util
+
+import pytest
+import torch
+
+from kernels import confidence
+from kernels.confidence import naive
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
+
+MASK_ID = 5
+
+
+def _case(L, V, dtype, seed=0, tokenizer_vocab=None):
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(L, V, generator=gen) * 4).to(dtype)
+    # the excluded ids carry the largest logits: a kernel that forgets them picks them
+    logits[:, MASK_ID] = 30.0
+    if tokenizer_vocab is not None:
+        logits[:, tokenizer_vocab:] = 40.0
+    return logits, naive.never_mask(V, MASK_ID, tokenizer_vocab)
+
+
+# slots x vocabulary (tiles of 256: one partial tile, 2 tiles, 5 tiles with a partial last one)
+GRID = [(L, V, tv, dtype) for L, V, tv in ((1, 37, 30), (33, 300, None), (7, 1030, 1000))
+        for dtype in (torch.float32, torch.float16)]
+
+
+@needs_triton
+@pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "no_probs"])
+@pytest.mark.parametrize("L, V, tok_vocab, dtype", GRID,
+                         ids=[f"L{L}-V{V}-{str(d)[6:]}" for L, V, _, d in GRID])
+def test_triton_equals_torch(L, V, tok_vocab, dtype, with_probs):
+    from kernels.confidence import triton_confidence
+
+    logits, never = _case(L, V, dtype, seed=L * V, tokenizer_vocab=tok_vocab)
+    nan = float("nan")
+    out = (torch.full((L,), nan, dtype=dtype), torch.full((L,), -7, dtype=torch.int64),
+           torch.full((L, V), nan, dtype=dtype) if with_probs else None)
+    conf, cand, probs = triton_confidence.confidence_step(logits, never, with_probs, out=out, block_v=256)
+    ref_conf, ref_cand, ref_probs = naive.confidence_step(logits.float(), never, True)
+    tol = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-3, rtol=1e-3)
+    assert conf is out[0] and conf.dtype == dtype
+    torch.testing.assert_close(conf.float(), ref_conf, **tol)
+    assert torch.equal(cand, ref_cand)
+    assert not bool(never[cand].any())
+    if with_probs:
+        assert probs is out[2]
+        torch.testing.assert_close(probs.float(), ref_probs, **tol)
+        assert bool((probs[:, never] == 0).all())
+    else:
+        assert probs is None
+
+
+@needs_triton
+def test_triton_first_max_wins_and_later_tiles():
+    """Ties go to the smallest id (torch's CPU argmax does too); a max in the last, partial tile is found."""
+    from kernels.confidence import triton_confidence
+
+    V = 600
+    logits = torch.zeros(3, V)
+    logits[0, [3, 400]] = 2.0  # tie across tiles
+    logits[1, 599] = 1.0  # last element of a partial tile
+    logits[2, [17, 18]] = 3.0  # tie within a tile
+    never = naive.never_mask(V, MASK_ID)
+    conf, cand, _ = triton_confidence.confidence_step(logits, never, False, block_v=128)
+    assert cand.tolist() == [3, 599, 17]
+    torch.testing.assert_close(conf, naive.confidence_step(logits, never)[0])
+
+
+def test_dispatcher_cpu_is_the_definition():
+    """On CPU tensors the dispatcher returns exactly the plain-torch results (the decoder's tokens)."""
+    logits, never = _case(9, 123, torch.float32, tokenizer_vocab=100)
+    got = confidence.confidence_step(logits, never)
+    ref = naive.confidence_step(logits, never)
+    for a, b in zip(got, ref):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="impl"):
+        confidence.confidence_step(logits, never, impl="cuda")
+
+
+def test_never_mask():
+    m = naive.never_mask(10, 2, tokenizer_vocab=8)
+    assert m.tolist() == [False, False, True] + [False] * 5 + [True, True]
+    with pytest.raises(ValueError, match="mask_id"):
+        naive.never_mask(10, 10)
