@@ -47,6 +47,7 @@ from engine.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
 from engine.model import MEMORY_MODES, CloverModel
 from engine.policies import POLICIES, make_policy
 from engine.processors import ProgressiveEOSBias, RepetitionControl
+from kernels.confidence import confidence_step
 
 Hook = Callable[[object], None]
 
@@ -571,9 +572,7 @@ class _Selector:
                 firings += self.rep(logits, cur, blk.pos0, mlist, self.mask_id, prompt_len)
             if self.eos_bias is not None:
                 firings += self.eos_bias(logits, cur, blk.pos0, mlist, self.mask_id, prompt_len, self.eos_id)
-        logits = logits.masked_fill(self.never, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        conf, cand = probs.max(-1)  # [L]
+        conf, cand, probs = confidence_step(logits, self.never)  # [L], [L], [L, V]; torch on CPU, Triton on CUDA
         masked = blk.masked
         accepted = self.policy.select(conf, masked, probs) & masked
         forced = torch.zeros_like(masked)
