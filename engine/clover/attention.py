@@ -107,8 +107,9 @@ class GatedAttention(nn.Module):
         g = -self.mem_A_log.float().exp() * F.softplus(self.mem_a(x).float() + self.mem_dt_bias)
 
         qh = q.transpose(1, 2)  # [B, Hq, T, D]
-        q_rot = rope(qh, p.pos, self.cfg.rotary_dim, self.cfg.rope_theta)
-        k_rot = rope(k.transpose(1, 2), p.pos, self.cfg.rotary_dim, self.cfg.rope_theta)  # [B, Hkv, T, D]
+        ang = p.rope_angles(self.cfg.rotary_dim, self.cfg.rope_theta)
+        q_rot = rope(qh, p.pos, self.cfg.rotary_dim, self.cfg.rope_theta, ang)
+        k_rot = rope(k.transpose(1, 2), p.pos, self.cfg.rotary_dim, self.cfg.rope_theta, ang)  # [B, Hkv, T, D]
         vh = v.transpose(1, 2)  # [B, Hkv, T, D]
         scale = self.D**-0.5
         mem_logit = scale * torch.einsum("bhtd,hd->bht", qh.float(), self.mem_w.float())

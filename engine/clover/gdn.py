@@ -96,8 +96,9 @@ class GatedDeltaNet(nn.Module):
         qh = q.repeat_interleave(rep, 2).transpose(1, 2)  # [B, Hv, T, K]
         kh = k.repeat_interleave(rep, 2).transpose(1, 2)
         vh = v.transpose(1, 2).float()  # [B, Hv, T, V]
-        q_rot = rope(qh, p.pos, self.cfg.linear_rotary_dim, self.cfg.rope_theta)
-        k_rot = rope(kh, p.pos, self.cfg.linear_rotary_dim, self.cfg.rope_theta)
+        ang = p.rope_angles(self.cfg.linear_rotary_dim, self.cfg.rope_theta)
+        q_rot = rope(qh, p.pos, self.cfg.linear_rotary_dim, self.cfg.rope_theta, ang)
+        k_rot = rope(kh, p.pos, self.cfg.linear_rotary_dim, self.cfg.rope_theta, ang)
         # fp32 from here on whatever the weights' dtype (bf16 / fp16 models): cast the small parameters
         temperature = self.block_temperature.float()
         mem_logit = temperature.view(1, -1, 1) * torch.einsum("bhtk,hk->bht", qh, self.mem_w.float())

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.gated_delta_rule import gated_delta_rule
+from kernels.gated_delta_rule.naive import l2norm
 
 
 class RMSNorm(nn.Module):
@@ -43,17 +44,28 @@ class GatedRMSNorm(nn.Module):
         return (y * F.silu(z.float())).to(x.dtype)
 
 
-def rope(x: torch.Tensor, pos: torch.Tensor, rot_dim: int, theta: float) -> torch.Tensor:
+def rope_angles(pos: torch.Tensor, rot_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, each [T, rot_dim] fp32, for positions `pos` [T] (int64)."""
+    inv_freq = theta ** (-torch.arange(0, rot_dim, 2, dtype=torch.float32, device=pos.device) / rot_dim)
+    ang = pos.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, rot/2]
+    return torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, rot_dim: int, theta: float,
+         cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Rotary embedding on the first `rot_dim` dims of the last axis (rotate-half form).
 
     Args:
         x: [B, H, T, D]; pos: [T] absolute positions (int64).
+        cos_sin: `rope_angles(pos, rot_dim, theta)` when the caller already has them (a forward
+            computes them once for all its layers, `Pass.rope`); None computes them here.
+
+    Returns:
+        [B, H, T, D], dtype of x.
     """
     if rot_dim == 0:
         return x
-    inv_freq = theta ** (-torch.arange(0, rot_dim, 2, dtype=torch.float32, device=x.device) / rot_dim)
-    ang = pos.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, rot/2]
-    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)  # [T, rot]
+    cos, sin = rope_angles(pos, rot_dim, theta) if cos_sin is None else cos_sin  # [T, rot]
     xr, xp = x[..., :rot_dim], x[..., rot_dim:]
     x1, x2 = xr[..., : rot_dim // 2], xr[..., rot_dim // 2:]
     rotated = torch.cat([-x2, x1], -1)
@@ -132,10 +144,43 @@ def delta_update(S: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
 
     k: [B, C, H, K] (L2-normalised inside), v: [B, C, H, V], g / beta: [B, C, H]. ``naive``: the
     token-loop definition (`kernels.gated_delta_rule.naive`) instead of the dispatcher's fast path.
+    One token with as many key as value heads (autoregressive decoding) is folded in here with the
+    definition's own operations, without its query read-out (`delta_update_one`).
     """
+    if k.shape[1] == 1 and not naive:
+        return delta_update_one(S, k, v, g, beta)
     _, S_new = gated_delta_rule(k, k, v, g, beta, initial_state=S, output_final_state=True,
                                 use_qk_l2norm_in_kernel=True, impl="naive" if naive else None)
     return S_new
+
+
+def delta_update_one(S: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                     beta: torch.Tensor) -> torch.Tensor:
+    """One token of the gated delta rule, the exact operations of the token-loop definition
+    (`kernels.gated_delta_rule.naive`: L2-normalise k, decay, delta, rank-1 write) without the
+    output read-out, which a commit does not use.
+
+    Args:
+        S: [B, H, K, V] fp32 state (not modified); k: [B, 1, H_k, K] with H a multiple of H_k
+            (value head j uses key head j // (H / H_k)); v: [B, 1, H, V]; g, beta: [B, 1, H]
+            (any float dtype; computed in fp32).
+
+    Returns:
+        The new state [B, H, K, V] fp32.
+
+    Raises:
+        ValueError: H is not a multiple of H_k.
+    """
+    Hk, H = k.shape[2], v.shape[2]
+    if H % Hk:
+        raise ValueError(f"H_v={H} must be a multiple of H_k={Hk}")
+    k0 = l2norm(k[:, 0].float())  # [B, H_k, K]
+    if H != Hk:
+        k0 = k0.repeat_interleave(H // Hk, dim=1)  # [B, H, K]
+    S = S.float() * g[:, 0].float().exp()[..., None, None]
+    kv = torch.einsum("bhkv,bhk->bhv", S, k0)
+    u = beta[:, 0].float()[..., None] * (v[:, 0].float() - kv)  # [B, H, V]
+    return S + k0[..., None] * u[:, :, None, :]
 
 
 def causal_conv_step(x: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor, n_commit: int) -> torch.Tensor:
@@ -153,7 +198,15 @@ def causal_conv_step(x: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor, 
     k1 = weight.shape[-1] - 1
     channels = x.shape[-1]
     conv_in = torch.cat([tail.to(x.dtype), x], 1)  # [B, k-1+T, channels]
-    out = F.conv1d(conv_in.transpose(1, 2), weight, groups=channels).transpose(1, 2)
+    if x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled():
+        # the same taps as oneDNN's depthwise conv, in its order (fused multiply-adds, first tap
+        # first; equal bit for bit), at a fraction of its fixed cost for a few tokens
+        T, w = x.shape[1], weight[:, 0].t()  # [kernel, channels]
+        out = conv_in[:, :T] * w[0]
+        for j in range(1, k1 + 1):
+            out = torch.addcmul(out, conv_in[:, j:j + T], w[j])
+    else:
+        out = F.conv1d(conv_in.transpose(1, 2), weight, groups=channels).transpose(1, 2)
     kept = conv_in[:, : k1 + n_commit]
     tail.copy_(kept[:, kept.shape[1] - k1:].detach().to(tail.dtype))
     return out

@@ -86,6 +86,19 @@ class Pass:
     memory_share: list = field(default_factory=list)
     state_norm: list = field(default_factory=list)
     expert_union: list = field(default_factory=list)
+    _angles: dict = field(default_factory=dict, repr=False)
+
+    def rope_angles(self, rot_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """cos and sin [T, rot_dim] fp32 of this forward's positions (`ops.rope_angles`), computed
+        once per (rot_dim, theta) and shared by every layer; None when ``rot_dim == 0``."""
+        if rot_dim == 0:
+            return None
+        key = (rot_dim, theta)
+        if key not in self._angles:
+            from engine.clover.ops import rope_angles
+
+            self._angles[key] = rope_angles(self.pos, rot_dim, theta)
+        return self._angles[key]
 
     def __post_init__(self):
         if self.kind not in PASS_KINDS:
