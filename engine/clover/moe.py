@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import CloverConfig
+from kernels.moe import routed_experts
 
 
 class Experts(nn.Module):
@@ -70,22 +71,6 @@ class SparseMoE(nn.Module):
             E = probs.shape[-1]
             f = torch.zeros(E, device=x.device).index_add_(0, idx.reshape(-1), torch.ones(idx.numel(), device=x.device))
             self.aux_loss = E * (f / idx.numel() * probs.mean(0)).sum()
-        # group the T*k (token, expert) pairs by expert; run each hit expert once on its rows
-        flat = idx.reshape(-1)  # [T*k]
-        order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=probs.shape[-1]).tolist()
-        xs = x[order // self.top_k]  # [T*k, D]
-        ys, start, hit = [], 0, 0
-        for e, n in enumerate(counts):
-            if n:
-                h = xs[start:start + n] @ self.experts.gate_up_proj[e].t()  # [n, 2F]
-                gte, up = h.chunk(2, -1)
-                ys.append((F.silu(gte) * up) @ self.experts.down_proj[e].t())  # [n, D]
-                start += n
-                hit += 1
-        y = torch.cat(ys) * w.reshape(-1)[order, None].to(x.dtype)
-        y_pairs = torch.empty_like(y)
-        y_pairs[order] = y  # back to (token, slot) order
-        out = y_pairs.view(-1, self.top_k, x.shape[-1]).sum(1)  # [T, D]
+        out, hit = routed_experts(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)  # [T, D]
         shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
         return (out + shared).reshape(shape), hit
