@@ -58,6 +58,9 @@ class SparseMoE(nn.Module):
         self.shared_expert_gate = nn.Linear(D, 1, bias=False)
         self.last_topk: torch.Tensor | None = None  # [T, k] ids of the last forward (for hooks/tests)
         self.aux_loss: torch.Tensor | None = None  # load-balancing loss of the last training forward
+        # Expert parallel (engine.parallel.shard_experts): this rank holds experts [lo, hi) only and the
+        # shard sums the ranks' partial outputs; None = every expert here.
+        self.expert_parallel = None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         shape = x.shape
@@ -71,6 +74,9 @@ class SparseMoE(nn.Module):
             E = probs.shape[-1]
             f = torch.zeros(E, device=x.device).index_add_(0, idx.reshape(-1), torch.ones(idx.numel(), device=x.device))
             self.aux_loss = E * (f / idx.numel() * probs.mean(0)).sum()
-        out, hit = routed_experts(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)  # [T, D]
+        if self.expert_parallel is not None:  # this rank's experts; partial outputs summed across ranks
+            out, hit = self.expert_parallel.routed(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)
+        else:
+            out, hit = routed_experts(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)  # [T, D]
         shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
         return (out + shared).reshape(shape), hit
