@@ -10,7 +10,6 @@ from torch import nn
 from engine.clover.ops import (
     MixerInputs,
     RMSNorm,
-    block_attention,
     causal_conv_step,
     causal_conv_train,
     delta_update,
@@ -21,6 +20,7 @@ from engine.clover.ops import (
 )
 from engine.clover.state import LayerState, Pass
 from engine.config import CloverConfig
+from kernels.block_attention import block_attention
 from kernels.gated_delta_rule.chunk import chunk_states
 from kernels.gated_delta_rule.naive import l2norm
 
