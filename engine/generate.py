@@ -6,11 +6,18 @@
 (run it with the venv's interpreter, ``.venv/bin/python -m engine.generate ...``,
 or with the venv activated). ``--threads`` defaults to ``OMP_NUM_THREADS`` if
 set, else half the CPUs (1-4): see `engine.threads`.
+
+Experts split across processes (`engine.parallel`; one process per GPU, gloo on the CPU):
+
+    torchrun --nproc-per-node 2 -m engine.generate --model models/clover-tiny --prompt "..." --parallel ep=2
+
+Rank 0 prints the text, the summary and the bytes each rank read, and saves the trace.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -33,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repetition-penalty", type=float, default=0.0, help="0 = off")
     p.add_argument("--eos-bias-soft-limit", type=int, default=None, help="unset = off")
     p.add_argument("--trace", type=Path, default=None, help="save the trace (.parquet or .arrow)")
+    p.add_argument("--parallel", default=None, metavar="ep=N",
+                   help="expert parallel over N processes started by torchrun --nproc-per-node N (engine.parallel)")
+    p.add_argument("--parallel-timeout", type=float, default=None, metavar="S",
+                   help="seconds a collective waits for the other ranks before failing (default 60)")
     from engine.threads import add_threads_argument
 
     add_threads_argument(p)
@@ -48,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.parallel is not None:
+        return _main_parallel(args, threads)
     from engine.checkpoint import load_model, load_tokenizer
     from engine.decoder import BlockDecoder, DecodeConfig
 
@@ -83,6 +96,53 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace is not None:
         path = result.trace.save(args.trace)
         print(f"trace saved to {path}")
+    return 0
+
+
+def _main_parallel(args, threads: int) -> int:
+    """``--parallel ep=N`` under torchrun: every rank decodes with its share of the experts; rank 0 reports."""
+    import torch.distributed as dist
+
+    from engine import parallel
+    from engine.checkpoint import load_model, load_tokenizer
+    from engine.decoder import BlockDecoder, DecodeConfig
+
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        ep = parallel.parse_parallel(args.parallel)["ep"]
+        timeout = parallel.DEFAULT_TIMEOUT_S if args.parallel_timeout is None else args.parallel_timeout
+        rank, world, device = parallel.init_distributed(timeout)
+        if world != ep:
+            raise ValueError(f"--parallel ep={ep} needs {ep} processes, torchrun started {world} "
+                             f"(torchrun --nproc-per-node {ep} ...)")
+        dc = DecodeConfig(block_size=args.block_size, threshold=args.threshold,
+                          max_new_tokens=args.max_new_tokens, max_steps=args.max_steps,
+                          policy=args.policy, memory_mode=args.memory_mode,
+                          repetition_penalty=args.repetition_penalty,
+                          eos_bias_soft_limit=args.eos_bias_soft_limit)
+        if not Path(args.model).is_dir():
+            raise ValueError(f"no model directory at {args.model!r}; pass --model DIR")
+        model = parallel.shard_experts(load_model(args.model, device=device))
+        tokenizer = load_tokenizer(args.model)
+        parallel.reset_shards(model)
+        result = BlockDecoder(model, tokenizer, dc).generate(args.prompt, record_trace=True)
+        per_rank = parallel.rank_bytes_read(model, result)
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:
+        print(f"rank {rank}: error: {e}", file=sys.stderr)
+        return 2
+    if rank == 0:
+        print(result.text)
+        print(
+            f"[{Path(args.model).name}] ep={ep} block_size={dc.block_size} threshold={dc.threshold} | "
+            f"tokens={len(result.tokens)} NFE={result.nfe} tokens/forward={result.tokens_per_forward:.2f} "
+            f"forced={result.n_forced} tokens/s={result.tokens_per_s:.1f} stop={result.stop_reason} | "
+            f"read per rank (MB): {', '.join(f'{b / 1e6:.1f}' for b in per_rank['bytes_read_per_rank'])} "
+            f"(routed experts {', '.join(f'{b / 1e6:.2f}' for b in per_rank['routed_expert_bytes_per_rank'])}; "
+            f"one process: {per_rank['bytes_read'] / 1e6:.1f}) | threads={threads}"
+        )
+        if args.trace is not None:
+            print(f"trace saved to {result.trace.save(args.trace)}")
+    dist.destroy_process_group()
     return 0
 
 
