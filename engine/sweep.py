@@ -464,10 +464,14 @@ def format_summary(summary: pa.Table) -> str:
     def f(v, fmt):
         return "-" if v is None else fmt.format(v)
 
-    lines = [f"{'model':24s} {'task set':14s} {'setting':40s} {'cells':>5s} {'TPF':>6s} {'NFE':>6s} "
+    rows = summary.to_pylist()
+    wm = max([5] + [len(r["model"]) for r in rows])
+    wt = max([8] + [len(r["task_set"]) for r in rows])
+    ws = max([7] + [len(r["setting"]) for r in rows])
+    lines = [f"{'model':{wm}s} {'task set':{wt}s} {'setting':{ws}s} {'cells':>5s} {'TPF':>6s} {'NFE':>6s} "
              f"{'forced':>7s} {'exact':>6s} {'fields':>6s} {'tok/s':>7s}"]
-    for r in summary.to_pylist():
-        lines.append(f"{r['model'][-24:]:24s} {r['task_set'][:14]:14s} {r['setting'][:40]:40s} {r['cells']:5d} "
+    for r in rows:
+        lines.append(f"{r['model']:{wm}s} {r['task_set']:{wt}s} {r['setting']:{ws}s} {r['cells']:5d} "
                      f"{f(r['tokens_per_forward'], '{:6.2f}')} {f(r['nfe_mean'], '{:6.1f}')} "
                      f"{f(r['forced_fill_rate'], '{:7.3f}')} {f(r['exact_match'], '{:6.3f}')} "
                      f"{f(r['field_acc'], '{:6.3f}')} {f(r['tokens_per_s'], '{:7.1f}')}")
