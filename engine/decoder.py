@@ -331,7 +331,7 @@ class BlockDecoder:
         return ids
 
     # ----------------------------------------------------------------- decode
-    @torch.no_grad()
+    @torch.inference_mode()  # no autograd bookkeeping at all: ~10 % less fixed cost per op than no_grad
     def generate(
         self,
         prompt: str | Sequence[int] | torch.Tensor,
@@ -399,7 +399,7 @@ class BlockDecoder:
                 step = select.step(out.logits[0], blk, seq, P, last_step=dc.max_steps is not None
                                    and blk.step + 1 >= dc.max_steps)
                 nfe += 1
-                n_forced += int(step.forced.sum())
+                n_forced += step.n_forced
                 if observers:
                     cost = meter.forward(n_commit, blk.L, None if out.expert_union is None else
                                          out.expert_union.tolist(), context_len=blk.pos0 - n_commit)
@@ -539,6 +539,7 @@ class _Step:
     forced: torch.Tensor
     eos_filled: torch.Tensor
     firings: list
+    n_forced: int = 0  # forced.sum(), known on the host without reading the tensor
 
 
 class _Selector:
@@ -576,10 +577,13 @@ class _Selector:
         masked = blk.masked
         accepted = self.policy.select(conf, masked, probs) & masked
         forced = torch.zeros_like(masked)
+        n_forced = 0
         if last_step:
             forced = masked & ~accepted
+            n_forced = int(forced.sum())
         elif not bool(accepted.any()):  # forced fill: the most confident masked slot
             forced[torch.where(masked, conf, torch.full_like(conf, -1.0)).argmax()] = True
+            n_forced = 1
         write = accepted | forced
         blk.ids[0] = torch.where(write, cand, blk.ids[0])
         blk.masked = masked & ~write
@@ -590,4 +594,4 @@ class _Selector:
             eos_filled = blk.masked & (torch.arange(blk.L, device=blk.ids.device) > first)
             blk.ids[0] = torch.where(eos_filled, torch.full_like(cand, self.eos_id), blk.ids[0])
             blk.masked = blk.masked & ~eos_filled
-        return _Step(masked, conf, cand, probs, accepted, forced, eos_filled, firings)
+        return _Step(masked, conf, cand, probs, accepted, forced, eos_filled, firings, n_forced)

@@ -13,12 +13,14 @@ algorithms (as thresholds); Factor -- Fast-dLLM v1's factor rule.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Protocol
 
 import torch
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of hashable arguments, asked once per decode step
 def _bound(bound: float, dtype: torch.dtype, up: bool) -> float:
     """`bound` rounded to `dtype` toward +inf (`up`) or -inf, as a Python float.
 

@@ -34,6 +34,47 @@ class SharedExpert(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+SMALL_PAIRS = 16
+"""At most this many (token, expert) pairs in a CPU inference forward: `few_token_experts`."""
+
+
+def few_token_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up_proj: torch.Tensor,
+                      down_proj: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The routed experts of a few tokens (autoregressive decoding: 1 or 2 tokens a forward), grouped
+    by expert on the host: the same [n, D] products per hit expert, in the same order, as the
+    grouped loop of `kernels.moe.naive.routed_experts` (equal bit for bit), without its argsort,
+    bincount and scatter, whose fixed cost dominates at a handful of pairs.
+
+    Args:
+        x: [T, D]; weights: [T, k] fp32 routing weights; ids: [T, k] int64 expert ids (distinct per token);
+        gate_up_proj: [E, 2F, D]; down_proj: [E, D, F].
+
+    Returns:
+        ([T, D] in x's dtype, the expert union: distinct experts over the T*k pairs).
+    """
+    T, k = ids.shape
+    flat = [e for row in ids.tolist() for e in row]  # pair p = t * k + j
+    order = sorted(range(T * k), key=flat.__getitem__)  # stable, as argsort(stable=True)
+    ys, i = [], 0
+    while i < len(order):
+        e, j = flat[order[i]], i
+        while j < len(order) and flat[order[j]] == e:
+            j += 1
+        rows = [p // k for p in order[i:j]]
+        xs = x[rows[0]:rows[0] + 1] if len(rows) == 1 else x[torch.tensor(rows, device=x.device)]  # [n, D]
+        gate, up = (xs @ gate_up_proj[e].t()).chunk(2, -1)  # [n, F] each
+        ys.append((F.silu(gate) * up) @ down_proj[e].t())  # [n, D]
+        i = j
+    y = torch.cat(ys)  # [T*k, D], pairs in expert order
+    if order != sorted(order):
+        inverse = [0] * len(order)
+        for pos, pair in enumerate(order):
+            inverse[pair] = pos
+        y = y[torch.tensor(inverse, device=x.device)]  # back to (token, slot) order
+    out = (y * weights.reshape(-1, 1).to(x.dtype)).view(T, k, -1).sum(1)
+    return out, len(ys)
+
+
 class SparseMoE(nn.Module):
     """Softmax router over E experts (fp32), top-k, renormalised; SwiGLU experts;
     a shared SwiGLU expert scaled by ``sigmoid(Linear(x))`` (Qwen3.5-MoE).
@@ -76,6 +117,8 @@ class SparseMoE(nn.Module):
             self.aux_loss = E * (f / idx.numel() * probs.mean(0)).sum()
         if self.expert_parallel is not None:  # this rank's experts; partial outputs summed across ranks
             out, hit = self.expert_parallel.routed(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)
+        elif x.shape[0] == 1 and x.device.type == "cpu" and not torch.is_grad_enabled():
+            out, hit = one_token_experts(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)
         else:
             out, hit = routed_experts(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)  # [T, D]
         shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
