@@ -529,10 +529,20 @@ class _Sink:
         return table
 
 
-def _run_serial(cells, sink, bar, threads, traces, kill_once):
-    runner = CellRunner(threads, traces, kill_once)
+def _cell_failed(cell: Cell, err: BaseException) -> RuntimeError:
+    return RuntimeError(f"cell {cell.cell_id} (model {cell.model}, {cell.setting}, {cell.task.task_set} task "
+                        f"{cell.task.task_id}) failed: {type(err).__name__}: {err}; the finished cells are saved, "
+                        "fix the cause and re-run the same command to resume")
+
+
+def _run_serial(cells, sink, bar, threads, traces):
+    runner = CellRunner(threads, traces)
     for cell in cells:
-        sink.add(*runner.run(cell))
+        try:
+            out = runner.run(cell)
+        except Exception as e:
+            raise _cell_failed(cell, e) from e
+        sink.add(*out)
         bar.update()
 
 
@@ -543,19 +553,27 @@ def _run_pool(cells, sink, bar, workers, threads, traces, kill_once, max_pool_re
 
     todo = {c.cell_id: c for c in cells}
     for attempt in range(max_pool_restarts + 1):
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_pool_init, initargs=(threads, traces, kill_once))
         try:
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                     initializer=_pool_init, initargs=(threads, traces, kill_once)) as pool:
-                futures = {pool.submit(_pool_run, c): c.cell_id for c in todo.values()}
-                for fut in as_completed(futures):
-                    sink.add(*fut.result())
-                    del todo[futures[fut]]
-                    bar.update()
+            futures = {pool.submit(_pool_run, c): c.cell_id for c in todo.values()}
+            for fut in as_completed(futures):
+                try:
+                    out = fut.result()
+                except BrokenProcessPool:
+                    raise
+                except Exception as e:
+                    raise _cell_failed(todo[futures[fut]], e) from e
+                sink.add(*out)
+                del todo[futures[fut]]
+                bar.update()
             return
         except BrokenProcessPool:  # a worker died: finished cells are kept, the rest run on a new pool
             if attempt == max_pool_restarts:
                 raise RuntimeError(f"the process pool broke {attempt + 1} times; {len(todo)} cells not run "
                                    "(re-run the same command to resume)") from None
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _run_ray(cells, sink, bar, workers, threads, traces, kill_once, address: str, max_restarts: int = 3):
@@ -570,10 +588,11 @@ def _run_ray(cells, sink, bar, workers, threads, traces, kill_once, address: str
         else:
             ray.init(address=address, log_to_driver=False)
         started = True
+    actors: list = []
     try:
         Worker = ray.remote(CellRunner).options(num_cpus=threads, max_restarts=max_restarts,
                                                 max_task_retries=max_restarts)
-        actors = [Worker.remote(threads, traces, kill_once) for _ in range(workers)]
+        actors += [Worker.remote(threads, traces, kill_once) for _ in range(workers)]
         queue = list(reversed(cells))  # pop() takes them in grid order
         inflight: dict = {}  # ObjectRef -> (actor, cell)
         tries: dict[str, int] = {}
@@ -589,6 +608,8 @@ def _run_ray(cells, sink, bar, workers, threads, traces, kill_once, address: str
             actor, cell = inflight.pop(ref)
             try:
                 row, trace = ray.get(ref)
+            except ray.exceptions.RayTaskError as e:  # the cell itself raised
+                raise _cell_failed(cell, getattr(e, "cause", None) or e) from None
             except ray.exceptions.RayActorError:  # restarts used up: drop the actor, give the cell to another
                 actors.remove(actor)
                 tries[cell.cell_id] = tries.get(cell.cell_id, 0) + 1
@@ -605,9 +626,9 @@ def _run_ray(cells, sink, bar, workers, threads, traces, kill_once, address: str
             bar.update()
             if queue:
                 submit(actor)
+    finally:
         for actor in actors:
             ray.kill(actor)
-    finally:
         if started:
             ray.shutdown()
 
@@ -626,7 +647,7 @@ def run_sweep(models: Sequence[str], task_sets: Sequence[str], settings: Sequenc
         threads: torch threads per worker (None: `engine.threads` default divided among the workers).
         traces: save every cell's trace under ``traces/``.
         progress: show a tqdm bar (cells done, rate, ETA) on stderr.
-        kill_once: test hook, see `CellRunner`.
+        kill_once: test hook, see `CellRunner` (process pool or Ray only).
 
     Returns:
         A `SweepResult`.
@@ -634,7 +655,8 @@ def run_sweep(models: Sequence[str], task_sets: Sequence[str], settings: Sequenc
     Raises:
         ValueError: bad models / task sets / settings (see `make_cells`), workers < 1, or an
             existing results table of another shape.
-        RuntimeError: workers kept dying (the finished cells are saved; re-run to resume).
+        RuntimeError: a cell raised (the message names it) or workers kept dying; the finished
+            cells are saved either way (re-run to resume).
     """
     from tqdm import tqdm
 
@@ -642,6 +664,8 @@ def run_sweep(models: Sequence[str], task_sets: Sequence[str], settings: Sequenc
 
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    if kill_once is not None and workers == 1 and ray_address is None:
+        raise ValueError("kill_once kills a worker process: it needs workers >= 2 or Ray (1 worker runs in this process)")
     if threads is None and not os.environ.get("OMP_NUM_THREADS"):
         threads = max(1, default_threads() // workers)
     threads = resolve_threads(threads)
@@ -661,7 +685,7 @@ def run_sweep(models: Sequence[str], task_sets: Sequence[str], settings: Sequenc
             elif ray_address is not None:
                 _run_ray(todo, sink, bar, workers, threads, traces, kill_once, ray_address)
             elif workers == 1:
-                _run_serial(todo, sink, bar, threads, traces, kill_once)
+                _run_serial(todo, sink, bar, threads, traces)
             else:
                 _run_pool(todo, sink, bar, min(workers, len(todo)), threads, traces, kill_once)
         finally:
@@ -722,7 +746,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         res = run_sweep(args.models, args.tasks, settings_grid(axes), args.out, workers=args.workers,
                         ray_address=args.ray, threads=args.threads, traces=args.traces, progress=args.progress)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, ConnectionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_summary(res.summary))

@@ -125,3 +125,19 @@ def test_cli(tmp_path, capsys):
     argv[argv.index("--block-size") + 1] = "0"
     assert sweep.main(argv) == 2
     assert "block_size must be an int >= 1" in capsys.readouterr().err
+
+
+def test_failing_cell_is_named_and_finished_cells_kept(grid, tmp_path):
+    models, tasks, _ = grid
+    settings = [{"block_size": 4, "max_new_tokens": 4}, {"block_size": 10_000, "max_new_tokens": 4}]  # > context
+    with pytest.raises(RuntimeError, match=r"cell [0-9a-f]{16} \(model random:clover-test:15, block_size=10000"):
+        sweep.run_sweep(models, tasks, settings, tmp_path, threads=1, progress=False)
+    kept = sweep.read_results(tmp_path)
+    assert kept.num_rows == 4 and set(kept.column("block_size").to_pylist()) == {4}
+
+
+def test_failing_cell_on_ray_is_named(grid, tmp_path, ray_session):
+    models, tasks, _ = grid
+    settings = [{"block_size": 10_000, "max_new_tokens": 4}]
+    with pytest.raises(RuntimeError, match=r"cell [0-9a-f]{16} \(model random:clover-test:15, block_size=10000.*context"):
+        sweep.run_sweep(models, tasks, settings, tmp_path, workers=2, threads=1, ray_address="auto", progress=False)
