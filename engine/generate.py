@@ -107,7 +107,7 @@ def _main_parallel(args, threads: int) -> int:
     from engine.checkpoint import load_model, load_tokenizer
     from engine.decoder import BlockDecoder, DecodeConfig
 
-    rank = int(os.environ.get("RANK", 0))
+    rank = int(os.environ.get("RANK", "0"))
     try:
         ep = parallel.parse_parallel(args.parallel)["ep"]
         timeout = parallel.DEFAULT_TIMEOUT_S if args.parallel_timeout is None else args.parallel_timeout

@@ -89,7 +89,7 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None =
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     device = "cpu"
     if backend == "nccl":
-        local = int(os.environ.get("LOCAL_RANK", 0))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         device = f"cuda:{local}"
     if not dist.is_initialized():

@@ -52,9 +52,10 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -468,8 +469,9 @@ def format_summary(summary: pa.Table) -> str:
     wm = max([5] + [len(r["model"]) for r in rows])
     wt = max([8] + [len(r["task_set"]) for r in rows])
     ws = max([7] + [len(r["setting"]) for r in rows])
-    lines = [f"{'model':{wm}s} {'task set':{wt}s} {'setting':{ws}s} {'cells':>5s} {'TPF':>6s} {'NFE':>6s} "
-             f"{'forced':>7s} {'exact':>6s} {'fields':>6s} {'tok/s':>7s}"]
+    header = (f"{'model':{wm}s} {'task set':{wt}s} {'setting':{ws}s} {'cells':>5s} {'TPF':>6s} {'NFE':>6s} "
+              f"{'forced':>7s} {'exact':>6s} {'fields':>6s} {'tok/s':>7s}")
+    lines = [header]
     for r in rows:
         lines.append(f"{r['model']:{wm}s} {r['task_set']:{wt}s} {r['setting']:{ws}s} {r['cells']:5d} "
                      f"{f(r['tokens_per_forward'], '{:6.2f}')} {f(r['nfe_mean'], '{:6.1f}')} "

@@ -3,7 +3,6 @@ cells; a worker killed mid-sweep loses nothing. Tiny grids on the random clover-
 
 from __future__ import annotations
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
