@@ -462,19 +462,23 @@ class BlockDecoder:
     @staticmethod
     def _step_event(blk: "_Block", st: "_Step", out, n_fwd: int, wall_s: float, top_k: int, cost) -> StepEvent:
         """Copy one iteration's tensors to the host (only called when a hook is registered)."""
-        mb = st.masked_before.cpu().numpy()
+        # one host copy per dtype: the four [L] masks, then the block's ids with the candidates
+        mb, accepted, forced, eos_filled = torch.stack(
+            [st.masked_before, st.accepted, st.forced, st.eos_filled]).cpu().numpy()
+        tokens, cand = torch.stack([blk.ids[0], st.cand.to(blk.ids.dtype)]).cpu().numpy().astype(np.int64, copy=False)
         k = min(top_k, st.probs.shape[-1])
-        tp, tt = st.probs.topk(k, dim=-1)
+        rows = np.flatnonzero(mb)  # top candidates of the masked slots only (the others are -1 / NaN)
+        tp, tt = st.probs[torch.as_tensor(rows, device=st.probs.device)].topk(k, dim=-1)
         confidence = np.where(mb, st.conf.float().cpu().numpy(), np.nan).astype(np.float32)
-        candidate = np.where(mb, st.cand.cpu().numpy(), -1).astype(np.int64)
-        top_tokens = np.where(mb[:, None], tt.cpu().numpy(), -1).astype(np.int64)
-        top_probs = np.where(mb[:, None], tp.float().cpu().numpy(), np.nan).astype(np.float32)
+        candidate = np.where(mb, cand, -1)
+        top_tokens = np.full((len(mb), k), -1, dtype=np.int64)
+        top_tokens[rows] = tt.cpu().numpy()
+        top_probs = np.full((len(mb), k), np.nan, dtype=np.float32)
+        top_probs[rows] = tp.float().cpu().numpy()
         return StepEvent(
             block_index=blk.index, step_index=blk.step, position_start=blk.pos0,
-            tokens=np.array(blk.ids[0].cpu().numpy(), dtype=np.int64), masked_before=mb.copy(),
-            confidence=confidence, candidate=candidate, top_tokens=top_tokens, top_probs=top_probs,
-            accepted=st.accepted.cpu().numpy(), forced=st.forced.cpu().numpy(),
-            eos_filled=st.eos_filled.cpu().numpy(),
+            tokens=tokens, masked_before=mb, confidence=confidence, candidate=candidate,
+            top_tokens=top_tokens, top_probs=top_probs, accepted=accepted, forced=forced, eos_filled=eos_filled,
             # None where the backbone has no such thing (a transformers model: no experts, no recurrent state)
             expert_union=None if out.expert_union is None else out.expert_union.cpu().numpy(),
             state_norm=None if out.state_norm is None else out.state_norm.cpu().numpy().astype(np.float32),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from engine.cost.formulas import ForwardCost, forward_cost
+from engine.cost.formulas import ForwardCost, forward_cost, is_dense
 
 
 class CostMeter:
@@ -29,6 +29,9 @@ class CostMeter:
         self.memory_mode, self.window, self.block_size = memory_mode, int(window), int(block_size)
         self.bytes_read = 0.0
         self.flops = 0.0
+        # Clover's cost does not depend on the context length (history is state), so a decode's
+        # forwards repeat a few (C, L, union) keys: priced once each
+        self._memo: dict | None = None if is_dense(config) else {}
 
     def forward(self, n_commit_tokens: int, block_len: int, expert_union: Sequence[int] | None,
                 context_len: int) -> ForwardCost:
@@ -41,12 +44,18 @@ class CostMeter:
             context_len: tokens of history before the committed ones (a KV cache's length).
 
         Returns:
-            The forward's `ForwardCost` (bytes, FLOPs, breakdown).
+            The forward's `ForwardCost` (bytes, FLOPs, breakdown); for a Clover model the same
+            object for forwards with the same C, L and union (treat it as read-only).
         """
-        cost = forward_cost(self.config, n_commit_tokens + block_len,
-                            None if expert_union is None else list(expert_union), weight_bytes=self.weight_bytes,
-                            n_commit_tokens=n_commit_tokens, block_len=block_len, memory_mode=self.memory_mode,
-                            window=self.window, commit_block_len=self.block_size, context_len=context_len)
+        union = None if expert_union is None else list(expert_union)
+        key = None if self._memo is None or union is None else (n_commit_tokens, block_len, tuple(union))
+        cost = None if key is None else self._memo.get(key)
+        if cost is None:
+            cost = forward_cost(self.config, n_commit_tokens + block_len, union, weight_bytes=self.weight_bytes,
+                                n_commit_tokens=n_commit_tokens, block_len=block_len, memory_mode=self.memory_mode,
+                                window=self.window, commit_block_len=self.block_size, context_len=context_len)
+            if key is not None:
+                self._memo[key] = cost
         self.bytes_read += cost.bytes_read
         self.flops += cost.flops
         return cost
