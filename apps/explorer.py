@@ -17,6 +17,7 @@ Environment:
 * ``CLOVER_TORCH_THREADS`` -- torch CPU threads for decoding (else ``OMP_NUM_THREADS``, else 1: the models
   here are small, and on a shared 2-core machine more threads fight each other
   -- measured 0.4 s vs 30 s for the same decode under load).
+* ``CLOVER_DEVICE`` -- torch device to decode on (default ``cpu``; ``cuda`` on a GPU machine).
 * ``CLOVER_DEV_SHARPEN=1`` -- development option: start with the random model's
   weights multiplied by 15 so that its confidences look like a trained model's.
 

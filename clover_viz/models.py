@@ -27,6 +27,7 @@ Tests: ``.venv/bin/python -m pytest tests/apps/test_explorer_app.py -q``
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,7 +179,8 @@ def build_model(spec: ModelSpec) -> LoadedModel:
     from engine.tokenizer import byte_tokenizer
 
     if spec.kind == "random":
-        model = random_model(RANDOM_MODEL_NAME, RANDOM_MODEL_SEED, spec.dev_scale)
+        model = random_model(RANDOM_MODEL_NAME, RANDOM_MODEL_SEED, spec.dev_scale,
+                             device=None if DEVICE == "cpu" else DEVICE)
         label = RANDOM_MODEL_LABEL if spec.fallback else f"random {RANDOM_MODEL_NAME}"
         if spec.dev_scale != 1.0:
             label += f" [dev: weights x{spec.dev_scale:g}]"
@@ -186,7 +188,7 @@ def build_model(spec: ModelSpec) -> LoadedModel:
     if spec.kind != "checkpoint":
         raise ValueError(f"a {spec.kind!r} model spec names nothing to load; wrap the model with "
                          "LoadedModel.in_memory(model, tokenizer)")
-    model = load_model(spec.path)
+    model = load_model(spec.path, device=DEVICE)
     if hasattr(model, "info") and getattr(model.info, "revisable", False):  # DiffusionGemma: its own sampler
         return _revisable(spec, model)
     try:
@@ -255,6 +257,9 @@ def _shown_path(path: str) -> str:
     except ValueError:
         return path
 
+
+DEVICE = os.environ.get("CLOVER_DEVICE", "").strip() or "cpu"
+"""Torch device the explorer's models decode on (``CLOVER_DEVICE``: ``cpu``, ``cuda``, ``cuda:1`` ...)."""
 
 _MODEL_CACHE: dict[ModelSpec, LoadedModel] = {}
 _MODEL_CACHE_LOCK = threading.Lock()

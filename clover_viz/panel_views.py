@@ -354,7 +354,8 @@ class RunSummary(pn.viewable.Viewer):
                 cell("tokens / forward", f"{st['tokens_per_forward']:.2f}", "clover-tpf",
                      f"{p.get('tokens_per_forward', 0):.2f}" if has else None),
                 cell("forced fills", str(st["n_forced"]), "clover-forced", str(p.get("n_forced")) if has else None),
-                cell("tokens/s (measured, this machine)", format_si(st["tokens_per_s"], digits=3), "clover-tps",
+                cell(f"tokens/s (measured, {html.escape(st.get('device') or 'this machine')})",
+                     format_si(st["tokens_per_s"], digits=3), "clover-tps",
                      format_si(p.get("tokens_per_s"), digits=3) if has else None),
                 cell("block · threshold", f"{st['block_size']} · {st['threshold']:.2f}"
                      if st["threshold"] is not None else str(st["block_size"]), "clover-settings",

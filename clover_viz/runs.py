@@ -87,7 +87,9 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
     """The numbers the views show for one run (None without a trace).
 
     Keys: ``nfe``, ``n_tokens``, ``tokens_per_forward``, ``n_forced``, ``wall_s``,
-    ``tokens_per_s`` (measured on the machine that ran it), ``stop_reason``,
+    ``tokens_per_s`` (measured on the machine that ran it), ``device`` (where it ran, from the
+    trace's meta: ``"cpu"``, ``"cuda:0 (NVIDIA H200)"``; None for traces recorded before it was
+    kept), ``stop_reason``,
     ``block_size``, ``threshold``, ``policy``, ``text``.
 
     While a decode runs, ``n_tokens`` (and so tokens / forward and tokens/s) counts what the
@@ -108,6 +110,7 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
         "n_forced": int(s["n_forced"]),
         "wall_s": float(wall),
         "tokens_per_s": n_written / wall if wall > 0 else 0.0,
+        "device": (trace.meta or {}).get("device"),
         "stop_reason": s["stop_reason"],
         "block_size": dc.get("block_size"),
         "threshold": dc.get("threshold"),

@@ -457,7 +457,8 @@ class BlockDecoder:
         cfg = self.model.config
         tok_text = (lambda i: self.tokenizer.decode([i], skip_special_tokens=False)) if self.tokenizer else None
         return Trace(decode_config=dc.to_dict(), model_id=getattr(self.model, "model_id", cfg.name),
-                     token_text=tok_text, prompt_ids=ids, meta={"model_config": cfg.to_dict()})
+                     token_text=tok_text, prompt_ids=ids,
+                     meta={"model_config": cfg.to_dict(), "device": _device_name(self.model)})
 
     @staticmethod
     def _step_event(blk: "_Block", st: "_Step", out, n_fwd: int, wall_s: float, top_k: int, cost) -> StepEvent:
@@ -490,6 +491,18 @@ class BlockDecoder:
 
 
 # ---------------------------------------------------------------------- the steps of a decode
+def _device_name(model) -> str:
+    """Where `model` runs, as the trace records it: ``"cpu"``, or ``"cuda:0 (NVIDIA H200)"`` on a GPU."""
+    dev = getattr(model, "device", None)
+    if dev is None:
+        return "unknown"
+    dev = torch.device(dev)
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return str(dev)
+
+
 def split_prompt(ids: list[int], block_size: int) -> tuple[list[int], list[int]]:
     """Split a prompt at the last block boundary (blocks sit at absolute positions k * block_size).
 

@@ -1,7 +1,8 @@
 """Command line: decode one prompt and print the text and a one-line summary.
 
     python -m engine.generate --model models/clover-tiny --prompt "..." \\
-        --block-size 32 --threshold 0.95 --max-new-tokens 128 [--trace out.parquet] [--threads N]
+        --block-size 32 --threshold 0.95 --max-new-tokens 128 [--trace out.parquet] [--threads N] \\
+        [--device cuda] [--dtype bfloat16]
 
 (run it with the venv's interpreter, ``.venv/bin/python -m engine.generate ...``,
 or with the venv activated). ``--threads`` defaults to ``OMP_NUM_THREADS`` if
@@ -10,6 +11,9 @@ set, else half the CPUs (1-4): see `engine.threads`.
 Experts split across processes (`engine.parallel`; one process per GPU, gloo on the CPU):
 
     torchrun --nproc-per-node 2 -m engine.generate --model models/clover-tiny --prompt "..." --parallel ep=2
+
+Heads split across processes (tensor parallel, `engine.parallel.shard_heads`), alone or with the experts
+split over the same ranks: ``--parallel tp=2`` or ``--parallel ep=2,tp=2``.
 
 Rank 0 prints the text, the summary and the bytes each rank read, and saves the trace.
 """
@@ -40,8 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repetition-penalty", type=float, default=0.0, help="0 = off")
     p.add_argument("--eos-bias-soft-limit", type=int, default=None, help="unset = off")
     p.add_argument("--trace", type=Path, default=None, help="save the trace (.parquet or .arrow)")
-    p.add_argument("--parallel", default=None, metavar="ep=N",
-                   help="expert parallel over N processes started by torchrun --nproc-per-node N (engine.parallel)")
+    p.add_argument("--device", default="cpu", help="torch device to decode on: cpu, cuda, cuda:1 ... (default cpu)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "float64"],
+                   help="cast the weights to this dtype (default: as stored); state and confidences stay fp32")
+    p.add_argument("--parallel", default=None, metavar="ep=N[,tp=N]",
+                   help="expert (ep) and/or tensor (tp) parallel over the N processes started by "
+                        "torchrun --nproc-per-node N (engine.parallel)")
     p.add_argument("--parallel-timeout", type=float, default=None, metavar="S",
                    help="seconds a collective waits for the other ranks before failing (default 60)")
     from engine.threads import add_threads_argument
@@ -75,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"no model directory at {args.model!r}; pass --model DIR, or make a random test model "
                 "with: python -m engine.checkpoint --init clover-test --out runs/clover-test"
             )
-        model = load_model(args.model)
+        import torch
+
+        if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device}: CUDA is not available on this machine; use --device cpu")
+        model = load_model(args.model, device=args.device, dtype=args.dtype)
         tokenizer = load_tokenizer(args.model)
         if getattr(model, "chat_format", None) == "chatml" and not args.raw_prompt:
             from engine.hf_adapter import chat_prompt
@@ -91,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         f"[{Path(args.model).name}] block_size={dc.block_size} threshold={dc.threshold} | "
         f"tokens={len(result.tokens)} NFE={result.nfe} tokens/forward={result.tokens_per_forward:.2f} "
         f"forced={result.n_forced} tokens/s={result.tokens_per_s:.1f} stop={result.stop_reason} | "
-        f"read {result.bytes_read / 1e6:.1f} MB, {result.flops / 1e9:.2f} GFLOP (cost model) | threads={threads}"
+        f"read {result.bytes_read / 1e6:.1f} MB, {result.flops / 1e9:.2f} GFLOP (cost model) | "
+        f"device={result.trace.meta.get('device', args.device)} threads={threads}"
     )
     if args.trace is not None:
         path = result.trace.save(args.trace)
@@ -100,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main_parallel(args, threads: int) -> int:
-    """``--parallel ep=N`` under torchrun: every rank decodes with its share of the experts; rank 0 reports."""
+    """``--parallel ep=N`` / ``tp=N`` / ``ep=N,tp=N`` under torchrun: every rank decodes with its share of the
+    experts and / or heads; rank 0 reports."""
     import torch.distributed as dist
 
     from engine import parallel
@@ -109,12 +123,14 @@ def _main_parallel(args, threads: int) -> int:
 
     rank = int(os.environ.get("RANK", "0"))
     try:
-        ep = parallel.parse_parallel(args.parallel)["ep"]
+        split = parallel.parse_parallel(args.parallel)
+        label = ",".join(f"{k}={v}" for k, v in split.items())
         timeout = parallel.DEFAULT_TIMEOUT_S if args.parallel_timeout is None else args.parallel_timeout
         rank, world, device = parallel.init_distributed(timeout)
-        if world != ep:
-            raise ValueError(f"--parallel ep={ep} needs {ep} processes, torchrun started {world} "
-                             f"(torchrun --nproc-per-node {ep} ...)")
+        for key, n in split.items():
+            if n != world:
+                raise ValueError(f"--parallel {key}={n} needs {n} processes, torchrun started {world} "
+                                 f"(torchrun --nproc-per-node {n} ...; ep and tp split over the same ranks)")
         dc = DecodeConfig(block_size=args.block_size, threshold=args.threshold,
                           max_new_tokens=args.max_new_tokens, max_steps=args.max_steps,
                           policy=args.policy, memory_mode=args.memory_mode,
@@ -122,23 +138,32 @@ def _main_parallel(args, threads: int) -> int:
                           eos_bias_soft_limit=args.eos_bias_soft_limit)
         if not Path(args.model).is_dir():
             raise ValueError(f"no model directory at {args.model!r}; pass --model DIR")
-        model = parallel.shard_experts(load_model(args.model, device=device))
+        model = load_model(args.model, device=device)
+        if split.get("ep", 1) > 1:
+            parallel.shard_experts(model)
+        if split.get("tp", 1) > 1:
+            parallel.shard_heads(model)
         tokenizer = load_tokenizer(args.model)
         parallel.reset_shards(model)
         result = BlockDecoder(model, tokenizer, dc).generate(args.prompt, record_trace=True)
-        per_rank = parallel.rank_bytes_read(model, result)
+        per_rank = parallel.rank_bytes_read(model, result) if getattr(model, "expert_shards", None) else None
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:
         print(f"rank {rank}: error: {e}", file=sys.stderr)
         return 2
     if rank == 0:
         print(result.text)
+        if per_rank is not None:
+            read = (f"read per rank (MB): {', '.join(f'{b / 1e6:.1f}' for b in per_rank['bytes_read_per_rank'])} "
+                    f"(routed experts "
+                    f"{', '.join(f'{b / 1e6:.2f}' for b in per_rank['routed_expert_bytes_per_rank'])}; "
+                    f"one process: {per_rank['bytes_read'] / 1e6:.1f})")
+        else:  # tensor parallel alone: per-GPU bytes are projected by python -m engine.cost --parallel tp=N
+            read = f"read {result.bytes_read / 1e6:.1f} MB (one process's figure, cost model)"
         print(
-            f"[{Path(args.model).name}] ep={ep} block_size={dc.block_size} threshold={dc.threshold} | "
+            f"[{Path(args.model).name}] {label} block_size={dc.block_size} threshold={dc.threshold} | "
             f"tokens={len(result.tokens)} NFE={result.nfe} tokens/forward={result.tokens_per_forward:.2f} "
             f"forced={result.n_forced} tokens/s={result.tokens_per_s:.1f} stop={result.stop_reason} | "
-            f"read per rank (MB): {', '.join(f'{b / 1e6:.1f}' for b in per_rank['bytes_read_per_rank'])} "
-            f"(routed experts {', '.join(f'{b / 1e6:.2f}' for b in per_rank['routed_expert_bytes_per_rank'])}; "
-            f"one process: {per_rank['bytes_read'] / 1e6:.1f}) | threads={threads}"
+            f"{read} | threads={threads}"
         )
         if args.trace is not None:
             print(f"trace saved to {result.trace.save(args.trace)}")

@@ -284,7 +284,8 @@ class CloverModel(nn.Module):
         return out
 
 
-def random_model(cfg: CloverConfig | str, seed: int = 0, weight_scale: float = 1.0) -> CloverModel:
+def random_model(cfg: CloverConfig | str, seed: int = 0, weight_scale: float = 1.0,
+                 device: str | torch.device | None = None, dtype: torch.dtype | str | None = None) -> CloverModel:
     """A randomly initialised `CloverModel` in eval mode, reproducible from ``seed``.
 
     ``weight_scale`` multiplies every weight matrix (every parameter with >= 2 dims): 1 keeps
@@ -292,11 +293,46 @@ def random_model(cfg: CloverConfig | str, seed: int = 0, weight_scale: float = 1
     logits, so confidences spread over (0, 1) and a decode shows accepted, forced and
     EOS-filled slots -- the stand-in the explorer's dev option and the tests use.
 
+    With a `device` or `dtype` every parameter is created and initialised there and in that dtype
+    (torch's default device and dtype are set while the modules are built), so a preset never
+    exists anywhere else first: ``random_model("clover-35b-a3b", device="cuda", dtype=torch.bfloat16)``
+    allocates its ~69 GB once, on the GPU. The recurrent state, the router softmax, the logits and
+    the confidences stay fp32 whatever the weights' dtype. Weights drawn on another device (or in
+    another dtype) are not the values the CPU fp32 build draws from the same seed.
+
+    Args:
+        cfg: a `CloverConfig` or a preset name.
+        seed: torch seed (every device).
+        weight_scale: multiplier of every parameter with >= 2 dims.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` ... (None = the CPU, as before).
+        dtype: a floating dtype or its name (``torch.bfloat16``, ``"bfloat16"``); None = fp32.
+
     Raises:
-        ValueError: an unknown preset name (see `CloverConfig.from_name`).
+        ValueError: an unknown preset name (see `CloverConfig.from_name`), a dtype that is not a
+            floating type, or a CUDA device on a machine without CUDA.
     """
+    config = CloverConfig.from_name(cfg) if isinstance(cfg, str) else cfg
+    if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32' or 'bfloat16'")
+        dtype = getattr(torch, dtype)
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating type (float32, bfloat16, float16, float64), got {dtype}")
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(dev)!r} asked for but CUDA is not available here; use device='cpu'")
     torch.manual_seed(seed)
-    model = CloverModel(CloverConfig.from_name(cfg) if isinstance(cfg, str) else cfg)
+    if dev is None and dtype is None:
+        model = CloverModel(config)
+    else:
+        old_dtype = torch.get_default_dtype()
+        try:
+            if dtype is not None:
+                torch.set_default_dtype(dtype)
+            with dev if dev is not None else torch.device("cpu"):
+                model = CloverModel(config)
+        finally:
+            torch.set_default_dtype(old_dtype)
     if weight_scale != 1.0:
         with torch.no_grad():
             for p in model.parameters():
