@@ -25,7 +25,14 @@ sum over the ranks to the single-process routed-expert bytes exactly. The replic
 read once per rank: the ranks' totals sum to the single-process total plus ``(N - 1)`` times the
 replicated bytes.
 
-Not done here: tensor parallelism; loading only a rank's experts from disk (each rank loads the
+Tensor parallel (`shard_heads`, ``--parallel tp=N`` or ``ep=N,tp=N`` over the same N ranks): the
+mixers' heads and the shared experts' hidden units split over the ranks (DTensor plans where the
+layout allows, by hand for GDN's fused q/k/v projection and conv and the per-head parameters of the
+memory unit and the state gates); see `shard_heads` for what stays replicated. `rank_bytes_read`
+accounts for the expert split only; the per-GPU bytes of a split are projected by
+`engine.cost.projection.project_parallel`.
+
+Not done here: loading only a rank's experts from disk (each rank loads the
 full checkpoint, then drops the other experts); saving a sharded model.
 """
 
@@ -43,25 +50,27 @@ DEFAULT_TIMEOUT_S = 60.0
 
 
 def parse_parallel(text: str) -> dict[str, int]:
-    """``"ep=2"`` -> ``{"ep": 2}``.
+    """``"ep=2"`` -> ``{"ep": 2}``; ``"tp=2"`` -> ``{"tp": 2}``; ``"ep=2,tp=2"`` -> ``{"ep": 2, "tp": 2}``.
+
+    ep = expert parallel (`shard_experts`), tp = tensor parallel (`shard_heads`). Both split over the
+    same ranks, so each given value must equal the world size (checked by the caller).
 
     Raises:
-        ValueError: not ``ep=N`` with an int N >= 1 (tensor parallel ``tp=`` is not implemented).
+        ValueError: not ``ep=N`` and/or ``tp=M`` with ints >= 1, or a key given twice.
     """
+    usage = f"--parallel expects ep=N and/or tp=M with N, M >= 1 (e.g. ep=2, tp=2, ep=2,tp=2), got {text!r}"
     out: dict[str, int] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         key, eq, val = part.partition("=")
-        if key == "tp":
-            raise ValueError("--parallel tp=N (tensor parallel) is not implemented; use ep=N (expert parallel)")
         try:
             n = int(val) if eq else 0
         except ValueError:
             n = 0
-        if key != "ep" or n < 1 or key in out:
-            raise ValueError(f"--parallel expects ep=N with N >= 1 (e.g. ep=2), got {text!r}")
+        if key not in ("ep", "tp") or n < 1 or key in out:
+            raise ValueError(usage)
         out[key] = n
     if not out:
-        raise ValueError(f"--parallel expects ep=N with N >= 1 (e.g. ep=2), got {text!r}")
+        raise ValueError(usage)
     return out
 
 
@@ -230,3 +239,136 @@ def rank_bytes_read(model: torch.nn.Module, result, group=None) -> dict:
     return {"bytes_read": float(result.bytes_read), "routed_expert_bytes": float(total),
             "routed_expert_bytes_per_rank": [float(b) for b in gathered],
             "bytes_read_per_rank": [float(replicated + b) for b in gathered]}
+
+
+# ------------------------------------------------------------------------------- tensor parallel
+def _mesh(group):
+    """A 1-D DeviceMesh over `group` (None = the default group), on the device type of its backend."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    group = group or dist.group.WORLD
+    device_type = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+    return DeviceMesh.from_group(group, device_type)
+
+
+def _rows(t: torch.Tensor, blocks: list[tuple[int, int]], rank: int, world: int) -> torch.Tensor:
+    """This rank's rows of `t` when dim 0 is the concatenation of ``blocks`` = ``[(heads, rows per head), ...]``
+    (e.g. GDN's ``in_proj_qkv`` = q heads ++ k heads ++ v heads): the rank's contiguous 1/world of the
+    heads of every block, blocks kept in order. Returns a new tensor [sum(heads * rows) / world, ...]."""
+    parts, start = [], 0
+    for heads, per in blocks:
+        n = heads // world * per
+        parts.append(t[start + rank * n: start + (rank + 1) * n])
+        start += heads * per
+    if start != t.shape[0]:
+        raise ValueError(f"a tensor with {t.shape[0]} rows does not split as {blocks}")
+    return torch.cat(parts).clone()
+
+
+def _set_param(module: torch.nn.Module, name: str, value: torch.Tensor) -> None:
+    old = getattr(module, name)
+    setattr(module, name, torch.nn.Parameter(value.contiguous(), requires_grad=old.requires_grad))
+
+
+def _check_divisible(what: str, counts: dict[str, int], world: int) -> None:
+    bad = {k: v for k, v in counts.items() if v % world}
+    if bad:
+        raise ValueError(f"tensor parallel over {world} ranks needs the {what} counts divisible by {world}, "
+                         f"got {bad}")
+
+
+def shard_heads(model: torch.nn.Module, group=None) -> torch.nn.Module:
+    """Tensor parallel: split every mixer's heads and every shared expert's hidden units over the ranks
+    of `group` (in place). Every rank must call it, on the same full model.
+
+    What is split, rank r of M holding the r-th contiguous 1/M of each:
+
+    * attention layers (`engine.clover.attention.GatedAttention`): query heads Hq and KV heads Hkv
+      (GQA groups stay whole: local query head j reads local KV head j // (Hq / Hkv)). DTensor plans
+      (``torch.distributed.tensor.parallel.parallelize_module``): ``q_proj`` (query + gate rows, per
+      head), ``k_proj``, ``v_proj``, ``mem_a``, ``mem_b`` `ColwiseParallel`; ``o_proj``
+      `RowwiseParallel` (its output summed over the ranks, one all_reduce). The memory unit and the
+      delta-rule state need the heads local: ``mem_w``, ``mem_b_logit`` [Hq], ``mem_A_log``,
+      ``mem_dt_bias`` [Hkv] and the optional q/k/v conv are sliced by hand; the state S
+      [B, Hkv/M, D, D] and window ring [B, Hkv/M, W, D] are allocated per rank by ``init_state``.
+    * GDN layers (`engine.clover.gdn.GatedDeltaNet`): key heads Hk and value heads Hv. ``in_proj_qkv``
+      and the depthwise ``conv1d`` hold q heads ++ k heads ++ v heads on one axis, which a contiguous
+      DTensor shard would cut wrongly: sliced by hand (plain local weights). ``in_proj_z``,
+      ``in_proj_b``, ``in_proj_a`` `ColwiseParallel`, ``out_proj`` `RowwiseParallel` (all_reduce).
+      ``A_log``, ``dt_bias``, ``block_temperature``, ``mem_w``, ``mem_logit_bias`` [Hv] sliced by hand;
+      the gated delta rule state S [B, Hv/M, K, V] and conv tail [B, k-1, channels/M] are local.
+    * shared experts: ``gate_proj``, ``up_proj`` `ColwiseParallel`, ``down_proj`` `RowwiseParallel`
+      (all_reduce); the scalar ``shared_expert_gate`` is replicated and applied after the sum.
+
+    Replicated on every rank: the embedding, every RMSNorm (including GDN's gated output norm and the
+    attention q/k norms: per head-dim weights shared by all heads), the routers, the routed experts
+    (split them with `shard_experts`, over the same ranks) and the LM head. Every rank runs the same
+    decode; each forward makes 2 all_reduces of [B, T, hidden] per layer (mixer, shared expert), so the
+    outputs equal one process's up to the order of the final sums (float rounding).
+
+    Observations are per rank: a forward's ``memory_share`` is the mean over this rank's heads and
+    ``state_norm`` the norm of this rank's share of the state (rank 0's appear in its trace).
+
+    Args:
+        model: a `engine.model.CloverModel` with all its weights.
+        group: the process group (None = the default group; torch.distributed must be initialised).
+
+    Returns:
+        `model`, with ``model.tensor_parallel = (rank, world)``.
+
+    Raises:
+        RuntimeError: torch.distributed is not initialised.
+        ValueError: not a Clover model, or a head count (Hq, Hkv, Hk, Hv) or the shared expert's
+            intermediate size not divisible by the world size.
+    """
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    if not dist.is_initialized():
+        raise RuntimeError("shard_heads needs torch.distributed initialised (init_distributed, or torchrun)")
+    cfg = getattr(model, "config", None)
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if cfg is None or layers is None or not hasattr(cfg, "linear_num_value_heads"):
+        raise ValueError("shard_heads needs a Clover model (engine.model.CloverModel)")
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    _check_divisible("head", {"num_attention_heads": cfg.num_attention_heads,
+                              "num_key_value_heads": cfg.num_key_value_heads,
+                              "linear_num_key_heads": cfg.linear_num_key_heads,
+                              "linear_num_value_heads": cfg.linear_num_value_heads,
+                              "shared_expert_intermediate_size": cfg.shared_expert_intermediate_size}, world)
+    mesh = _mesh(group)
+    col, row = ColwiseParallel(), RowwiseParallel()
+    with torch.no_grad():
+        for layer in layers:
+            if layer.layer_type == "full_attention":
+                a = layer.self_attn
+                Hq, Hkv, D = a.Hq, a.Hkv, a.D
+                if a.conv1d is not None:  # channels: q heads (query part only) ++ k heads ++ v heads
+                    _set_param(a.conv1d, "weight", _rows(a.conv1d.weight, [(Hq, D), (Hkv, D), (Hkv, D)], rank, world))
+                    a.conv_channels //= world
+                    a.conv1d.in_channels = a.conv1d.out_channels = a.conv1d.groups = a.conv_channels
+                for name, heads in (("mem_w", Hq), ("mem_b_logit", Hq), ("mem_A_log", Hkv), ("mem_dt_bias", Hkv)):
+                    _set_param(a, name, _rows(getattr(a, name), [(heads, 1)], rank, world))
+                parallelize_module(a, mesh, {"q_proj": col, "k_proj": col, "v_proj": col, "mem_a": col,
+                                             "mem_b": col, "o_proj": row})
+                a.Hq, a.Hkv = Hq // world, Hkv // world
+            else:
+                g = layer.linear_attn
+                Hk, Hv, K, V = g.Hk, g.Hv, g.K, g.V
+                qkv = [(Hk, K), (Hk, K), (Hv, V)]
+                _set_param(g.in_proj_qkv, "weight", _rows(g.in_proj_qkv.weight, qkv, rank, world))
+                _set_param(g.conv1d, "weight", _rows(g.conv1d.weight, qkv, rank, world))
+                g.channels //= world
+                g.in_proj_qkv.out_features = g.channels
+                g.conv1d.in_channels = g.conv1d.out_channels = g.conv1d.groups = g.channels
+                for name in ("A_log", "dt_bias", "block_temperature", "mem_w", "mem_logit_bias"):
+                    _set_param(g, name, _rows(getattr(g, name), [(Hv, 1)], rank, world))
+                parallelize_module(g, mesh, {"in_proj_z": col, "in_proj_b": col, "in_proj_a": col, "out_proj": row})
+                g.Hk, g.Hv = Hk // world, Hv // world
+            parallelize_module(layer.mlp.shared_expert, mesh,
+                               {"gate_proj": col, "up_proj": col, "down_proj": row})
+    model.tensor_parallel = (rank, world)
+    return model

@@ -134,11 +134,11 @@ def test_parse_parallel():
     from engine.parallel import parse_parallel
 
     assert parse_parallel("ep=2") == {"ep": 2}
-    for bad in ("ep=0", "ep", "ep=x", "dp=2", ""):
-        with pytest.raises(ValueError, match="ep=N"):
+    assert parse_parallel("tp=2") == {"tp": 2}
+    assert parse_parallel("ep=2, tp=2") == {"ep": 2, "tp": 2}
+    for bad in ("ep=0", "ep", "ep=x", "dp=2", "", "tp=0", "ep=2,ep=2"):
+        with pytest.raises(ValueError, match="ep=N and/or tp=M"):
             parse_parallel(bad)
-    with pytest.raises(ValueError, match="tensor parallel"):
-        parse_parallel("tp=2")
 
 
 def test_generate_cli_under_torchrun():
