@@ -117,8 +117,8 @@ class SparseMoE(nn.Module):
             self.aux_loss = E * (f / idx.numel() * probs.mean(0)).sum()
         if self.expert_parallel is not None:  # this rank's experts; partial outputs summed across ranks
             out, hit = self.expert_parallel.routed(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)
-        elif x.shape[0] == 1 and x.device.type == "cpu" and not torch.is_grad_enabled():
-            out, hit = one_token_experts(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)
+        elif idx.numel() <= SMALL_PAIRS and x.device.type == "cpu" and not torch.is_grad_enabled():
+            out, hit = few_token_experts(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)
         else:
             out, hit = routed_experts(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)  # [T, D]
         shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
