@@ -10,7 +10,8 @@ Modules::
     engine.cost.formulas    forward_cost, parameter counts, expert-union arithmetic (Clover)
     engine.cost.dense       dense_forward_cost (a transformer with a KV cache)
     engine.cost.devices     Device table (datasheets), this machine measured, roofline
-    engine.cost.projection  recorded runs projected onto a device and a target model
+    engine.cost.projection  recorded runs projected onto a device and a target model; one forward
+                            split over GPUs (project_parallel, ``--parallel ep=N[,tp=N]``)
     engine.cost.per_step    a trace's per-forward cost series and roofline points (for the views)
     engine.cost.cli         text reports; ``python -m engine.cost``
 
@@ -29,11 +30,13 @@ from engine.cost.formulas import (COMPONENTS, DENSE_COMPONENTS, DENSE_WEIGHT_COM
 from engine.cost.per_step import (ProjectedForwards, ar_tokens_per_s, attainable_flops_per_s,
                                   bytes_per_written_token, project_forwards_roofline, roofline_point,
                                   running_tokens_per_s)
-from engine.cost.projection import (Projection, TraceProjection, project_forwards, project_tokens_per_s,
-                                    project_trace, target_union)
+from engine.cost.projection import (INTERCONNECT_BYTES_PER_S, ParallelForward, Projection, TraceProjection,
+                                    project_forwards, project_parallel, project_parallel_table,
+                                    project_tokens_per_s, project_trace, target_union)
 
 __all__ = [
-    "COMPONENTS", "DEFAULT_DEVICE", "DENSE_COMPONENTS", "DENSE_WEIGHT_COMPONENTS", "DEVICES", "MEMORY_MODES",
+    "COMPONENTS", "DEFAULT_DEVICE", "INTERCONNECT_BYTES_PER_S", "ParallelForward", "project_parallel",
+    "project_parallel_table", "DENSE_COMPONENTS", "DENSE_WEIGHT_COMPONENTS", "DEVICES", "MEMORY_MODES",
     "NORM_FLOPS_PER_ELEMENT", "STATE_BYTES", "UNION_ASSUMPTIONS", "WEIGHT_COMPONENTS", "Device", "ForwardCost",
     "ProjectedForwards", "Projection", "TraceProjection", "active_params_per_token", "ar_step_cost",
     "ar_tokens_per_s", "attainable_flops_per_s", "bytes_per_written_token", "dense_forward_cost",

@@ -3,6 +3,7 @@
     python -m engine.cost --config clover-35b-a3b --device h800 --tokens 32 --union 32
     python -m engine.cost --list-devices
     python -m engine.cost --trace runs/example.parquet --device h800
+    python -m engine.cost --parallel ep=8 [--device h200 --tokens 32 --union 32 --tpf 1 4 8]
 """
 
 from __future__ import annotations
@@ -13,9 +14,21 @@ from collections.abc import Sequence
 
 from engine.config import CloverConfig
 from engine.cost.devices import DEFAULT_DEVICE, DEVICES, Device, get_device, ridge_point
-from engine.cost.formulas import (MEMORY_MODES, UNION_ASSUMPTIONS, ForwardCost, _as_config, ar_step_cost,
-                                  expected_union, forward_cost)
-from engine.cost.projection import TraceProjection, project_trace
+from engine.cost.formulas import (
+    MEMORY_MODES,
+    UNION_ASSUMPTIONS,
+    ForwardCost,
+    _as_config,
+    ar_step_cost,
+    expected_union,
+    forward_cost,
+)
+from engine.cost.projection import (
+    ParallelForward,
+    TraceProjection,
+    project_parallel_table,
+    project_trace,
+)
 from engine.units import format_si
 
 
@@ -104,6 +117,35 @@ def format_trace_projection(p: TraceProjection, label: str = "") -> str:
     return "\n".join(lines)
 
 
+def format_parallel_table(rows: Sequence[ParallelForward], tpf: Sequence[float]) -> str:
+    """Per-GPU bytes, FLOPs, roofline, communication and per-forward time of each split in `rows`
+    (`project_parallel_table`), with projected tokens/s at each tokens-per-forward in `tpf`."""
+    first = rows[0]
+    fc = first.single
+    head = (f"{'GPUs':>4} {'split':<10}{'bytes/GPU':>12}{'FLOPs/GPU':>14}{'memory':>10}{'compute':>10}"
+            f"{'comm':>10}{'forward':>10}" + "".join(f"{f'tok/s@{x:g}':>12}" for x in tpf))
+    lines = [
+        (f"projection (not measured): {first.config_name} on {first.device}, forward of {fc.n_tokens} tokens "
+         f"({fc.n_commit_tokens} committed), expert union {fc.mean_expert_union:.1f}/layer, per GPU"),
+        head, "-" * len(head),
+    ]
+    for r in rows:
+        split = ",".join(f"{k}={v}" for k, v in (("ep", r.ep), ("tp", r.tp)) if v > 1) or "-"
+        lines.append(
+            f"{r.gpus:>4} {split:<10}{format_si(r.bytes_per_gpu, 'B'):>12}{format_si(r.flops_per_gpu, 'FLOP'):>14}"
+            f"{r.memory_time_s * 1e3:>8.3f}ms{r.compute_time_s * 1e3:>8.3f}ms{r.comm_time_s * 1e3:>8.3f}ms"
+            f"{r.time_s * 1e3:>8.3f}ms" + "".join(f"{r.tokens_per_s(x):>12.1f}" for x in tpf))
+    last = rows[-1]
+    lines += [
+        "forward = max(bytes/GPU / bandwidth, FLOPs/GPU / peak) + comm (roofline per GPU, no overlap);",
+        (f"comm = ring all-reduces of the [T, hidden] outputs ({last.n_collectives} collectives per forward at "
+         f"{last.gpus} GPUs) at {last.link_bytes_per_s / 1e9:.0f} GB/s each way ({last.link_source or 'n/a'}); "
+         "collective latency not modelled"),
+        "routed experts split evenly over the ep shards; embedding, norms, routers, LM head replicated",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m engine.cost``: breakdown table, device list, or trace projection."""
     ap = argparse.ArgumentParser(prog="python -m engine.cost", description=__doc__.split("\n")[0])
@@ -124,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="config of the model that recorded --trace, if the trace does not name a preset")
     ap.add_argument("--union-assumption", default="measured_vs_independent",
                     help=f"35B union for --trace: {', '.join(UNION_ASSUMPTIONS)} or a number")
+    ap.add_argument("--parallel", default=None, metavar="ep=N[,tp=N]",
+                    help="per-GPU projection for 1, 2, 4 ... N GPUs, experts (ep) and / or heads (tp) split")
     args = ap.parse_args(argv)
 
     if args.list_devices:
@@ -133,7 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         device = get_device(args.device)
         if args.trace:
             try:
-                from engine.trace import Trace  # lazy: the cost model does not need it otherwise
+                from engine.trace import (
+                    Trace,  # lazy: the cost model does not need it otherwise
+                )
             except ImportError as e:
                 print(f"--trace needs engine.trace (Trace.load), which is not available here: {e}", file=sys.stderr)
                 return 2
@@ -147,6 +193,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(format_trace_projection(p, args.trace))
             return 0
         cfg = _as_config(args.config)
+        if args.parallel:
+            union = None if args.union == "expected" else float(args.union)
+            rows = project_parallel_table(args.parallel, cfg, device, n_tokens=args.tokens, expert_union=union,
+                                          n_commit_tokens=args.commit, weight_bytes=args.weight_bytes,
+                                          memory_mode=args.memory_mode, window=args.window)
+            print(format_parallel_table(rows, args.tpf or (1, 4, 8)))
+            return 0
         if args.union == "expected":
             union = expected_union(cfg.num_experts, cfg.num_experts_per_tok, args.tokens)
         else:
