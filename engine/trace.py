@@ -213,9 +213,9 @@ class Trace:
     def _learn_tokens(self, *arrays: np.ndarray) -> None:
         if self._token_text is None:
             return
-        ids = np.unique(np.concatenate([np.asarray(a, dtype=np.int64).ravel() for a in arrays]))
-        for token_id in ids[ids >= 0].tolist():
-            if token_id not in self.vocab:
+        ids = np.concatenate([np.asarray(a, dtype=np.int64).ravel() for a in arrays]).tolist()
+        for token_id in sorted(set(ids).difference(self.vocab)):  # new ids, in increasing order
+            if token_id >= 0:
                 self.vocab[token_id] = str(self._token_text(token_id))
 
     def token_str(self, token_id: int) -> str:

@@ -123,6 +123,7 @@ class GatedAttention(nn.Module):
         buffer, reference slices the window from this pass's committed K/V. Writes the state."""
         rep, W, scale = self.Hq // self.Hkv, p.window, self.D**-0.5
         q_rot, k_rot, vh = inp.q_rot, inp.k_rot, inp.vh
+        k_rep, v_rep = k_rot.repeat_interleave(rep, 1), vh.repeat_interleave(rep, 1)  # [B, Hq, T, D], once
         S, outs = st.S, []
         for s, e, commit in p.segments(vh.shape[2]):
             S_q = S.repeat_interleave(rep, 1)  # [B, Hq, D, D]
@@ -133,8 +134,7 @@ class GatedAttention(nn.Module):
                 ek, ev = ek.repeat_interleave(rep, 1), ev.repeat_interleave(rep, 1)
             m = (inp.q_read[:, :, s:e] @ S_q).to(vh.dtype)  # [B, Hq, l, D]
             o, share = block_attention(
-                q_rot[:, :, s:e], k_rot[:, :, s:e].repeat_interleave(rep, 1),
-                vh[:, :, s:e].repeat_interleave(rep, 1), scale, m, inp.mem_logit[:, :, s:e], ek, ev, valid,
+                q_rot[:, :, s:e], k_rep[:, :, s:e], v_rep[:, :, s:e], scale, m, inp.mem_logit[:, :, s:e], ek, ev, valid,
             )
             outs.append(o)
             if commit:

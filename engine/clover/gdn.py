@@ -93,8 +93,8 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
 
         rep = self.Hv // self.Hk
-        qh = q.repeat_interleave(rep, 2).transpose(1, 2)  # [B, Hv, T, K]
-        kh = k.repeat_interleave(rep, 2).transpose(1, 2)
+        qh = (q.repeat_interleave(rep, 2) if rep > 1 else q).transpose(1, 2)  # [B, Hv, T, K]
+        kh = (k.repeat_interleave(rep, 2) if rep > 1 else k).transpose(1, 2)
         vh = v.transpose(1, 2).float()  # [B, Hv, T, V]
         ang = p.rope_angles(self.cfg.linear_rotary_dim, self.cfg.rope_theta)
         q_rot = rope(qh, p.pos, self.cfg.linear_rotary_dim, self.cfg.rope_theta, ang)

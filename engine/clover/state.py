@@ -115,7 +115,7 @@ class Pass:
         """With `observe`: keep the block's memory share [B, H, L] (head mean) and the state's norm."""
         if self.observe:
             self.memory_share.append(share.mean(1).detach())  # [B, L]
-            self.state_norm.append(S.detach().norm())
+            self.state_norm.append(torch.linalg.vector_norm(S.detach()))  # = S.norm(), without its wrapper
 
 
 @dataclass
