@@ -1,7 +1,7 @@
 """Evaluate a Clover checkpoint: held-out agent tool calls and held-out stdlib code.
 
     .venv/bin/python -m engine.eval --model models/clover-tiny [--tasks 300] [--workers 2] [--threads N] \
-        [--out eval.json]
+        [--out eval.json] [--sweep-out runs/eval-sweep | --from-sweep runs/eval-sweep]
 
 ``--threads`` is per worker process (default: ``OMP_NUM_THREADS`` if set, else
 `engine.threads.default_threads` divided among the workers, at least 1).
@@ -20,6 +20,15 @@ Open-vocabulary tool calls (`engine.data.open_tools.eval_turns`, ``--open-tasks`
 names, argument keys and enum values from a vocabulary disjoint from training, requests in
 English clauses or ``key: value``, chains that copy from a tool response, and turns that need
 no tool -- exact match and tool-name accuracy per category and phrasing, in the same settings.
+
+Agent tasks through `engine.sweep` (the settings above are a sweep grid: block size x threshold x
+memory mode on the task set ``agent-eval:N``): ``--sweep-out DIR`` runs them as a sweep into DIR
+(``results.parquet``, resumable, the sweep's process pool) and scores the sweep's rows;
+``--from-sweep DIR`` decodes no agent task and reads an existing sweep's ``results.parquet``
+(pandas), taking for each setting the rows of this model whose full `DecodeConfig` is the
+setting's. Either way the agent rows are re-scored from their text (`score_call`, for the
+per-field kinds and sources the sweep table does not keep), so the report is the one the
+built-in loop writes, save the timings. Open-vocabulary turns, code and the probe run as usual.
 
 Value-copy probe (`engine.training.probes.value_probe`): the true call in place with its values masked, one
 forward -- copying measured apart from the call's structure. Run twice: in blocks of 32
@@ -92,6 +101,97 @@ def _agent_job(args: tuple[str, list[int], int, int]) -> list[dict]:
 
     setting, idx, n_tasks, max_new = args
     return _decode_and_score(setting, idx, eval_tasks(n=n_tasks), max_new, score_call)
+
+
+def sweep_values(setting: str, max_new: int) -> dict:
+    """The `engine.sweep` grid values of an eval setting: ``{block_size, threshold, memory_mode,
+    max_new_tokens}`` (every other `DecodeConfig` field at its default, as `_decode_and_score`)."""
+    return {**SETTINGS[setting], "max_new_tokens": max_new}
+
+
+def _same_model(spec: str, model: str) -> bool:
+    if spec == model:
+        return True
+    return Path(spec).is_dir() and Path(model).is_dir() and Path(spec).resolve() == Path(model).resolve()
+
+
+def agent_rows_from_sweep(results_path: str | Path, model: str, counts: dict[str, int], max_new: int) -> dict[str, list]:
+    """Per-task agent rows of `summarise_agent` from a sweep's results table, no decoding.
+
+    Args:
+        results_path: a sweep's ``results.parquet`` (`engine.sweep.RESULT_SCHEMA`), or its folder.
+        model: the model spec or checkpoint directory (matched by resolved path).
+        counts: ``{eval setting: tasks}`` -- tasks 0 .. n-1 of ``agent-eval`` (any ``agent-eval:M``
+            task set with M >= n holds them: the held-out tasks are a fixed sequence).
+        max_new: the ``max_new_tokens`` of the settings.
+
+    Returns:
+        ``{setting: rows}``, rows in task order, each re-scored from its text with `score_call`.
+
+    Raises:
+        FileNotFoundError: no results table there.
+        ValueError: a setting's tasks missing from the table (the message names them and the sweep
+            command that adds them).
+    """
+    import dataclasses
+
+    import pandas as pd
+
+    from engine.data.agent import eval_tasks, score_call
+    from engine.decoder import DecodeConfig
+
+    path = Path(results_path)
+    path = path / "results.parquet" if path.is_dir() else path
+    if not path.is_file():
+        raise FileNotFoundError(f"no sweep results table at {path} (python -m engine.sweep ... --out DIR writes one)")
+    df = pd.read_parquet(path)
+    df = df[df["task_set"].str.startswith("agent-eval:") & df["model"].map(lambda m: _same_model(m, model))]
+    turns = eval_tasks(n=max(counts.values(), default=0))
+    out: dict[str, list] = {}
+    for setting, n in counts.items():
+        cfg = json.dumps(dataclasses.asdict(DecodeConfig(**sweep_values(setting, max_new))), sort_keys=True)
+        sel = df[(df["decode_config"] == cfg) & (df["task_id"] < n)].drop_duplicates("task_id").sort_values("task_id")
+        missing = sorted(set(range(n)) - set(sel["task_id"].tolist()))
+        if missing:
+            v = sweep_values(setting, max_new)
+            raise ValueError(
+                f"{path}: setting {setting} ({v}) of model {model} lacks agent tasks {missing[:10]}"
+                f"{' ...' if len(missing) > 10 else ''}; add them with: python -m engine.sweep --models {model} "
+                f"--tasks agent-eval:{n} --block-size {v['block_size']} --threshold {v['threshold']} "
+                f"--memory-mode {v['memory_mode']} --max-new-tokens {max_new} --out {path.parent}")
+        rows = []
+        for r in sel.itertuples(index=False):
+            sc = score_call(r.text, turns[r.task_id])
+            rows.append({"setting": setting, "task": int(r.task_id), "text": r.text, "nfe": int(r.nfe),
+                         "n_tokens": int(r.tokens), "n_forced": int(r.forced_fills), "wall_s": float(r.wall_s),
+                         "exact_match": bool(sc["exact_match"]), "json_valid": bool(sc["json_valid"]),
+                         "name_correct": bool(sc["name_correct"]), "fields": sc["fields"]})
+        out[setting] = rows
+    return out
+
+
+def run_agent_sweep(out_dir: str | Path, model: str, counts: dict[str, int], max_new: int, workers: int,
+                    threads: int | None) -> None:
+    """Decode the agent settings as `engine.sweep` sweeps into `out_dir` (resumed if there): one sweep per
+    distinct task count, ``agent-eval:N`` with the settings that need N tasks, no traces."""
+    from engine.sweep import run_sweep
+
+    by_n: dict[int, list[str]] = defaultdict(list)
+    for setting, n in counts.items():
+        by_n[n].append(setting)
+    for n, names in sorted(by_n.items()):
+        run_sweep([model], [f"agent-eval:{n}"], [sweep_values(s, max_new) for s in names], out_dir,
+                  workers=workers, threads=threads, traces=False)
+
+
+def _has_window(model_dir: str) -> bool:
+    """Whether the checkpoint's config sets an attention window (True when it cannot be read)."""
+    from engine.config import CloverConfig
+
+    try:
+        return bool(CloverConfig.from_json(Path(model_dir) / "config.json").attention_window)
+    except (OSError, ValueError, TypeError, KeyError):
+        return True
 
 
 def _open_job(args: tuple[str, list[int], int, int]) -> list[dict]:
@@ -264,6 +364,11 @@ def main(argv: list[str] | None = None) -> int:
 
     add_threads_argument(ap)  # per worker process; without --threads / OMP_NUM_THREADS: the default / workers
     ap.add_argument("--out", type=Path, default=None, help="JSON output (default MODEL/eval.json)")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--sweep-out", type=Path, default=None, metavar="DIR",
+                     help="decode the agent tasks with engine.sweep into DIR (results.parquet, resumable)")
+    src.add_argument("--from-sweep", type=Path, default=None, metavar="DIR",
+                     help="decode no agent task: read them from an existing sweep's DIR/results.parquet")
     args = ap.parse_args(argv)
     try:
         if args.threads is None and not os.environ.get("OMP_NUM_THREADS"):
@@ -286,6 +391,18 @@ def main(argv: list[str] | None = None) -> int:
             if i < (n_ar if s.startswith("ar1") else args.tasks)]  # interleaved: settings share load
     rows: dict[str, list] = defaultdict(list)
     t0 = time.perf_counter()
+    if args.sweep_out or args.from_sweep:  # the agent grid through engine.sweep, not the loop below
+        counts = {s: n_ar if s.startswith("ar1") else args.tasks for s in settings if args.tasks}
+        if not _has_window(args.model):  # as _decode_and_score: no state+window rows without a window
+            counts = {s: n for s, n in counts.items() if SETTINGS[s]["memory_mode"] != "state+window"}
+        try:
+            if args.sweep_out:
+                run_agent_sweep(args.sweep_out, args.model, counts, args.max_new_tokens, args.workers, args.threads)
+            rows.update(agent_rows_from_sweep(args.sweep_out or args.from_sweep, args.model, counts,
+                                              args.max_new_tokens))
+        except (ValueError, FileNotFoundError) as e:
+            raise SystemExit(f"error: {e}") from None
+        jobs = []
     from engine.data.stdlib import stdlib_files
 
     n_files = min(args.stdlib_files, len(stdlib_files("heldout")))
