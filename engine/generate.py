@@ -157,6 +157,8 @@ def _main_parallel(args, threads: int) -> int:
                     f"(routed experts "
                     f"{', '.join(f'{b / 1e6:.2f}' for b in per_rank['routed_expert_bytes_per_rank'])}; "
                     f"one process: {per_rank['bytes_read'] / 1e6:.1f})")
+            if split.get("tp", 1) > 1:  # rank_bytes_read prices the expert split only
+                read += " [heads split too: per-GPU bytes by python -m engine.cost --parallel]"
         else:  # tensor parallel alone: per-GPU bytes are projected by python -m engine.cost --parallel tp=N
             read = f"read {result.bytes_read / 1e6:.1f} MB (one process's figure, cost model)"
         print(
