@@ -146,21 +146,19 @@ def _main_parallel(args, threads: int) -> int:
         tokenizer = load_tokenizer(args.model)
         parallel.reset_shards(model)
         result = BlockDecoder(model, tokenizer, dc).generate(args.prompt, record_trace=True)
-        per_rank = parallel.rank_bytes_read(model, result) if getattr(model, "expert_shards", None) else None
+        per_rank = parallel.rank_bytes_read(model, result) if max(split.values()) > 1 else None
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:
         print(f"rank {rank}: error: {e}", file=sys.stderr)
         return 2
     if rank == 0:
         print(result.text)
         if per_rank is not None:
+            experts = per_rank["routed_expert_bytes_per_rank"]
             read = (f"read per rank (MB): {', '.join(f'{b / 1e6:.1f}' for b in per_rank['bytes_read_per_rank'])} "
-                    f"(routed experts "
-                    f"{', '.join(f'{b / 1e6:.2f}' for b in per_rank['routed_expert_bytes_per_rank'])}; "
+                    f"({'routed experts ' + ', '.join(f'{b / 1e6:.2f}' for b in experts) + '; ' if experts else ''}"
                     f"one process: {per_rank['bytes_read'] / 1e6:.1f})")
-            if split.get("tp", 1) > 1:  # rank_bytes_read prices the expert split only
-                read += " [heads split too: per-GPU bytes by python -m engine.cost --parallel]"
-        else:  # tensor parallel alone: per-GPU bytes are projected by python -m engine.cost --parallel tp=N
-            read = f"read {result.bytes_read / 1e6:.1f} MB (one process's figure, cost model)"
+        else:  # one process: nothing split
+            read = f"read {result.bytes_read / 1e6:.1f} MB (cost model)"
         print(
             f"[{Path(args.model).name}] {label} block_size={dc.block_size} threshold={dc.threshold} | "
             f"tokens={len(result.tokens)} NFE={result.nfe} tokens/forward={result.tokens_per_forward:.2f} "

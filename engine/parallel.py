@@ -28,9 +28,10 @@ replicated bytes.
 Tensor parallel (`shard_heads`, ``--parallel tp=N`` or ``ep=N,tp=N`` over the same N ranks): the
 mixers' heads and the shared experts' hidden units split over the ranks (DTensor plans where the
 layout allows, by hand for GDN's fused q/k/v projection and conv and the per-head parameters of the
-memory unit and the state gates); see `shard_heads` for what stays replicated. `rank_bytes_read`
-accounts for the expert split only; the per-GPU bytes of a split are projected by
-`engine.cost.projection.project_parallel`.
+memory unit and the state gates); see `shard_heads` for what stays replicated. Under a head split
+`rank_bytes_read` subtracts from each rank the share of the mixers, states and shared experts it
+does not hold, priced per forward by `engine.cost.projection.project_parallel` (which also
+projects whole splits onto GPUs).
 
 Not done here: loading only a rank's experts from disk (each rank loads the
 full checkpoint, then drops the other experts); saving a sharded model.
@@ -200,32 +201,84 @@ def reset_shards(model: torch.nn.Module) -> None:
         s.unions.clear()
 
 
+def _head_split_saving(model: torch.nn.Module, result, tp: int) -> float:
+    """Bytes one rank does not read in the decode of `result` because the heads are split over `tp`
+    ranks: per forward, the single-process bytes less the per-GPU bytes of
+    `engine.cost.projection.project_parallel` (tp only), priced from the trace's forwards as the
+    decoder's cost meter prices them.
+
+    Raises:
+        ValueError: the trace's forwards do not add up to the decode's ``bytes_read`` (relative 1e-9).
+    """
+    import numpy as np
+
+    from engine.cost.projection import project_parallel
+
+    trace, cfg = result.trace, model.config
+    if trace is None:
+        raise ValueError("rank_bytes_read under tensor parallel needs the decode's trace (record_trace=True)")
+    dc = trace.decode_config
+    mode = dc["memory_mode"]
+    window = cfg.attention_window if mode == "state+window" else 0
+    wb = model.dtype.itemsize
+    single = saved = 0.0
+    memo: dict = {}
+    for n, toks, union in zip(trace.column("n_tokens_forward"), trace.column("tokens"), trace.column("expert_union")):
+        L = len(toks)
+        key = (int(n), L, tuple(np.asarray(union).tolist()))
+        if key not in memo:
+            pf = project_parallel(cfg, ep=1, tp=tp, n_tokens=key[0], expert_union=list(key[2]),
+                                  n_commit_tokens=key[0] - L, weight_bytes=wb, block_len=L, memory_mode=mode,
+                                  window=window, commit_block_len=dc["block_size"])
+            memo[key] = (pf.single.bytes_read, pf.single.bytes_read - pf.bytes_per_gpu)
+        single += memo[key][0]
+        saved += memo[key][1]
+    if abs(single - result.bytes_read) > 1e-9 * result.bytes_read:
+        raise ValueError(f"the trace's forwards price to {single:.6g} bytes, the decode's meter to "
+                         f"{result.bytes_read:.6g}: cannot split them per rank")
+    return saved
+
+
 def rank_bytes_read(model: torch.nn.Module, result, group=None) -> dict:
     """Bytes each rank read in the decode that produced `result` (module docstring), gathered on every rank.
 
-    The last ``nfe`` calls of each layer's shard are the decode's forwards (a chunked prompt
-    prefill runs before them and is not priced by the decoder's cost meter either).
+    Expert split (`shard_experts`): the last ``nfe`` calls of each layer's shard are the decode's
+    forwards (a chunked prompt prefill runs before them and is not priced by the decoder's cost
+    meter either); without it every rank reads the whole union. Head split (`shard_heads`): each
+    rank reads 1/tp of the mixer weights, states, window K/V and shared experts (less their gate
+    rows), priced per forward by `engine.cost.projection.project_parallel`.
 
     Args:
-        model: the sharded model (`shard_experts`), its shards' unions from this decode only
-            (`reset_shards` before it); result: the `engine.decoder.DecodeResult` (decoded with a
-            trace or hooks, so ``bytes_read`` is filled).
+        model: the split model (`shard_experts` and / or `shard_heads`), its shards' unions from this
+            decode only (`reset_shards` before it); result: the `engine.decoder.DecodeResult` (decoded
+            with a trace or hooks, so ``bytes_read`` is filled; with a trace under a head split).
         group: the process group (None = default).
 
     Returns:
         dict: ``bytes_read`` (the single-process figure of the decoder's cost meter),
-        ``routed_expert_bytes`` (over all ranks), ``routed_expert_bytes_per_rank`` and
-        ``bytes_read_per_rank`` (lists, one per rank).
+        ``routed_expert_bytes`` (over all ranks; None without an expert split),
+        ``routed_expert_bytes_per_rank``, ``bytes_read_per_rank`` (lists, one per rank) and
+        ``head_split_saving`` (bytes a rank does not read thanks to the head split; 0 without one).
 
     Raises:
-        ValueError: `result` has no ``bytes_read`` (decoded without observers), or the shards
-            recorded fewer calls than forwards.
+        ValueError: `result` has no ``bytes_read`` (decoded without observers), the shards recorded
+            fewer calls than forwards, or the model is not split.
     """
     from engine.cost.formulas import param_counts
 
     if result.bytes_read is None:
         raise ValueError("rank_bytes_read needs a decode with record_trace=True (or a hook): bytes_read is None")
-    shards = model.expert_shards
+    shards = getattr(model, "expert_shards", None)
+    tp = getattr(model, "tensor_parallel", (0, 1))[1]
+    if not shards and tp == 1:
+        raise ValueError("rank_bytes_read needs a split model (shard_experts and / or shard_heads)")
+    world = dist.get_world_size(group)
+    saving = _head_split_saving(model, result, tp) if tp > 1 else 0.0
+    if not shards:
+        per_rank = float(result.bytes_read - saving)
+        return {"bytes_read": float(result.bytes_read), "routed_expert_bytes": None,
+                "routed_expert_bytes_per_rank": None, "bytes_read_per_rank": [per_rank] * world,
+                "head_split_saving": float(saving)}
     nfe = result.nfe
     if any(len(s.unions) < nfe for s in shards):
         raise ValueError(f"the expert shards recorded fewer calls than the decode's {nfe} forwards; "
@@ -233,12 +286,12 @@ def rank_bytes_read(model: torch.nn.Module, result, group=None) -> dict:
     per_expert = param_counts(model.config)["expert"] * model.dtype.itemsize
     local = sum(sum(s.local_unions[-nfe:]) for s in shards) * per_expert
     total = sum(sum(s.unions[-nfe:]) for s in shards) * per_expert
-    gathered = [None] * dist.get_world_size(group)
+    gathered = [None] * world
     dist.all_gather_object(gathered, local, group=group)
-    replicated = result.bytes_read - total
+    replicated = result.bytes_read - total - saving
     return {"bytes_read": float(result.bytes_read), "routed_expert_bytes": float(total),
             "routed_expert_bytes_per_rank": [float(b) for b in gathered],
-            "bytes_read_per_rank": [float(replicated + b) for b in gathered]}
+            "bytes_read_per_rank": [float(replicated + b) for b in gathered], "head_split_saving": float(saving)}
 
 
 # ------------------------------------------------------------------------------- tensor parallel
