@@ -37,9 +37,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from engine.threads import add_threads_argument, configure_threads  # noqa: E402
+from engine.threads import add_threads_argument, configure_threads
 
 TPFS = (1, 3, 5, 10)
 ROUTINGS = ("independent", "correlated")
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed)
-    ids = lambda n: torch.randint(0, cfg.vocab_size - 2, (1, n), device=device, generator=gen)  # noqa: E731
+    ids = lambda n: torch.randint(0, cfg.vocab_size - 2, (1, n), device=device, generator=gen)
 
     def sync():
         if device.type == "cuda":

@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.checkpoint import DEFAULT_MODEL_DIR  # noqa: E402
-from engine.threads import add_threads_argument, configure_threads  # noqa: E402
+from engine.checkpoint import DEFAULT_MODEL_DIR
+from engine.threads import add_threads_argument, configure_threads
 
 PROMPT_TEXT = (
     "def parse_args(argv):\n    parser = argparse.ArgumentParser(description='Copy files.')\n"

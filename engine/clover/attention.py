@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,7 +14,7 @@ from engine.clover.ops import (
     delta_update,
     dt_bias_init,
     from_blocks,
-    rope,
+    rope_qk,
     to_blocks,
 )
 from engine.clover.state import LayerState, Pass
@@ -108,8 +107,7 @@ class GatedAttention(nn.Module):
 
         qh = q.transpose(1, 2)  # [B, Hq, T, D]
         ang = p.rope_angles(self.cfg.rotary_dim, self.cfg.rope_theta)
-        q_rot = rope(qh, p.pos, self.cfg.rotary_dim, self.cfg.rope_theta, ang)
-        k_rot = rope(k.transpose(1, 2), p.pos, self.cfg.rotary_dim, self.cfg.rope_theta, ang)  # [B, Hkv, T, D]
+        q_rot, k_rot = rope_qk(qh, k.transpose(1, 2), p.pos, self.cfg.rotary_dim, self.cfg.rope_theta, ang)  # k_rot [B, Hkv, T, D]
         vh = v.transpose(1, 2)  # [B, Hkv, T, D]
         scale = self.D**-0.5
         mem_logit = scale * torch.einsum("bhtd,hd->bht", qh.float(), self.mem_w.float())

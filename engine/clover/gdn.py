@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.clover.ops import (
-    MixerInputs,
     GatedRMSNorm,
+    MixerInputs,
     block_attention,
     causal_conv_step,
     causal_conv_train,
     delta_update,
     dt_bias_init,
     from_blocks,
-    rope,
+    rope_qk,
     to_blocks,
 )
 from engine.clover.state import LayerState, Pass
@@ -97,8 +96,7 @@ class GatedDeltaNet(nn.Module):
         kh = (k.repeat_interleave(rep, 2) if rep > 1 else k).transpose(1, 2)
         vh = v.transpose(1, 2).float()  # [B, Hv, T, V]
         ang = p.rope_angles(self.cfg.linear_rotary_dim, self.cfg.rope_theta)
-        q_rot = rope(qh, p.pos, self.cfg.linear_rotary_dim, self.cfg.rope_theta, ang)
-        k_rot = rope(kh, p.pos, self.cfg.linear_rotary_dim, self.cfg.rope_theta, ang)
+        q_rot, k_rot = rope_qk(qh, kh, p.pos, self.cfg.linear_rotary_dim, self.cfg.rope_theta, ang)
         # fp32 from here on whatever the weights' dtype (bf16 / fp16 models): cast the small parameters
         temperature = self.block_temperature.float()
         mem_logit = temperature.view(1, -1, 1) * torch.einsum("bhtk,hk->bht", qh, self.mem_w.float())

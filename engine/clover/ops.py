@@ -5,7 +5,6 @@ tail, and the gated-delta-rule state update."""
 from __future__ import annotations
 
 import math
-
 from typing import NamedTuple
 
 import torch
@@ -72,6 +71,23 @@ def rope(x: torch.Tensor, pos: torch.Tensor, rot_dim: int, theta: float,
     x1, x2 = xr[..., : rot_dim // 2], xr[..., rot_dim // 2:]
     rotated = torch.cat([-x2, x1], -1)
     return torch.cat([(xr.float() * cos + rotated.float() * sin).to(x.dtype), xp], -1)
+
+
+def rope_qk(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, rot_dim: int, theta: float,
+            cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rope` of queries and keys in one pass over their heads stacked (the same elementwise
+    operations, so the same values; half the fixed cost).
+
+    Args:
+        q: [B, Hq, T, D]; k: [B, Hk, T, D] (same B, T, D and dtype); pos, rot_dim, theta, cos_sin: as `rope`.
+
+    Returns:
+        (q_rot [B, Hq, T, D], k_rot [B, Hk, T, D]): views of one [B, Hq + Hk, T, D] tensor.
+    """
+    if rot_dim == 0:
+        return q, k
+    both = rope(torch.cat([q, k], 1), pos, rot_dim, theta, cos_sin)
+    return both[:, : q.shape[1]], both[:, q.shape[1]:]
 
 
 def block_attention(

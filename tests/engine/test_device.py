@@ -62,7 +62,7 @@ def test_cuda_without_cuda_is_a_clear_error(tmp_path):
 
     save_model(random_model("clover-test"), tmp_path / "m", tokenizer=byte_tokenizer())
     p = subprocess.run([sys.executable, "-m", "engine.generate", "--model", str(tmp_path / "m"), "--prompt", "ab",
-                        "--device", "cuda", "--threads", "1"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+                        "--device", "cuda", "--threads", "1"], capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
     assert p.returncode == 2 and "CUDA is not available" in p.stderr
 
 
@@ -78,9 +78,9 @@ def test_trace_and_run_stats_name_the_device():
 def test_gpu_forward_cpu_mode_prints_the_table():
     p = subprocess.run([sys.executable, "benchmarks/gpu_forward.py", "--preset", "clover-test", "--device", "cpu",
                         "--repeats", "1", "--warmup", "0", "--blocks", "8", "--position", "64", "--threads", "1"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+                       capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
     assert p.returncode == 0, p.stderr
-    rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| independent") or ln.startswith("| correlated")]
+    rows = [ln for ln in p.stdout.splitlines() if ln.startswith(("| independent", "| correlated"))]
     assert len(rows) == 2 * 3  # AR, block 8, block 8 + commit, per routing
     ar = next(r for r in rows if "correlated | AR" in r).split("|")
     assert float(ar[5]) > 0 and float(ar[10]) > 0  # ms, tokens/s at TPF 1
