@@ -58,6 +58,8 @@ def _rank(rank: int, port: int, out: str, ep: bool) -> None:
     res = {mode: _decode(model, mode) for mode in MODES}
     if rank == 0:
         torch.save(res, out)
+    dist.barrier()  # both ranks done before either tears down; the model's DTensor meshes dropped first
+    del model
     dist.destroy_process_group()
 
 

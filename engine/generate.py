@@ -167,6 +167,10 @@ def _main_parallel(args, threads: int) -> int:
         )
         if args.trace is not None:
             print(f"trace saved to {result.trace.save(args.trace)}")
+    # every rank past its last collective before any tears down (a rank that exits first closes its
+    # gloo pairs under the others), and the split model (DTensor meshes hold the group) dropped first
+    dist.barrier()
+    del model
     dist.destroy_process_group()
     return 0
 

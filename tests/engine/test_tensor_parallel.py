@@ -75,6 +75,8 @@ def _tp_rank(rank: int, port: int, out: str, ep: bool) -> None:
     assert st.layers[0].S.shape[1] == 2 and st.layers[3].S.shape[1] == 1 and st.layers[3].win_k.shape[1] == 1
     if rank == 0:
         torch.save(res, out)
+    dist.barrier()  # both ranks done before either tears down; the model's DTensor meshes dropped first
+    del model
     dist.destroy_process_group()
 
 
