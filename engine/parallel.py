@@ -1,4 +1,4 @@
-"""Expert parallelism for the Clover model over ``torch.distributed``.
+"""Expert and tensor parallelism for the Clover model over ``torch.distributed``.
 
 With ``ep = N`` ranks, rank r keeps routed experts ``[r * E/N, (r + 1) * E/N)`` of every MoE layer
 and a full copy of everything else (embeddings, mixers, norms, routers, shared experts, LM head).
@@ -33,8 +33,11 @@ memory unit and the state gates); see `shard_heads` for what stays replicated. U
 does not hold, priced per forward by `engine.cost.projection.project_parallel` (which also
 projects whole splits onto GPUs).
 
-Not done here: loading only a rank's experts from disk (each rank loads the
-full checkpoint, then drops the other experts); saving a sharded model.
+Not done here: loading only a rank's experts or heads from disk (each rank loads the full
+checkpoint, then drops the rest); saving a sharded model; a vocabulary-parallel LM head and
+embedding; all-to-all expert dispatch (the routed outputs are all_reduced); training under a split
+(only decoding is tested); tensor parallel on NCCL (written for it -- the mesh takes the group's
+device type -- but run on gloo / CPU only so far).
 """
 
 from __future__ import annotations
