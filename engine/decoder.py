@@ -214,7 +214,36 @@ class HookHandle:
             self._hooks.remove(self._fn)
 
 
-class BlockDecoder:
+class HookRegistry:
+    """Hooks registered on a decoder for every later decode (``self._hooks``, set by the subclass):
+    `add_hook` and the ``with decoder.hooks(...)`` context. Shared by `BlockDecoder` and the
+    decoders that run a model's own sampler (`engine.diffusion_gemma.DiffusionGemmaDecoder`)."""
+
+    _hooks: list[Hook]
+
+    def add_hook(self, fn: Hook) -> HookHandle:
+        """Register ``fn(event)`` for every event of every later decode; returns a handle.
+
+        Raises:
+            TypeError: ``fn`` is not callable.
+        """
+        if not callable(fn):
+            raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
+        self._hooks.append(fn)
+        return HookHandle(self._hooks, fn)
+
+    @contextlib.contextmanager
+    def hooks(self, *fns: Hook):
+        """``with decoder.hooks(fn, ...):`` -- registered inside the block, removed in ``finally``."""
+        handles = [self.add_hook(fn) for fn in fns]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+
+class BlockDecoder(HookRegistry):
     """Block-diffusion decoder over a `CloverModel`.
 
     Args:
@@ -232,24 +261,6 @@ class BlockDecoder:
         if not isinstance(self.config, DecodeConfig):
             raise TypeError(f"config must be a DecodeConfig, got {type(self.config).__name__}")
         self._hooks: list[Hook] = []
-
-    # ------------------------------------------------------------------ hooks
-    def add_hook(self, fn: Hook) -> HookHandle:
-        """Register ``fn(event)`` for every event of every later decode; returns a handle."""
-        if not callable(fn):
-            raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
-        self._hooks.append(fn)
-        return HookHandle(self._hooks, fn)
-
-    @contextlib.contextmanager
-    def hooks(self, *fns: Hook):
-        """``with decoder.hooks(fn, ...):`` -- registered inside the block, removed in ``finally``."""
-        handles = [self.add_hook(fn) for fn in fns]
-        try:
-            yield self
-        finally:
-            for h in handles:
-                h.remove()
 
     # ------------------------------------------------------------------ input
     def _undecodable(self, vocab_size: int, eos_id: int) -> torch.Tensor:

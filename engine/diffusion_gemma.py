@@ -76,7 +76,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.decoder import DecodeResult, HookHandle
+from engine.decoder import DecodeResult, HookRegistry
 from engine.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
 
 Hook = Callable[[object], None]
@@ -251,7 +251,7 @@ class _Cancelled(Exception):
 
 
 # ---------------------------------------------------------------------- the decoder
-class DiffusionGemmaDecoder:
+class DiffusionGemmaDecoder(HookRegistry):
     """Runs DiffusionGemma's own sampler and reports each denoising step as events.
 
     Args:
@@ -279,24 +279,6 @@ class DiffusionGemmaDecoder:
         if not isinstance(self.config, DiffusionGemmaDecodeConfig):
             raise TypeError(f"config must be a DiffusionGemmaDecodeConfig, got {type(self.config).__name__}")
         self._hooks: list[Hook] = []
-
-    # ------------------------------------------------------------------ hooks
-    def add_hook(self, fn: Hook) -> HookHandle:
-        """Register ``fn(event)`` for every event of every later decode; returns a handle."""
-        if not callable(fn):
-            raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
-        self._hooks.append(fn)
-        return HookHandle(self._hooks, fn)
-
-    @contextlib.contextmanager
-    def hooks(self, *fns: Hook):
-        """``with decoder.hooks(fn, ...):`` -- registered inside the block, removed in ``finally``."""
-        handles = [self.add_hook(fn) for fn in fns]
-        try:
-            yield self
-        finally:
-            for h in handles:
-                h.remove()
 
     # ------------------------------------------------------------------ input
     def encode_prompt(self, prompt: str | Sequence[int] | torch.Tensor) -> list[int]:
