@@ -6,6 +6,8 @@ numbers the notebooks draw and assert:
 
 * `decode_tasks` -- each task in each setting, interleaved task by task (so a busy machine
   slows every setting alike and the tokens/s of the settings compare);
+* `task_run_from_trace` -- the same `TaskRun` rebuilt from a saved trace (an `engine.sweep`
+  decode), with no decode;
 * `summarize` -- exact match, field accuracy, tokens per forward, NFE, forced fills, tokens/s;
 * `calibration` -- wrong share among written tokens by the confidence at which they were
   written;
@@ -231,7 +233,6 @@ def decode_task(model, tokenizer, task, config, setting: str = "", index: int = 
     Returns:
         A `TaskRun`.
     """
-    from engine.data.agent import score_call
     from engine.decoder import BlockDecoder
 
     dec = BlockDecoder(model, tokenizer, config)
@@ -241,13 +242,60 @@ def decode_task(model, tokenizer, task, config, setting: str = "", index: int = 
     r = dec.generate(prompt_ids, hooks=[hook], record_trace=False)
     hit_eos = r.stop_reason == "eos"
     finish(len(r.tokens) + int(hit_eos))
-    s = score_call(r.text, task)
+    return _task_run(task, tokenizer, setting, index, config.block_size, config.threshold, len(prompt_ids),
+                     r.tokens, hit_eos, r.text, r.nfe, r.n_forced, r.wall_s, extra)
+
+
+def _task_run(task, tokenizer, setting, index, block_size, threshold, prompt_len, tokens, hit_eos, text, nfe,
+              n_forced, wall_s, extra) -> TaskRun:
+    """A `TaskRun` from a finished decode's numbers and its `_collect` arrays, scored by `score_call`."""
+    from engine.data.agent import score_call
+
+    s = score_call(text, task)
     return TaskRun(
-        setting=setting, task=index, block_size=config.block_size, threshold=config.threshold,
-        prompt_len=len(prompt_ids), target=np.asarray(tokenizer.encode(task.target).ids, np.int64),
-        tokens=np.asarray(r.tokens, np.int64), hit_eos=hit_eos, text=r.text, nfe=r.nfe, n_forced=r.n_forced,
-        wall_s=r.wall_s, exact_match=bool(s["exact_match"]), json_valid=bool(s["json_valid"]),
+        setting=setting, task=index, block_size=int(block_size), threshold=float(threshold),
+        prompt_len=int(prompt_len), target=np.asarray(tokenizer.encode(task.target).ids, np.int64),
+        tokens=np.asarray(tokens, np.int64), hit_eos=hit_eos, text=text, nfe=int(nfe), n_forced=int(n_forced),
+        wall_s=float(wall_s), exact_match=bool(s["exact_match"]), json_valid=bool(s["json_valid"]),
         name_correct=bool(s["name_correct"]), fields=s["fields"], **extra)
+
+
+def task_run_from_trace(trace, task, tokenizer, setting: str = "", index: int = 0) -> TaskRun:
+    """The `TaskRun` of a decode recorded as an `engine.trace.Trace` (e.g. one that `engine.sweep`
+    saved under ``traces/`` and `engine.trace.Trace.load` read back), without decoding again.
+
+    The trace's `StepEvent`s are replayed through the same collector `decode_task` hooks into a
+    live decode, so a trace of the same decode gives the same `TaskRun` (wall time aside: the
+    trace's ``DecodeEnd.wall_s``); the text is ``tokenizer.decode`` of the generated tokens (what
+    the decoder returns), scored again by `engine.data.agent.score_call`.
+
+    Args:
+        trace: a finished `Trace` of a `BlockDecoder` decode (its ``decode_config`` holds
+            ``block_size`` and ``threshold``, ``prompt_ids`` the prompt).
+        task: the `engine.data.agent.CallTurn` that was decoded (its target and scoring).
+        tokenizer: the model's tokenizer (the target's ids and the text).
+        setting, index: labels stored in the run.
+
+    Returns:
+        A `TaskRun`.
+
+    Raises:
+        ValueError: the trace holds no finished decode (no `DecodeEnd`), no decode config or
+            no prompt.
+    """
+    end, cfg = trace.decode_end, trace.decode_config or {}
+    if end is None or trace.prompt_ids is None or "threshold" not in cfg or "block_size" not in cfg:
+        raise ValueError(f"{trace!r} is not a finished BlockDecoder decode (needs a DecodeEnd, the prompt ids "
+                         "and a decode config with block_size and threshold)")
+    extra: dict = {}
+    hook, finish = _collect(extra, cfg["threshold"], len(trace.prompt_ids))
+    for ev in trace.steps:
+        hook(ev)
+    tokens = np.asarray(end.tokens, np.int64).tolist()
+    hit_eos = end.stop_reason == "eos"
+    finish(len(tokens) + int(hit_eos))
+    return _task_run(task, tokenizer, setting, index, cfg["block_size"], cfg["threshold"], len(trace.prompt_ids),
+                     tokens, hit_eos, tokenizer.decode(tokens), end.nfe, end.n_forced, end.wall_s, extra)
 
 
 def decode_tasks(model, tokenizer, tasks: Sequence, settings: Mapping[str, object],

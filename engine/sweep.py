@@ -2,7 +2,7 @@
 
     python -m engine.sweep --models models/clover-tiny,random:clover-test --tasks agent-eval:20 \\
         --block-size 8,32 --threshold 0.8,0.95 --memory-mode state,state+window --max-new-tokens 64 \\
-        --out runs/sweep [--workers 2 | --ray local|auto|ADDRESS] [--threads N] [--no-traces]
+        --out runs/sweep [--workers 2 | --ray local|auto|ADDRESS] [--threads N] [--no-traces] [--interleave]
 
 Every combination of the comma lists (``--block-size``, ``--threshold``, ``--policy``,
 ``--memory-mode``, ...) is one *setting*; every (model, setting, task) is one *cell*, one
@@ -35,7 +35,11 @@ Resuming. The results table is rewritten (atomically) as cells finish; a re-run 
 ``--out`` reads it and skips every cell already there (cells are keyed by `cell_id`, a hash of
 model, task set, task index, prompt and the full `DecodeConfig`). Decoding is greedy and each
 cell is seeded from its id, so rows are identical whatever the number of workers or the backend;
-rows are written in grid order. Only the `VOLATILE_COLUMNS` differ between runs.
+rows are written in grid order. Only the `VOLATILE_COLUMNS` differ between runs. ``--interleave``
+hands the cells out task by task (task 0 in every setting, then task 1, ...) so a changing machine
+load slows every setting alike; the rows are the same. A folder keeps the rows of every grid run into
+it: `grid_rows` picks one grid's. A cell id does not cover the checkpoint's weights or the code, so
+`fingerprint` (a hash of files) can name a folder per version of them.
 
 ``--threads`` is per worker (default: ``OMP_NUM_THREADS`` if set, else
 `engine.threads.default_threads` divided among the workers, at least 1).
@@ -405,6 +409,72 @@ def read_results(out_dir: str | Path) -> pa.Table | None:
     return table.cast(RESULT_SCHEMA)
 
 
+def grid_rows(results: pa.Table, models: Sequence[str], task_sets: Sequence[str],
+              settings: Sequence[dict]) -> pa.Table:
+    """The rows of one grid in a results table, in grid order.
+
+    A resumed output folder keeps every row it ever received, so its ``results.parquet`` (and
+    `SweepResult.results`) can also hold the cells of an earlier, different grid written to the
+    same folder (fewer tasks, another setting). This picks exactly the cells `make_cells` gives
+    for these arguments.
+
+    Args:
+        results: a results table (`RESULT_SCHEMA`, e.g. `read_results` or `SweepResult.results`).
+        models, task_sets, settings: the grid, as `run_sweep` takes it.
+
+    Returns:
+        One row per cell of the grid, in grid order (model, setting, task set, task).
+
+    Raises:
+        ValueError: as `make_cells`, or a cell of the grid missing from `results` (the message
+            counts them: run the sweep first).
+    """
+    ids = [c.cell_id for c in make_cells(models, task_sets, settings)]
+    have = {cid: i for i, cid in enumerate(results.column("cell_id").to_pylist())}
+    missing = [cid for cid in ids if cid not in have]
+    if missing:
+        raise ValueError(f"{len(missing)} of the grid's {len(ids)} cells are not in the results table "
+                         f"(first: {missing[0]}); run the sweep into that folder first")
+    return results.take(pa.array([have[cid] for cid in ids], type=pa.int64()))
+
+
+def fingerprint(paths: Sequence[str | Path], length: int = 12) -> str:
+    """A short hex digest of files, to key a sweep's output folder to what produced it.
+
+    A cell's id hashes its model spec, prompt and `DecodeConfig` -- not the checkpoint's weights
+    nor the code that decodes -- so a resumed folder would keep rows decoded by an older model or
+    decoder. Naming the folder after ``fingerprint([model_dir, "engine", "kernels"])`` makes any
+    change to those start a new folder, and an unchanged re-run resume.
+
+    Args:
+        paths: files or directories; a directory counts every file under it (``__pycache__``
+            folders and ``.pyc`` files left out), by path relative to it and content.
+        length: hex digits kept (1 to 64).
+
+    Returns:
+        ``length`` hex digits of a SHA-256 over the paths in the order given.
+
+    Raises:
+        FileNotFoundError: a path that does not exist.
+        ValueError: `length` outside 1 to 64.
+    """
+    if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= 64:
+        raise ValueError(f"length must be an int from 1 to 64, got {length!r}")
+    h = hashlib.sha256()
+    for root in map(Path, paths):
+        if not root.exists():
+            raise FileNotFoundError(f"fingerprint: no file or directory at {str(root)!r}")
+        files = [root] if root.is_file() else sorted(
+            f for f in root.rglob("*") if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc")
+        h.update(b"\0root\0")
+        for f in files:
+            rel = f.name if f == root else f.relative_to(root).as_posix()
+            data = f.read_bytes()
+            h.update(f"\0{rel}\0{len(data)}\0".encode())
+            h.update(data)
+    return h.hexdigest()[:length]
+
+
 def deterministic_columns(table: pa.Table) -> pa.Table:
     """`table` without the `VOLATILE_COLUMNS`: what must be identical between any two runs of a sweep."""
     return table.drop_columns([c for c in VOLATILE_COLUMNS if c in table.schema.names])
@@ -637,7 +707,8 @@ def _run_ray(cells, sink, bar, workers, threads, traces, kill_once, address: str
 
 def run_sweep(models: Sequence[str], task_sets: Sequence[str], settings: Sequence[dict], out_dir: str | Path,
               workers: int = 1, ray_address: str | None = None, threads: int | None = None, traces: bool = True,
-              progress: bool = True, kill_once: tuple[str, int] | None = None) -> SweepResult:
+              progress: bool = True, kill_once: tuple[str, int] | None = None,
+              interleave: bool = False) -> SweepResult:
     """Run (or resume) a sweep and write its tables (module docstring).
 
     Args:
@@ -650,6 +721,10 @@ def run_sweep(models: Sequence[str], task_sets: Sequence[str], settings: Sequenc
         traces: save every cell's trace under ``traces/``.
         progress: show a tqdm bar (cells done, rate, ETA) on stderr.
         kill_once: test hook, see `CellRunner` (process pool or Ray only).
+        interleave: hand the cells out task by task -- task 0 of every task set in every setting
+            (and model), then task 1, ... -- instead of in grid order, so a machine load that changes during
+            the sweep slows every setting alike and their wall times compare. The rows are the
+            same and still written in grid order.
 
     Returns:
         A `SweepResult`.
@@ -678,6 +753,8 @@ def run_sweep(models: Sequence[str], task_sets: Sequence[str], settings: Sequenc
     old_rows = existing.to_pylist() if existing is not None else []
     done = {r["cell_id"] for r in old_rows}
     todo = [c for c in cells if c.cell_id not in done]
+    if interleave:
+        todo.sort(key=lambda c: (c.task.task_id, c.index))  # task 0 in every setting, then task 1, ...
     sink = _Sink(out_dir, old_rows, {c.cell_id: c.index for c in cells})
     with tqdm(total=len(cells), initial=len(cells) - len(todo), desc="sweep", unit="cell", disable=not progress,
               dynamic_ncols=True) as bar:
@@ -737,6 +814,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray", default=None, metavar="local|auto|ADDRESS",
                    help="run on Ray: a new local instance, the running cluster, or the cluster at ADDRESS")
     p.add_argument("--no-traces", dest="traces", action="store_false", help="do not save each decode's trace")
+    p.add_argument("--interleave", action="store_true",
+                   help="run task by task (each task in every setting, then the next) rather than setting by setting")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     add_threads_argument(p)  # per worker
     return p
@@ -747,7 +826,8 @@ def main(argv: list[str] | None = None) -> int:
     axes = {f: getattr(args, f) for f in GRID_AXES if getattr(args, f) is not None}
     try:
         res = run_sweep(args.models, args.tasks, settings_grid(axes), args.out, workers=args.workers,
-                        ray_address=args.ray, threads=args.threads, traces=args.traces, progress=args.progress)
+                        ray_address=args.ray, threads=args.threads, traces=args.traces, progress=args.progress,
+                        interleave=args.interleave)
     except (ValueError, RuntimeError, ConnectionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -194,3 +194,25 @@ def test_decode_tasks_records_every_write(bundled):
     assert X.summarize(runs["bd"])["tokens_per_forward"] > X.summarize(runs["ar"])["tokens_per_forward"]
     with pytest.raises(ValueError):
         X.decode_tasks(model, tok, tasks, {})
+
+
+def test_task_run_from_a_saved_trace_equals_the_live_one(bundled, tmp_path):
+    from engine.decoder import BlockDecoder
+    from engine.trace import Trace
+
+    model, tok = bundled
+    cfg = DecodeConfig(block_size=16, threshold=0.9, max_new_tokens=40, memory_mode="state+window")
+    for i, task in enumerate(eval_tasks(n=4)[2:4]):
+        live = X.decode_task(model, tok, task, cfg, setting="s", index=i)
+        r = BlockDecoder(model, tok, cfg).generate(task.prompt, record_trace=True)
+        trace = Trace.load(r.trace.save(tmp_path / f"{i}.parquet"))
+        back = X.task_run_from_trace(trace, task, tok, setting="s", index=i)
+        assert back.wall_s == pytest.approx(r.wall_s)
+        for name in X.TaskRun.__dataclass_fields__:
+            a, b = getattr(live, name), getattr(back, name)
+            if isinstance(a, np.ndarray):
+                assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), name
+            elif name != "wall_s":
+                assert a == b, name
+    with pytest.raises(ValueError, match="not a finished BlockDecoder decode"):
+        X.task_run_from_trace(Trace(decode_config=cfg, prompt_ids=[1, 2]), task, tok)

@@ -140,3 +140,51 @@ def test_failing_cell_on_ray_is_named(grid, tmp_path, ray_session):
     settings = [{"block_size": 10_000, "max_new_tokens": 4}]
     with pytest.raises(RuntimeError, match=r"cell [0-9a-f]{16} \(model random:clover-test:15, block_size=10000.*context"):
         sweep.run_sweep(models, tasks, settings, tmp_path, workers=2, threads=1, ray_address="auto", progress=False)
+
+
+def test_grid_rows_picks_one_grid_in_grid_order(grid, serial):
+    models, tasks, settings = grid
+    t = serial.results
+    shuffled = t.take(list(range(t.num_rows))[::-1])  # another order, and rows of both settings
+    rows = sweep.grid_rows(shuffled, models, tasks, settings[1:])
+    assert rows.schema == sweep.RESULT_SCHEMA
+    assert rows.column("cell_id").to_pylist() == t.column("cell_id").to_pylist()[4:]
+    assert set(rows.column("block_size").to_pylist()) == {8}
+    with pytest.raises(ValueError, match="4 of the grid's 4 cells are not in the results table"):
+        sweep.grid_rows(t, models, tasks, sweep.settings_grid({"block_size": [4], "threshold": [0.9],
+                                                               "max_new_tokens": [8]}))
+
+
+def test_interleave_runs_task_by_task_and_writes_the_same_table(grid, serial, tmp_path, monkeypatch):
+    order = []
+    real = sweep.run_cell
+
+    def spy(cell, *args, **kwargs):
+        order.append((cell.task.task_id, cell.index))
+        return real(cell, *args, **kwargs)
+
+    monkeypatch.setattr(sweep, "run_cell", spy)
+    res = sweep.run_sweep(*grid, tmp_path, threads=1, progress=False, interleave=True)
+    assert order == sorted(order) and [i for _, i in order[:4]] == [0, 3, 4, 7]  # task 0 of both sets, both settings
+    assert _bytes(res.results) == _bytes(serial.results)  # same rows, in grid order
+    assert "--interleave" in sweep.build_parser().format_help()
+
+
+def test_fingerprint_follows_content(tmp_path):
+    d = tmp_path / "pkg"
+    (d / "__pycache__").mkdir(parents=True)
+    (d / "a.py").write_text("x = 1\n")
+    (d / "w.bin").write_bytes(b"\0\1")
+    f0 = sweep.fingerprint([d])
+    assert len(f0) == 12 and int(f0, 16) >= 0 and len(sweep.fingerprint([d], length=64)) == 64
+    (d / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"junk")
+    assert sweep.fingerprint([d]) == f0  # bytecode caches do not count
+    (d / "a.py").write_text("x = 2\n")
+    assert sweep.fingerprint([d]) != f0
+    (d / "a.py").write_text("x = 1\n")
+    assert sweep.fingerprint([d]) == f0
+    assert sweep.fingerprint([d / "a.py"]) != f0 and sweep.fingerprint([d, d / "a.py"]) != f0
+    with pytest.raises(FileNotFoundError, match="no file or directory"):
+        sweep.fingerprint([tmp_path / "missing"])
+    with pytest.raises(ValueError, match="length"):
+        sweep.fingerprint([d], length=0)
