@@ -6,7 +6,7 @@ heads and experts split (``ep=2,tp=2``), against one process: same tokens?, forw
 Prompt: "The quick brown fox jumps over the lazy dog. " x 2 (byte ids); block 8, threshold 0.5,
 24 new tokens.
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tp_agreement.py``
+Run: ``.venv/bin/python benchmarks/tp_agreement.py --threads 1``
 """
 
 from __future__ import annotations
@@ -42,14 +42,14 @@ def _decode(model, mode):
     return {"tokens": list(r.tokens), "confidence": conf, "nfe": r.nfe, "n_forced": r.n_forced}
 
 
-def _rank(rank: int, port: int, out: str, ep: bool) -> None:
+def _rank(rank: int, port: int, out: str, ep: bool, threads: int) -> None:
     import torch.distributed as dist
 
     from engine import parallel
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     parallel.init_distributed(60.0, backend="gloo")
     model = _model()
     if ep:
@@ -63,7 +63,14 @@ def _rank(rank: int, port: int, out: str, ep: bool) -> None:
     dist.destroy_process_group()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from engine.threads import add_threads_argument, configure_threads
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_threads_argument(p)
+    threads = configure_threads(p.parse_args(argv).threads)  # this process and each rank
     one = {mode: _decode(_model(), mode) for mode in MODES}
     print("| split | memory mode | tokens | same tokens | forwards | forced | confidences compared | max abs diff |")
     print("|---|---|---|---|---|---|---|---|")
@@ -73,7 +80,7 @@ def main() -> int:
             port = s.getsockname()[1]
             s.close()
             out = str(Path(d) / "res.pt")
-            mp.spawn(_rank, args=(port, out, ep), nprocs=2, join=True)
+            mp.spawn(_rank, args=(port, out, ep, threads), nprocs=2, join=True)
             got = torch.load(out, weights_only=False)
         for mode in MODES:
             a, b = one[mode], got[mode]
