@@ -254,7 +254,9 @@ class BlockDecoder(HookRegistry):
 
     def __init__(self, model: CloverModel, tokenizer=None, config: DecodeConfig | None = None):
         if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a CloverModel, got {type(model).__name__}")
+            raise TypeError(f"model must be a block-diffusion backbone (a CloverModel, or a transformers-backed "
+                            f"model from engine.load_model), got {type(model).__name__}; a DiffusionGemma directory "
+                            "loads as a decoder with its own .generate(prompt)")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.config = config or DecodeConfig()

@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=None, help="iterations allowed per block")
     p.add_argument("--policy", default="low_confidence",
                    choices=["low_confidence", "top_k", "margin", "entropy", "factor"])
+    p.add_argument("--tokens-per-step", type=int, default=2, help="slots written per step by --policy top_k")
+    p.add_argument("--max-entropy", type=float, default=0.5, help="entropy bound (nats) of --policy entropy")
+    p.add_argument("--factor", type=float, default=1.0, help="Fast-dLLM factor of --policy factor")
     p.add_argument("--memory-mode", default="state", choices=["state", "state+window"])
     p.add_argument("--repetition-penalty", type=float, default=0.0, help="0 = off")
     p.add_argument("--eos-bias-soft-limit", type=int, default=None, help="unset = off")
@@ -70,14 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.parallel is not None:
         return _main_parallel(args, threads)
     from engine.checkpoint import load_model, load_tokenizer
-    from engine.decoder import BlockDecoder, DecodeConfig
+    from engine.decoder import BlockDecoder
 
     try:
-        dc = DecodeConfig(block_size=args.block_size, threshold=args.threshold,
-                          max_new_tokens=args.max_new_tokens, max_steps=args.max_steps,
-                          policy=args.policy, memory_mode=args.memory_mode,
-                          repetition_penalty=args.repetition_penalty,
-                          eos_bias_soft_limit=args.eos_bias_soft_limit)
+        dc = _decode_config(args)
         if not Path(args.model).is_dir():
             raise ValueError(
                 f"no model directory at {args.model!r}; pass --model DIR, or make a random test model "
@@ -88,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"--device {args.device}: CUDA is not available on this machine; use --device cpu")
         model = load_model(args.model, device=args.device, dtype=args.dtype)
+        if getattr(getattr(model, "info", None), "revisable", False):  # DiffusionGemma: its own sampler
+            return _main_revisable(args, model, threads)
         tokenizer = load_tokenizer(args.model)
         if getattr(model, "chat_format", None) == "chatml" and not args.raw_prompt:
             from engine.hf_adapter import chat_prompt
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(result.text)
     print(
-        f"[{Path(args.model).name}] block_size={dc.block_size} threshold={dc.threshold} | "
+        f"[{Path(args.model).name}] block_size={dc.block_size} {_policy_label(dc)} | "
         f"tokens={len(result.tokens)} NFE={result.nfe} tokens/forward={result.tokens_per_forward:.2f} "
         f"forced={result.n_forced} tokens/s={result.tokens_per_s:.1f} stop={result.stop_reason} | "
         f"read {result.bytes_read / 1e6:.1f} MB, {result.flops / 1e9:.2f} GFLOP (cost model) | "
@@ -112,6 +113,50 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _decode_config(args):
+    """The `DecodeConfig` of the command line (raises ValueError / TypeError for bad values)."""
+    from engine.decoder import DecodeConfig
+
+    return DecodeConfig(block_size=args.block_size, threshold=args.threshold, max_new_tokens=args.max_new_tokens,
+                        max_steps=args.max_steps, policy=args.policy, tokens_per_step=args.tokens_per_step,
+                        max_entropy=args.max_entropy, factor=args.factor, memory_mode=args.memory_mode,
+                        repetition_penalty=args.repetition_penalty, eos_bias_soft_limit=args.eos_bias_soft_limit)
+
+
+def _policy_label(dc) -> str:
+    """The policy and the one setting it reads (``threshold`` only for the policies that use it)."""
+    setting = {"low_confidence": f"threshold={dc.threshold}", "margin": f"threshold={dc.threshold}",
+               "top_k": f"tokens_per_step={dc.tokens_per_step}", "entropy": f"max_entropy={dc.max_entropy}",
+               "factor": f"factor={dc.factor}"}[dc.policy]
+    return f"policy={dc.policy} {setting}"
+
+
+def _main_revisable(args, decoder, threads: int) -> int:
+    """A DiffusionGemma directory: its own revisable sampler (`engine.diffusion_gemma`); of the block
+    settings only ``--max-new-tokens`` applies (its canvas length and entropy rule replace the rest)."""
+    from engine.diffusion_gemma import DiffusionGemmaDecodeConfig
+
+    tok = None
+    try:
+        if decoder.tokenizer is None:  # a tokenizers-library tokenizer.json transformers could not wrap
+            from engine.checkpoint import load_tokenizer
+
+            tok = load_tokenizer(args.model)
+        prompt = args.prompt if tok is None else tok.encode(args.prompt).ids
+        result = decoder.generate(prompt, DiffusionGemmaDecodeConfig(max_new_tokens=args.max_new_tokens),
+                                  record_trace=True)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(result.text if tok is None else tok.decode(list(result.tokens)))
+    print(f"[{Path(args.model).name}] DiffusionGemma, canvas {decoder.info.canvas_length} (revisable; block_size, "
+          f"threshold and policy do not apply) | tokens={len(result.tokens)} denoising steps={result.nfe} "
+          f"stop={result.stop_reason} | threads={threads}")
+    if args.trace is not None:
+        print(f"trace saved to {result.trace.save(args.trace)}")
+    return 0
+
+
 def _main_parallel(args, threads: int) -> int:
     """``--parallel ep=N`` / ``tp=N`` / ``ep=N,tp=N`` under torchrun: every rank decodes with its share of the
     experts and / or heads; rank 0 reports."""
@@ -119,7 +164,7 @@ def _main_parallel(args, threads: int) -> int:
 
     from engine import parallel
     from engine.checkpoint import load_model, load_tokenizer
-    from engine.decoder import BlockDecoder, DecodeConfig
+    from engine.decoder import BlockDecoder
 
     rank = int(os.environ.get("RANK", "0"))
     try:
@@ -131,11 +176,7 @@ def _main_parallel(args, threads: int) -> int:
             if n != world:
                 raise ValueError(f"--parallel {key}={n} needs {n} processes, torchrun started {world} "
                                  f"(torchrun --nproc-per-node {n} ...; ep and tp split over the same ranks)")
-        dc = DecodeConfig(block_size=args.block_size, threshold=args.threshold,
-                          max_new_tokens=args.max_new_tokens, max_steps=args.max_steps,
-                          policy=args.policy, memory_mode=args.memory_mode,
-                          repetition_penalty=args.repetition_penalty,
-                          eos_bias_soft_limit=args.eos_bias_soft_limit)
+        dc = _decode_config(args)
         if not Path(args.model).is_dir():
             raise ValueError(f"no model directory at {args.model!r}; pass --model DIR")
         model = load_model(args.model, device=device)

@@ -439,3 +439,14 @@ def test_the_app_block_view_moves_the_revision_marks_with_the_step(decoder):
         assert marked > 0  # the trace has rewrites to show
     finally:
         s.close()
+
+
+def test_generate_cli_runs_its_own_sampler(tmp_path, capsys):
+    from engine.generate import main
+
+    d = _byte_level_checkpoint(tmp_path / "tiny-gemma")
+    assert main(["--model", str(d), "--prompt", "Hello", "--max-new-tokens", "16", "--threads", "1",
+                 "--trace", str(tmp_path / "t.parquet")]) == 0
+    out = capsys.readouterr().out
+    assert "DiffusionGemma, canvas 8" in out and "tokens=16" in out and (tmp_path / "t.parquet").is_file()
+    assert len(Trace.load(tmp_path / "t.parquet")) >= 2

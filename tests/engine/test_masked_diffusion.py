@@ -205,3 +205,15 @@ def test_the_app_and_the_notebook_widget_open_a_dream_checkpoint_by_path(tmp_pat
         assert len(tr) >= 2 and "NFE" in ex.status.value
     finally:
         ex.close()
+
+
+def test_generate_cli_takes_each_policys_own_setting(tmp_path, capsys):
+    from engine.generate import main
+
+    d = _byte_level_dream(tmp_path / "tiny-dream")
+    common = ["--model", str(d), "--prompt", "Hello", "--block-size", "32", "--max-new-tokens", "16", "--threads", "1"]
+    assert main(common + ["--policy", "top_k", "--tokens-per-step", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "policy=top_k tokens_per_step=4" in out and "NFE=4 " in out and "threshold" not in out
+    assert main(common + ["--policy", "margin", "--threshold", "0.9"]) == 0
+    assert "policy=margin threshold=0.9" in capsys.readouterr().out
