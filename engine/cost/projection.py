@@ -472,19 +472,11 @@ def parse_split(text: str) -> dict[str, int]:
     Raises:
         ValueError: not ``ep=N`` and/or ``tp=N`` with ints >= 1 and, when both are given, equal.
     """
-    usage = f"--parallel expects ep=N and/or tp=N with N >= 1 (e.g. ep=8, tp=8, ep=8,tp=8), got {text!r}"
-    out: dict[str, int] = {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        key, eq, val = part.partition("=")
-        try:
-            n = int(val) if eq else 0
-        except ValueError:
-            n = 0
-        if key not in ("ep", "tp") or n < 1 or key in out:
-            raise ValueError(usage)
-        out[key] = n
-    if not out or len(set(out.values())) > 1:
-        raise ValueError(usage + "; ep and tp split over the same GPUs, so they must be equal")
+    from engine.parallel import parse_parallel  # the one parser of the --parallel syntax
+
+    out = parse_parallel(text)
+    if len(set(out.values())) > 1:
+        raise ValueError(f"--parallel {text!r}: ep and tp split over the same GPUs, so they must be equal")
     return out
 
 
