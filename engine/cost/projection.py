@@ -474,9 +474,13 @@ def parse_split(text: str) -> dict[str, int]:
     """
     from engine.parallel import parse_parallel  # the one parser of the --parallel syntax
 
-    out = parse_parallel(text)
+    usage = f"--parallel expects ep=N and/or tp=N with N >= 1 (e.g. ep=8, tp=8, ep=8,tp=8), got {text!r}"
+    try:
+        out = parse_parallel(text)
+    except ValueError:
+        raise ValueError(usage) from None
     if len(set(out.values())) > 1:
-        raise ValueError(f"--parallel {text!r}: ep and tp split over the same GPUs, so they must be equal")
+        raise ValueError(usage + "; ep and tp split over the same GPUs, so they must be equal")
     return out
 
 
