@@ -18,8 +18,10 @@ positions k * b from the row's start, as the decoder aligns them):
   x_{s-2}`` and bidirectionally to itself. Per block a mask ratio
   ``t ~ U(0, 1]``; each answer slot is masked with probability t (at least
   one); prompt slots inside the block stay clean, like the decoder's prefilled
-  prompt head. Loss: cross-entropy of output j against ``x_{s+j}`` on masked
-  slots;
+  prompt head. With ``--suffix-share p``, a share p of the blocks is instead
+  masked the way left-to-right threshold decoding leaves a block (slots from a
+  uniformly drawn k on masked, the ones before it committed). Loss:
+  cross-entropy of output j against ``x_{s+j}`` on masked slots;
 * **block sizes mixed** per example (``--block-sizes``, default 4/8/16/32
   weighted 1:2:2:3), so every block size of the explorer is in distribution;
 * loss = masked-slot CE + ``--ar-weight`` x clean AR CE.
@@ -68,7 +70,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 # ----------------------------------------------------------------------------- data
 def build_example(ids: list[int], answer_start: int, b: int, mask_id: int, gen: random.Random,
-                  pad_id: int) -> dict | None:
+                  pad_id: int, suffix_share: float = 0.0) -> dict | None:
     """One training forward for a conversation: clean row + one noisy window per answer block.
 
     Args:
@@ -78,6 +80,10 @@ def build_example(ids: list[int], answer_start: int, b: int, mask_id: int, gen: 
         mask_id: MASK id.
         gen: randomness (mask ratio and slots).
         pad_id: id used to pad the row to a multiple of b (EOS: what the decoder writes after an EOS).
+        suffix_share: share of blocks masked the way threshold decoding leaves them: the answer
+            slots from a uniformly drawn slot k to the end of the block are masked, those before k
+            are clean (decode-aligned masking). The other blocks draw a mask ratio t ~ U(0, 1]
+            and mask each answer slot with probability t.
 
     Returns:
         dict with ``input_ids`` [Q], ``position_ids`` [Q], ``mask`` [Q, Q] bool (True = attend),
@@ -101,9 +107,12 @@ def build_example(ids: list[int], answer_start: int, b: int, mask_id: int, gen: 
     n_masked = 0
     for k in blocks:
         s = k * b
-        t = 1.0 - gen.random()  # (0, 1]
         slots = [j for j in range(b) if eligible[s + j]]
-        masked = [j for j in slots if gen.random() < t] or [gen.choice(slots)]
+        if suffix_share > 0 and gen.random() < suffix_share:
+            masked = slots[gen.randrange(len(slots)):]  # clean prefix of the block, masked suffix
+        else:
+            t = 1.0 - gen.random()  # (0, 1]
+            masked = [j for j in slots if gen.random() < t] or [gen.choice(slots)]
         mset = set(masked)
         n_masked += len(mset)
         window = [x[s - 1]] + [mask_id if j in mset else x[s + j] for j in range(b - 1)]
@@ -481,7 +490,7 @@ def train(args) -> int:
             while len(exs) < args.batch:
                 ids, a0 = src.next()
                 b = gen.choices(sizes, weights)[0]
-                ex = build_example(ids, a0, b, mask_id, gen, eos_id)
+                ex = build_example(ids, a0, b, mask_id, gen, eos_id, args.suffix_share)
                 if ex is not None:
                     exs.append(ex)
             loss, d, a = batch_loss(model, exs, args.ar_weight, device, autocast, pad_id=eos_id)
@@ -541,6 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lora-alpha", type=int, default=16)
     ap.add_argument("--ar-weight", type=float, default=0.5)
     ap.add_argument("--block-sizes", default=None, help="b:weight,... (default 4:1,8:2,16:2,32:3)")
+    ap.add_argument("--suffix-share", type=float, default=0.0,
+                    help="share of blocks with decode-aligned masking (clean block prefix, masked suffix)")
     ap.add_argument("--accum", type=int, default=4, help="forwards (of --batch examples) per optimizer step")
     ap.add_argument("--batch", type=int, default=1, help="examples per forward (padded; GPU: 32-128)")
     ap.add_argument("--max-len", type=int, default=256)

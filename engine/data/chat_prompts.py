@@ -1,8 +1,8 @@
 """Plain questions and instructions for adapting a chat model to block diffusion (training prompts).
 
 `training_prompts(n, seed)` draws deterministic prompts from templates x topics
-(explanations, facts, lists, short poems, how-tos, arithmetic, translation,
-small Python functions). The base model's own greedy answers to them are the
+(explanations, facts, lists, short poems, how-tos, comparisons, synonyms and
+opposites, short messages, arithmetic, translation, small Python functions). The base model's own greedy answers to them are the
 self-distillation data of `engine.hf_train`. The evaluation prompts are a
 separate, hand-written file (`EVAL_PROMPTS_FILE`) that this generator never
 produces (tests check that the two sets are disjoint).
@@ -69,6 +69,27 @@ PHRASES = (
 )
 LANGUAGES = ("French", "Spanish", "German", "Italian")
 
+# Everyday instructions and short questions (kept apart from the hand-written eval prompts; a test checks).
+WORDS = ("big", "fast", "bright", "brave", "quiet", "old", "smart", "strong", "early", "easy", "angry", "rich",
+         "funny", "tiny", "calm", "wet", "loud", "sad", "kind", "clean")
+NOUNS = ("child", "tooth", "knife", "leaf", "goose", "city", "box", "wolf", "potato", "person")
+THINGS = ("a hammer", "a microscope", "a compass", "a calculator", "a telescope", "a ladder", "a kettle",
+          "a bicycle pump", "an umbrella", "a stapler", "a lighthouse", "a windmill", "a dictionary", "a passport")
+PEOPLE = ("a nurse", "a pilot", "a farmer", "a chef", "an architect", "a firefighter", "a dentist",
+          "a journalist", "a plumber", "a scientist", "a mail carrier", "a judge")
+OCCASIONS = ("a friend's birthday", "a new job", "a graduation", "a wedding", "a retirement", "a new baby")
+SHORT = (
+    "What is a synonym for {w}?", "What is the opposite of {w}?", "Use the word {w} in a sentence.",
+    "What is the plural of {n}?", "What is {x} used for?", "What does {p} do at work?",
+    "Write a one-line congratulation message for {o}.", "Give two tips for {t}.",
+    "What is the difference between {t} and {u}?", "Compare {t} and {u} in two sentences.",
+    "Suggest a title for an article about {t}.", "Write a short product description for {x}.",
+    "How do I get started with {t}?", "Answer briefly: is {t} related to {u}?",
+    "Name three things related to {t}.", "Write a friendly reminder about {t}.",
+    "What is one advantage and one disadvantage of {t}?", "Give me a quick quiz question about {t}.",
+    "Rewrite this sentence more politely: give me {x} now.", "Describe {x} without using its name.",
+)
+
 CODE_TASKS = (
     "returns the sum of a list of numbers", "checks whether a number is even", "reverses a string",
     "counts the vowels in a string", "returns the largest of three numbers", "computes the factorial of n",
@@ -85,8 +106,13 @@ def training_prompts(n: int, seed: int = 0) -> list[str]:
     seen: set[str] = set()
     while len(out) < n:
         r = rng.random()
-        if r < 0.72:
+        if r < 0.45:
             p = rng.choice(TEMPLATES).format(t=rng.choice(TOPICS))
+            p = p[0].upper() + p[1:]
+        elif r < 0.72:
+            t, u = rng.sample(TOPICS, 2)
+            p = rng.choice(SHORT).format(w=rng.choice(WORDS), n=rng.choice(NOUNS), x=rng.choice(THINGS),
+                                         p=rng.choice(PEOPLE), o=rng.choice(OCCASIONS), t=t, u=u)
             p = p[0].upper() + p[1:]
         elif r < 0.82:
             a, b = rng.randint(2, 99), rng.randint(2, 99)

@@ -132,3 +132,24 @@ def test_init_adapter_starts_a_new_stage_from_saved_weights(tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
     with pytest.raises(ValueError, match="missing"):
         main(common + ["--out", str(tmp_path / "x"), "--max-steps", "0", "--init-adapter", str(tmp_path)])
+
+
+def test_suffix_masking_masks_a_block_suffix_of_answer_slots():
+    """--suffix-share 1: every window masks the answer slots from some k to the block's end, nothing before k."""
+    ids = list(range(10, 42))  # 32 tokens; answer from index 5
+    gen = random.Random(1)
+    ks = set()
+    for _ in range(20):
+        ex = build_example(ids, 5, 8, MASK, gen, pad_id=2, suffix_share=1.0)
+        T = ex["n_clean"]
+        for w, s in enumerate(range(8, 32, 8)):
+            lab = ex["labels"][T + 8 * w: T + 8 * w + 8].tolist()
+            masked = [j for j in range(8) if lab[j] != -100]
+            assert masked and masked == list(range(masked[0], 8))  # a non-empty suffix
+            ks.add(masked[0])
+    assert len(ks) >= 5  # the clean prefix length varies
+    # answer from 10: the first window (slots 8..15) never masks the prompt slots 8, 9
+    for seed in range(10):
+        ex = build_example(ids, 10, 8, MASK, random.Random(seed), pad_id=2, suffix_share=1.0)
+        lab = ex["labels"][ex["n_clean"]: ex["n_clean"] + 8].tolist()
+        assert lab[0] == lab[1] == -100 and lab[7] == ids[15]
