@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--open-tools-share", type=float, default=0.0,
                     help="share of agent rows from the open-vocabulary tool-call corpus (engine.data.open_tools, "
                          "train vocabulary: names and keys must be copied from the system turn)")
+    ap.add_argument("--code-source", default="stdlib", choices=["stdlib", "packages", "both"],
+                    help="code rows from the standard library, the train packages of engine.data.packages "
+                         "(held-out packages never), or both")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (checkpoints are written from the CPU either way)")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
                     help="bf16 = autocast on CUDA (weights, optimizer and loss stay fp32); fp32 on the CPU")
@@ -384,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"clover-tiny: {sum(p.numel() for p in model.parameters()):,} parameters; step {prog.step}, "
           f"{prog.elapsed_s / 60:.1f} of {args.minutes} min done", flush=True)
 
-    src = RowSource(tokenizer, args.seed + prog.step, args.easy_share, args.open_tools_share)
+    src = RowSource(tokenizer, args.seed + prog.step, args.easy_share, args.open_tools_share, args.code_source)
     autocast_dtype = torch.bfloat16 if args.dtype == "bf16" else None
     gen = torch.Generator().manual_seed(args.seed * 7919 + prog.step)
     rng = random.Random(args.seed * 31 + prog.step)

@@ -4,7 +4,9 @@ Three kinds of row, all python lists of length T:
 
 * agent rows -- synthetic tool-call conversations (`engine.data.agent`, training seeds
   < 10,000,000) packed from a conversation start (`pack_conversations`); focus = assistant turns;
-* code rows -- windows of Python standard-library source (`engine.data.stdlib`, train split);
+* code rows -- windows of Python source: the standard library (`engine.data.stdlib`, train
+  split) and/or third-party packages (`engine.data.packages`, train packages), per
+  ``code_source``;
 * recall rows -- associative recall on real tokens (`RowSource.recall_row`,
   `RowSource.call_recall_row`); focus = the queried values.
 """
@@ -23,14 +25,34 @@ from engine.data.tokenizer import SPECIAL_TOKENS
 AGENT_SHARE = 0.9  # rows of agent conversations vs stdlib code
 FIRST_ORDINARY_ID = len(SPECIAL_TOKENS)  # ids 0..7 are the special tokens (engine.data.tokenizer)
 RECALL_VOCABS = ("code", "uniform", "values", "calls")  # RowSource.recall_row's sources of cue / value ids
+CODE_SOURCES = ("stdlib", "packages", "both")  # RowSource's code corpora
+PACKAGE_CODE_CHARS = 12_000_000  # characters of package code tokenised per RowSource (memory and start-up)
 
 
 class RowSource:
     """Infinite source of [T] token rows: packed agent conversations or stdlib windows."""
 
-    def __init__(self, tokenizer, seed: int, easy_share: float = 0.0, open_tools_share: float = 0.0):
+    def __init__(self, tokenizer, seed: int, easy_share: float = 0.0, open_tools_share: float = 0.0,
+                 code_source: str = "stdlib", package_chars: int = PACKAGE_CODE_CHARS):
+        """Args:
+            tokenizer: a `tokenizers.Tokenizer` with the project's special tokens.
+            seed: row randomness and the corpora's file order.
+            easy_share, open_tools_share: shares of agent rows from `easy_conversations` and from
+                the open-vocabulary corpus (the rest: `engine.data.agent`).
+            code_source: ``"stdlib"`` (the standard library's train split), ``"packages"``
+                (`engine.data.packages` train packages, never the held-out ones) or ``"both"``
+                (the two streams, concatenated).
+            package_chars: characters of package code read (files in seeded order until the
+                budget; the whole train split is ~60 MB).
+
+        Raises:
+            ValueError: an unknown ``code_source``, or no code found for it."""
         from engine.data.agent import iter_conversations
+        from engine.data.packages import iter_package_text
         from engine.data.stdlib import iter_stdlib_text
+
+        if code_source not in CODE_SOURCES:
+            raise ValueError(f"code_source must be one of {CODE_SOURCES}, got {code_source!r}")
 
         self.tok = tokenizer
         self.rng = random.Random(seed)
@@ -42,8 +64,20 @@ class RowSource:
         self._convs = iter_conversations(seed * 1_000_000 % 9_000_000, None, max_rounds=8)
         self._easy = easy_conversations((seed * 1_000_000 + 500_000) % 9_000_000)
         ids = []
-        for text in iter_stdlib_text("train", seed):
-            ids.extend(tokenizer.encode(text).ids)
+        if code_source in ("stdlib", "both"):
+            for text in iter_stdlib_text("train", seed):
+                ids.extend(tokenizer.encode(text).ids)
+        if code_source in ("packages", "both"):
+            n = 0
+            for text in iter_package_text("train", seed):
+                if n >= package_chars:
+                    break
+                ids.extend(tokenizer.encode(text).ids)
+                n += len(text)
+        if len(ids) < 4096:
+            raise ValueError(f"code_source={code_source!r}: only {len(ids)} code tokens found (is the "
+                             "project installed with `bash .ci/install`?)")
+        self.code_source = code_source
         self.code = np.asarray(ids, dtype=np.int64)
 
     def agent_row(self, T: int) -> tuple[list[int], list[bool], list[bool]]:

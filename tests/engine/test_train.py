@@ -370,3 +370,24 @@ def test_train_gpu_script_cpu_path_on_tiny_config(tmp_path):
     assert set(report["agent"]) == {"bd32-window", "ar1-window"}
     assert report["open_tools"]["bd32-window"]["n_tasks"] == 2
     assert load_model(out).config.name == "clover-tiny"
+
+
+def test_code_rows_from_train_packages_never_heldout():
+    """--code-source packages: code rows are windows of the train packages' sources (the held-out
+    packages of engine.eval never appear); an unknown source is refused."""
+    from tokenizers import Tokenizer
+
+    from engine.data.packages import iter_package_text
+    from engine.train import RowSource
+
+    tok = Tokenizer.from_file("models/clover-tiny/tokenizer.json")
+    src = RowSource(tok, seed=3, code_source="packages", package_chars=150_000)
+    first = next(iter_package_text("train", 3))
+    head = tok.encode(first).ids[:64]
+    assert src.code[:64].tolist() == head  # the stream starts with the first train file in seeded order
+    heldout = next(iter_package_text("heldout", 0))
+    assert tok.decode(tok.encode(heldout).ids[:64]) not in tok.decode(src.code.tolist())
+    ids, focus, _ = src.code_row(128)
+    assert len(ids) == 128 and all(focus)
+    with pytest.raises(ValueError, match="code_source must be one of"):
+        RowSource(tok, seed=0, code_source="github")
