@@ -13,11 +13,14 @@ Modules::
     engine.cost.projection  recorded runs projected onto a device and a target model; one forward
                             split over GPUs (project_parallel, ``--parallel ep=N[,tp=N]``)
     engine.cost.per_step    a trace's per-forward cost series and roofline points (for the views)
+    engine.cost.break_even  the measured break-even: tokens per forward block decoding needs to
+                            match autoregressive decoding on this machine (``--break-even``)
     engine.cost.cli         text reports; ``python -m engine.cost``
 
 Tests: ``.venv/bin/python -m pytest tests/engine/test_cost.py -q``
 """
 
+from engine.cost.break_even import BreakEven, format_break_even, measure_break_even
 from engine.cost.cli import format_breakdown, format_devices, format_forward_report, format_si, main
 from engine.cost.dense import dense_forward_cost, dense_param_counts
 from engine.cost.devices import (DEFAULT_DEVICE, DEVICES, Device, get_device, measure_this_machine, ridge_point,
@@ -35,6 +38,7 @@ from engine.cost.projection import (INTERCONNECT_BYTES_PER_S, ParallelForward, P
                                     project_tokens_per_s, project_trace, target_union)
 
 __all__ = [
+    "BreakEven", "format_break_even", "measure_break_even",
     "COMPONENTS", "DEFAULT_DEVICE", "INTERCONNECT_BYTES_PER_S", "ParallelForward", "project_parallel",
     "project_parallel_table", "DENSE_COMPONENTS", "DENSE_WEIGHT_COMPONENTS", "DEVICES", "MEMORY_MODES",
     "NORM_FLOPS_PER_ELEMENT", "STATE_BYTES", "UNION_ASSUMPTIONS", "WEIGHT_COMPONENTS", "Device", "ForwardCost",

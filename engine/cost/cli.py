@@ -168,8 +168,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help=f"35B union for --trace: {', '.join(UNION_ASSUMPTIONS)} or a number")
     ap.add_argument("--parallel", default=None, metavar="ep=N[,tp=N]",
                     help="per-GPU projection for 1, 2, 4 ... N GPUs, experts (ep) and / or heads (tp) split")
+    ap.add_argument("--break-even", action="store_true",
+                    help="measure, on this machine, how many tokens per forward block decoding of --model needs "
+                         "to match autoregressive decoding (engine.cost.break_even)")
+    ap.add_argument("--model", default=None, help="model directory for --break-even (e.g. models/smollm2-bd)")
+    ap.add_argument("--block-sizes", default="4,8,16,32", help="--break-even: block sizes to time")
+    ap.add_argument("--prefix", type=int, default=256, help="--break-even: committed tokens before the block")
+    ap.add_argument("--repeats", type=int, default=5, help="--break-even: timed forwards per median")
+    ap.add_argument("--threads", type=int, default=None, help="--break-even: torch threads (default: engine.threads)")
     args = ap.parse_args(argv)
 
+    if args.break_even:
+        return _break_even_main(args, ap)
     if args.list_devices:
         print(format_devices())
         return 0
@@ -211,3 +221,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _break_even_main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """``--break-even``: load ``--model`` and print `format_break_even` of its measured points."""
+    if not args.model:
+        ap.error("--break-even needs --model DIR (a checkpoint directory, e.g. models/smollm2-bd)")
+    from engine.cost.break_even import format_break_even, measure_break_even
+    from engine.threads import configure_threads
+
+    try:
+        sizes = [int(b) for b in args.block_sizes.split(",") if b.strip()]
+    except ValueError:
+        ap.error(f"--block-sizes {args.block_sizes!r}: give comma-separated ints, e.g. 4,8,16,32")
+    configure_threads(args.threads)
+    try:
+        from engine.checkpoint import load_model
+
+        model = load_model(args.model)
+        points = measure_break_even(model, sizes, prefix_len=args.prefix, repeats=args.repeats,
+                                    memory_mode=args.memory_mode)
+    except (ValueError, TypeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_break_even(points, str(args.model)))
+    return 0

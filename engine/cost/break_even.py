@@ -1,0 +1,186 @@
+"""Measured break-even of block decoding on the machine at hand.
+
+Block decoding beats autoregressive decoding only when the tokens it writes per
+forward make up for what a block forward costs. On a GPU a 32-slot forward of a
+small-batch decode reads about the same bytes as a one-token forward, so the
+break-even is near 1 and tokens per forward is the speed-up; on a CPU the
+forward's arithmetic grows with the slots it carries and the break-even climbs
+with block_size. The roofline in `engine.cost.devices` projects this; this
+module measures it with the model's own forwards, on this device, after the same
+committed prefix (medians over ``repeats`` timed forwards after ``warmup``
+untimed ones):
+
+* ``t_ar``: one autoregressive step as the decoder runs ``block_size=1``: a
+  one-slot forward with the last token's commit fused in;
+* ``t_block``: a denoising forward of an L-slot block (no commit);
+* ``t_commit``: what fusing a finished L-token block's commit into the next
+  block's first forward adds (a forward with the commit minus ``t_block``).
+
+A block of L tokens decoded in ``n`` forwards takes ``n * t_block + t_commit``;
+the same L tokens autoregressively take ``L * t_ar``. They are equal at
+
+    break-even tokens per forward = L * t_block / (L * t_ar - t_commit)
+
+(infinite if the commit alone costs more than L autoregressive steps).
+
+Works for any model of the decoder protocol (``setup_state``, ``forward(block_ids,
+state, commit_ids, block_size, observe)``): Clover, the transformers backbone,
+Dream / LLaDA-style masked diffusion (which recomputes the whole sequence, so its
+ratio is computed on that cost).
+
+    python -m engine.cost --break-even --model models/smollm2-bd --block-sizes 4,8,16,32
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class BreakEven:
+    """One measured point.
+
+    Attributes:
+        block_size: slots in the timed block forward (L).
+        prefix_len: committed tokens before the timed forwards.
+        t_ar_s: median seconds of an autoregressive step (one slot + one-token commit).
+        t_block_s: median seconds of an L-slot denoising forward.
+        t_commit_s: median extra seconds of fusing an L-token commit into a block forward (>= 0).
+        repeats: timed forwards per median.
+        device: ``str(model.device)``.
+        threads: ``torch.get_num_threads()`` while measuring.
+    """
+
+    block_size: int
+    prefix_len: int
+    t_ar_s: float
+    t_block_s: float
+    t_commit_s: float
+    repeats: int
+    device: str
+    threads: int
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Tokens per forward block decoding must write to match autoregressive tokens/s:
+        ``L * t_block / (L * t_ar - t_commit)`` (module docstring); ``inf`` when no rate suffices."""
+        L = self.block_size
+        room = L * self.t_ar_s - self.t_commit_s
+        return L * self.t_block_s / room if room > 0 else float("inf")
+
+    def speedup(self, tokens_per_forward: float) -> float:
+        """Expected tokens/s of block decoding over autoregressive decoding at ``tokens_per_forward``
+        (> 0): ``L * t_ar / (n * t_block + t_commit)`` with ``n = L / tokens_per_forward``."""
+        if tokens_per_forward <= 0:
+            raise ValueError(f"tokens_per_forward must be > 0, got {tokens_per_forward}")
+        L = self.block_size
+        return L * self.t_ar_s / (L / tokens_per_forward * self.t_block_s + self.t_commit_s)
+
+
+def _supports_protocol(model) -> bool:
+    return callable(getattr(model, "setup_state", None)) and callable(getattr(model, "forward", None))
+
+
+def _sync(device) -> None:
+    if getattr(device, "type", str(device)).startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def measure_break_even(model, block_sizes=(4, 8, 16, 32), prefix_len: int = 256, repeats: int = 5,
+                       warmup: int = 1, memory_mode: str = "state", seed: int = 0) -> dict[int, BreakEven]:
+    """Time one-slot and L-slot denoising forwards of ``model`` after a committed prefix.
+
+    Args:
+        model: a model of the decoder protocol (`engine.model.CloverModel`,
+            `engine.hf_model.HFBlockDiffusionModel`, `engine.masked_diffusion` models).
+        block_sizes: the L values (each >= 1).
+        prefix_len: committed tokens before the timed forwards (random ordinary ids; the cost
+            of a forward does not depend on which ids). Clamped so the prefix and the timed
+            commits fit ``max_position_embeddings``.
+        repeats: timed forwards per median (>= 1).
+        warmup: untimed forwards first, per shape.
+        memory_mode: the history mode to set up (``state`` or, for Clover, ``state+window``).
+        seed: the prefix ids.
+
+    Returns:
+        {L: `BreakEven`}, in the order of ``block_sizes``.
+
+    Raises:
+        TypeError: ``model`` does not implement the decoder protocol (e.g. DiffusionGemma,
+            which runs transformers' own sampler).
+        ValueError: an empty ``block_sizes``, a block size < 1, ``repeats`` < 1,
+            ``prefix_len`` < 1, or more timed positions than the model has.
+    """
+    if not _supports_protocol(model):
+        raise TypeError(f"{type(model).__name__} does not implement the decoder protocol (setup_state / forward); "
+                        "the break-even is measured on models the BlockDecoder drives")
+    sizes = [int(b) for b in block_sizes]
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"block_sizes must be a non-empty list of ints >= 1, got {list(block_sizes)!r}")
+    if repeats < 1 or prefix_len < 1:
+        raise ValueError(f"repeats and prefix_len must be >= 1, got repeats={repeats}, prefix_len={prefix_len}")
+    cfg = model.config
+    limit = int(getattr(cfg, "max_position_embeddings", prefix_len + max(sizes)) or prefix_len + max(sizes))
+    added = (warmup + repeats) * (1 + sum(sizes)) + max(sizes) + 1  # the timed commits grow the history
+    if limit - added < 1:
+        raise ValueError(f"the timed forwards need {added} positions and the model has {limit}; "
+                         "use fewer repeats or smaller block sizes")
+    prefix_len = min(prefix_len, limit - added)
+    device = model.device
+    g = torch.Generator().manual_seed(seed)
+    lo = 8 if cfg.vocab_size > 64 else 0  # skip the special ids of the project's tokenizers
+    prefix = torch.randint(lo, cfg.vocab_size, (1, prefix_len), generator=g)
+    prefix[prefix == cfg.mask_token_id] = lo
+    state = model.setup_state(1, memory_mode)
+    mask = cfg.mask_token_id
+
+    def tokens(n: int) -> torch.Tensor:
+        t = torch.randint(lo, cfg.vocab_size, (1, n), generator=g)
+        t[t == mask] = lo
+        return t.to(device)
+
+    # commit the prefix with one forward (Clover: one block of prefix_len tokens)
+    model(torch.full((1, 1), mask, device=device), state, commit_ids=prefix.to(device), block_size=prefix_len)
+
+    def timed(L: int, commit: int) -> float:
+        ids = torch.full((1, L), mask, device=device)
+        bs = max(commit, 1) if commit else prefix_len
+        for _ in range(warmup):
+            model(ids, state, commit_ids=tokens(commit) if commit else None, block_size=bs)
+        times = []
+        for _ in range(repeats):
+            c = tokens(commit) if commit else None
+            _sync(device)
+            t0 = time.perf_counter()
+            model(ids, state, commit_ids=c, block_size=bs)
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    t_ar = timed(1, 1)
+    out = {}
+    for L in sizes:
+        t_block = timed(L, 0)
+        t_commit = max(0.0, timed(L, L) - t_block)
+        out[L] = BreakEven(L, prefix_len, t_ar, t_block, t_commit, repeats, str(device), torch.get_num_threads())
+    return out
+
+
+def format_break_even(points: dict[int, BreakEven], label: str = "") -> str:
+    """A text table of `measure_break_even`'s points."""
+    first = next(iter(points.values()))
+    lines = [f"measured break-even{' of ' + label if label else ''} on {first.device}, {first.threads} thread(s), "
+             f"after a {first.prefix_len}-token prefix (median of {first.repeats} forwards); "
+             f"autoregressive step {first.t_ar_s * 1e3:.2f} ms",
+             f"{'block_size':>10}  {'block ms':>9}  {'commit ms':>9}  tokens per forward to match AR"]
+    for L, p in points.items():
+        lines.append(f"{L:>10}  {p.t_block_s * 1e3:>9.2f}  {p.t_commit_s * 1e3:>9.2f}  {p.tokens_per_forward:.2f}")
+    return "\n".join(lines)
+
+
+__all__ = ["BreakEven", "format_break_even", "measure_break_even"]
