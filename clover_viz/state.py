@@ -176,6 +176,9 @@ class ExplorerState(param.Parameterized):
     error = param.String(default="", doc="The last error (empty when none).")
     model_label = param.String(default="", doc="What model is loaded, said plainly.")
     window_available = param.Boolean(default=True, doc="The model supports 'state+window'.")
+    break_even = param.Dict(default={}, doc=(
+        "Measured on this machine by `measure_break_even`: {(model id, block_size, memory mode): "
+        "engine.cost.BreakEven}."))
 
     # --- playback
     position = param.Integer(default=0, bounds=(0, None), doc="Step (forward) index on display.")
@@ -619,6 +622,54 @@ class ExplorerState(param.Parameterized):
         window = source.attention_window if (source is not None and mode == "state+window") else 0
         return project_trace(self.trace, device or self.device, source_config=source,
                              union_assumption=self.union_assumption, memory_mode=mode, window=window)
+
+    # ------------------------------------------------------------------ break-even
+    def _break_even_key(self) -> tuple[str, int, str] | None:
+        """(model id, block_size, memory mode) of the displayed run (else the settings) on the loaded model."""
+        loaded = self._loaded
+        if loaded is None:
+            return None
+        dc = (self.trace.decode_config or {}) if self.trace is not None else {}
+        return (loaded.model_id, int(dc.get("block_size", self.block_size)),
+                str(dc.get("memory_mode", self.memory_mode)))
+
+    def break_even_point(self) -> Any:
+        """The `engine.cost.BreakEven` measured by `measure_break_even` for the loaded model at the
+        displayed run's block_size and memory mode, or None if not measured yet."""
+        key = self._break_even_key()
+        return None if key is None else self.break_even.get(key)
+
+    def measure_break_even(self, repeats: int = 5, prefix_len: int = 256) -> Any:
+        """Measure on this machine how many tokens per forward block decoding of the loaded model
+        needs to match its autoregressive decoding (`engine.cost.measure_break_even`), at the
+        displayed run's block_size and memory mode (else the settings'), after a ``prefix_len``-token
+        history; stores it in `break_even` and returns it. Takes a few forwards' time (SmolLM2-135M
+        on one CPU thread: ~10 s; clover-tiny: well under a second).
+
+        Returns None and sets `error` while a decode runs (the timings would measure both), for a
+        model outside the decoder protocol (DiffusionGemma) or for settings it cannot run.
+        """
+        if self.running:
+            self.error = "Break-even not measured: a decode is running; measure when it has ended (or Stop it)."
+            return None
+        loaded = self._loaded or self.load_model()
+        key = self._break_even_key()
+        if loaded is None or key is None:
+            return None
+        from engine.cost.break_even import measure_break_even
+
+        _, block_size, mode = key
+        self.status = f"measuring the break-even of block {block_size} on this machine ..."
+        try:
+            point = measure_break_even(loaded.model, (block_size,), prefix_len=prefix_len, repeats=repeats,
+                                       memory_mode=mode)[block_size]
+        except (TypeError, ValueError) as exc:
+            self.error = f"Break-even not measured: {exc}"
+            return None
+        finally:
+            self.status = ""
+        self.break_even = {**self.break_even, key: point}
+        return point
 
     # ------------------------------------------------------------------ session end
     def close(self) -> None:

@@ -416,3 +416,34 @@ def test_bundled_models_are_one_click_away():
     assert s.model_dir == "models/smollm2-bd" and Path(loaded_specs[-1].path).name == "smollm2-bd"
     s.model_dir = "clover-test"
     assert panel.bundled.value is None
+
+
+def test_cost_tab_measures_the_break_even_here():
+    """The Cost tab's 'Measure break-even here' times the loaded model on this machine at the run's
+    block_size and says what the run's tokens per forward are worth against AR decoding."""
+    from clover_viz.panel_views import ExplorerApp
+
+    s = ExplorerState(model_dir="clover-test", prompt="Hi", max_new_tokens=12, block_size=8)
+    try:
+        app = ExplorerApp(state=s)
+        cost = app.tabs.cost
+        cost.refresh()
+        assert "not measured" in cost.break_even.object
+        app.settings.generate.clicks += 1
+        assert s.measure_break_even() is None and "a decode is running" in s.error  # refused mid-run
+        run_to_end(s)
+        s.error = ""
+        cost.measure.clicks += 1  # the button
+        p = s.break_even_point()
+        assert p is not None and p.block_size == 8 and p.t_ar_s > 0 and p.t_block_s > 0
+        html = cost.break_even.object
+        tpf = s.trace.summary()["tokens_per_forward"]
+        assert f"block 8 needs <b>{p.tokens_per_forward:.2f}</b>" in html
+        assert f"wrote {tpf:.2f} tokens per forward: <b>{p.speedup(tpf):.2f}x</b>" in html
+        s.block_size = 4  # another block size: not measured yet (once the new run is displayed)
+        run_to_end(s)
+        assert s.break_even_point() is None
+        assert "not measured" in cost._break_even_html()
+    finally:
+        s.close()
+        s.wait(5)
