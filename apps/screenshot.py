@@ -5,7 +5,8 @@
 Serves `apps/explorer.py`, decodes the "agent tool call" example at block 32 /
 threshold 0.95, lowers the threshold to 0.60 with the keyboard (a second run,
 compared with the first), steps back a few forwards so the last block is caught
-mid-fill, and saves a full-page PNG (and the cost tab as ``<out>-cost.png``). Without a trained model it uses the random clover-test
+mid-fill, and saves a full-page PNG (and the cost tab, with the break-even measured on this
+machine, as ``<out>-cost.png``). Without a trained model it uses the random clover-test
 stand-in with the dev weight sharpening (labelled so in the page).
 Needs ``/usr/bin/chromium`` (Debian package) and Playwright's Python client.
 """
@@ -82,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             page.screenshot(path=str(args.out), full_page=True)
             page.get_by_text("Cost", exact=True).first.click()
             page.get_by_text(re.compile(r"projected = roofline")).first.wait_for()
+            page.get_by_role("button", name="Measure break-even here").first.click()
+            page.get_by_text(re.compile(r"to match autoregressive decoding")).first.wait_for()
+            page.mouse.move(5, args.height - 5)  # no tooltip over the break-even line
             time.sleep(2.0)
             page.screenshot(path=str(args.out.with_name(args.out.stem + "-cost.png")), full_page=True)
             browser.close()
