@@ -24,7 +24,7 @@ OUT=${1:-runs/smollm2-bd-gpu}
 if [ "${TINY:-0}" = 1 ]; then
     "$PY" -m engine.hf_train --tiny --out "$OUT" --max-steps 4 --batch 4 --accum 1 --minutes 1 --no-progress
     "$PY" -m engine.eval --model "$OUT" --prompts 2 --max-new-tokens 8 --settings 1,8/0.95 --compare-base \
-        --base-settings 8/0.95
+        --base-settings 8/0.95 --speed-prompts 1 --speed-block-sizes 4,8
     exit 0
 fi
 
@@ -40,5 +40,5 @@ timeout 150 "$PY" -m engine.hf_train distill --out "$DATA" --n 30000 --batch 102
     --device cuda --dtype bf16 --minutes 5.5 --batch 64 --accum 1 --lr 1e-3 --lora-r 32 --lora-alpha 64 \
     --open-tools-share 0.2 --max-len 384 --threads 4 --save-every-min 2 --snapshot --resume
 "$PY" -m engine.eval --model "$OUT" --device cuda --prompts 60 --max-new-tokens 48 --compare-base \
-    --base-settings 32/0.95 --open-tasks 60 --workers 1 --threads 4
+    --base-settings 32/0.95 --open-tasks 60 --speed-prompts 4 --workers 1 --threads 4
 echo "total wall time: $(( $(date +%s) - t0 )) s"

@@ -22,6 +22,11 @@ ChatML with the base's default system turn:
   - **error by slot index**: among blocks decoded while everything before them
     still equalled the reference, the share of slots whose token differs from
     the reference, by slot index in the block (the late-slot effect).
+* ``--speed-prompts N``: back to back in one worker on the first N prompts, the
+  base's own ``generate`` and block decoding at each ``--speed-block-sizes``
+  (tokens/s, tokens per forward), beside the break-even measured on this machine
+  (`engine.cost.break_even`: the tokens per forward block decoding needs there to
+  match autoregressive decoding);
 * ``--compare-base``: the same settings for the unadapted base decoded
   block-wise (MASK id 16 with its own embedding), the "before" column.
 
@@ -130,6 +135,16 @@ def _speed_job(args: tuple[int, list[int], int, list[int], float]) -> dict:
     return out
 
 
+def _break_even_job(args: tuple[list[int], int]) -> dict:
+    """The measured break-even of the adapted model at each block size (`engine.cost.break_even`)."""
+    from engine.cost.break_even import measure_break_even
+
+    sizes, prefix = args
+    pts = measure_break_even(_W["models"]["adapted"], sizes, prefix_len=prefix, repeats=5)
+    return {B: {"tokens_per_forward": p.tokens_per_forward, "t_ar_s": p.t_ar_s, "t_block_s": p.t_block_s,
+                "t_commit_s": p.t_commit_s, "prefix_len": p.prefix_len} for B, p in pts.items()}
+
+
 def _read_ref_cache(path: Path | None, ids: list[list[int]], max_new: int) -> list[dict | None]:
     """Cached reference answers per prompt (None where missing or made for other ids / token budget)."""
     out: list[dict | None] = [None] * len(ids)
@@ -198,8 +213,10 @@ def format_table(report: dict) -> str:
         lines.append(f"speed, back to back on the first {sp['prompts']} prompts (threshold {sp['threshold']}): "
                      f"base generate {sp['generate_tokens_per_s']:.2f} tokens/s")
         for B, v in sp["by_block_size"].items():
-            lines.append(f"  block {B:>3}: {v['tokens_per_s']:.2f} tokens/s, {v['tokens_per_forward']:.2f} tokens/forward, "
-                         f"{v['speed_vs_generate']:.2f}x generate")
+            be = v.get("break_even")
+            need = f" (break-even here {be['tokens_per_forward']:.2f}, measured)" if be else ""
+            lines.append(f"  block {B:>3}: {v['tokens_per_s']:.2f} tokens/s, {v['tokens_per_forward']:.2f} tokens/forward"
+                         f"{need}, {v['speed_vs_generate']:.2f}x generate")
     lines.append("")
     lines.append("error by slot index (blocks started on the reference path; adapted model):")
     for key, s in report.get("adapted", {}).items():
@@ -339,12 +356,15 @@ def main(argv: list[str] | None = None) -> int:
             g_s = sum(r["generate"][1] for r in srows)
             speed = {"prompts": args.speed_prompts, "threshold": args.speed_threshold,
                      "generate_tokens_per_s": g_tok / g_s if g_s else None, "by_block_size": {}}
+            prefix = len(ids[0]) + args.max_new_tokens // 2  # a typical history in these decodes
+            be = pool.submit(_break_even_job, (sizes, prefix)).result()
             for B in sizes:
                 tok_n, wall, nfe = (sum(r[B][k] for r in srows) for k in range(3))
                 tps = tok_n / wall if wall else 0.0
                 speed["by_block_size"][str(B)] = {
                     "tokens_per_s": tps, "tokens_per_forward": tok_n / max(nfe, 1),
-                    "speed_vs_generate": tps / (g_tok / g_s) if g_s and g_tok else None}
+                    "speed_vs_generate": tps / (g_tok / g_s) if g_s and g_tok else None,
+                    "break_even": be[B]}
     report = {"model": args.model, "n_prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "threads": args.threads, "workers": args.workers, "device": args.device,
               "reference": {"tokens_per_s": ref_tok_s, "mean_len": sum(map(len, refs)) / len(refs)}}

@@ -97,6 +97,9 @@ def test_gpu_script_cpu_path_on_tiny_config(tmp_path):
     report = json.loads((out / "eval.json").read_text())
     assert set(report["adapted"]) == {"1/0.95", "8/0.95"} and "8/0.95" in report["base"]
     assert "tok/fwd" in p.stdout
+    speed = report["speed"]["by_block_size"]  # back to back vs the base's generate, with the measured break-even
+    assert set(speed) == {"4", "8"} and all(v["break_even"]["tokens_per_forward"] > 0 for v in speed.values())
+    assert "break-even here" in p.stdout
 
 
 def test_chat_rows_target_exactly_one_assistant_turn():
