@@ -577,29 +577,9 @@ class CostView(pn.viewable.Viewer):
             self.measure.loading = False
         self.refresh()
 
-    def _break_even_html(self) -> str:
-        """The measured break-even line: what block decoding needs here, and what the displayed run got."""
-        s = self.state
-        p = s.break_even_point()
-        if p is None:
-            return ("<span style='color:#64748b'>break-even on this machine: not measured -- "
-                    "<i>Measure break-even here</i> times this model's AR step and block forward</span>")
-        need = p.tokens_per_forward
-        text = (f"break-even on this machine (measured, {p.device}, {p.threads} thread(s)): block {p.block_size} "
-                f"needs <b>{need:.2f}</b> tokens per forward to match autoregressive decoding "
-                f"(AR step {p.t_ar_s * 1e3:.1f} ms, block forward {p.t_block_s * 1e3:.1f} ms)")
-        if s.trace is not None and len(s.trace):
-            tpf = float(s.trace.summary()["tokens_per_forward"] or 0.0)
-            if tpf > 0:
-                x = p.speedup(tpf)
-                verdict = "faster" if x > 1 else "slower"
-                text += (f"; this run wrote {tpf:.2f} tokens per forward: <b>{x:.2f}x</b> the AR tokens/s "
-                         f"here ({verdict})")
-        return f"<div style='font-size:13px;line-height:1.6'>{text}</div>"
-
     def refresh(self) -> None:
         s = self.state
-        self.break_even.object = self._break_even_html()
+        self.break_even.object = s.break_even_html()
         self.measure.disabled = bool(s.running)
         if s.trace is None or len(s.trace) == 0:
             self.headline.object = "<i>no run yet: the roofline shows the devices and the 35B-A3B AR step</i>"

@@ -639,6 +639,25 @@ class ExplorerState(param.Parameterized):
         key = self._break_even_key()
         return None if key is None else self.break_even.get(key)
 
+    def break_even_html(self) -> str:
+        """One HTML line for the views: the measured break-even (`break_even_point`) and what the
+        displayed run's tokens per forward are worth against autoregressive decoding here, or a
+        hint to measure it."""
+        p = self.break_even_point()
+        if p is None:
+            return ("<span style='color:#64748b'>break-even on this machine: not measured -- "
+                    "<i>Measure break-even here</i> times this model's AR step and block forward</span>")
+        text = (f"break-even on this machine (measured, {p.device}, {p.threads} thread(s)): block {p.block_size} "
+                f"needs <b>{p.tokens_per_forward:.2f}</b> tokens per forward to match autoregressive decoding "
+                f"(AR step {p.t_ar_s * 1e3:.1f} ms, block forward {p.t_block_s * 1e3:.1f} ms)")
+        if self.trace is not None and len(self.trace):
+            tpf = float(self.trace.summary()["tokens_per_forward"] or 0.0)
+            if tpf > 0:
+                x = p.speedup(tpf)
+                text += (f"; this run wrote {tpf:.2f} tokens per forward: <b>{x:.2f}x</b> the AR tokens/s "
+                         f"here ({'faster' if x > 1 else 'slower'})")
+        return f"<div style='font-size:13px;line-height:1.6'>{text}</div>"
+
     def measure_break_even(self, repeats: int = 5, prefix_len: int = 256) -> Any:
         """Measure on this machine how many tokens per forward block decoding of the loaded model
         needs to match its autoregressive decoding (`engine.cost.measure_break_even`), at the

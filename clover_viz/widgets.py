@@ -350,6 +350,11 @@ class Explorer:
         self.memory_fig = _StubFigure(placeholder)
         self.cost_fig = _StubFigure(placeholder)
         self.roofline_fig = _StubFigure(F.roofline_figure(None))
+        self.break_even_button = W.Button(
+            description="Measure break-even here", disabled=not has_model, layout=W.Layout(width="220px"),
+            tooltip="time this model's AR step and block forward on this machine: how many tokens per forward "
+                    "beat autoregressive decoding")
+        self.break_even = W.HTML(value=self.state.break_even_html() if has_model else "")
         self.compare_fig = _StubFigure(go.Figure(layout={
             "title": {"text": "no previous run yet", "x": 0.01}, "height": 120, "template": "plotly_white",
             "xaxis": {"visible": False}, "yaxis": {"visible": False}}))  # a message, not an empty chart
@@ -361,13 +366,14 @@ class Explorer:
         self.block_size.observe(self._on_setting, names="value")
         self.decode_button.on_click(lambda _b: self.start_decode())
         self.stop_button.on_click(lambda _b: self.stop())
+        self.break_even_button.on_click(lambda _b: self.measure_break_even())
 
         controls = W.HBox([self.play, self.step_slider, self.speed])
         settings = W.HBox([self.threshold, self.block_size, self.decode_button, self.stop_button])
         tabs = W.Tab(children=[
             W.VBox([self.cum_fig, self.tpf_fig]),
             W.VBox([self.expert_fig, self.norm_fig, self.memory_fig]),
-            W.VBox([self.cost_fig, self.roofline_fig]),
+            W.VBox([W.HBox([self.break_even_button, self.break_even]), self.cost_fig, self.roofline_fig]),
             W.VBox([self.compare_fig, self.compare]),
         ])
         for i, title in enumerate(("tokens vs forwards", "model internals", "cost", "compare runs")):
@@ -383,6 +389,7 @@ class Explorer:
         ])
         self._widgets = [self.play, self.step_slider, self.speed, self.threshold, self.block_size, self.prompt_box,
                          self.decode_button, self.stop_button, self.status, self.text, self.compare, *self.figures.values(),
+                         self.break_even_button, self.break_even, self.break_even_button.layout,
                          controls, settings, tabs, *tabs.children, self._layout]
         if self.trace is not None and len(self.trace):
             self._set_trace(self.trace, n - 1)
@@ -448,8 +455,21 @@ class Explorer:
         self._set_slider_range(n, step)
         self.show_step(step)
 
+    def measure_break_even(self) -> Any:
+        """Measure, on this machine, the tokens per forward block decoding of this model needs to
+        match its autoregressive decoding at the shown run's block_size
+        (`ExplorerState.measure_break_even`); shows and returns the `engine.cost.BreakEven`
+        (None, with the reason in the status line, while a decode runs or without a model)."""
+        p = self.state.measure_break_even()
+        if p is None and self.state.error:
+            self.status.value = f"<span style='color:#b91c1c'>{html.escape(self.state.error)}</span>"
+        self.break_even.value = self.state.break_even_html()
+        return p
+
     def _redraw_whole_trace(self) -> None:
         t = self.trace
+        if self.break_even_button.disabled is False:
+            self.break_even.value = self.state.break_even_html()
         F.refresh_figure(self.tpf_fig, F.tokens_per_forward_figure(t))
         F.refresh_figure(self.expert_fig, F.expert_union_figure(t))
         F.refresh_figure(self.norm_fig, F.state_norm_figure(t))

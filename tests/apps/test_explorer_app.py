@@ -443,7 +443,7 @@ def test_cost_tab_measures_the_break_even_here():
         s.block_size = 4  # another block size: not measured yet (once the new run is displayed)
         run_to_end(s)
         assert s.break_even_point() is None
-        assert "not measured" in cost._break_even_html()
+        assert "not measured" in s.break_even_html()
     finally:
         s.close()
         s.wait(5)

@@ -264,3 +264,20 @@ def test_a_view_built_after_updates_shows_the_current_figure():
         assert _plain(state["_widget_layout"]) == _plain(shown["layout"]), name
     assert len(ex.block_fig.get_state()["_widget_data"]) > placeholder_traces["block"] == 0
     ex.close()
+
+
+def test_cost_tab_measures_the_break_even_in_the_notebook(trace):
+    """The notebook Explorer's cost tab has the app's 'Measure break-even here': it times this model on
+    this machine at the shown run's block_size and says what the run's tokens per forward are worth."""
+    ex = _live_explorer()
+    assert "not measured" in ex.break_even.value
+    ex.decode("def f(x):")
+    ex.break_even_button.click()
+    p = ex.state.break_even_point()
+    assert p is not None and p.block_size == ex.trace.decode_config["block_size"]
+    assert f"needs <b>{p.tokens_per_forward:.2f}</b> tokens per forward" in ex.break_even.value
+    assert "the AR tokens/s here" in ex.break_even.value
+    ex.close()
+    replay = Explorer(trace)  # replay has no model to time
+    assert replay.break_even_button.disabled and replay.break_even.value == ""
+    replay.close()
