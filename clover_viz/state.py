@@ -650,7 +650,9 @@ class ExplorerState(param.Parameterized):
         text = (f"break-even on this machine (measured, {p.device}, {p.threads} thread(s)): block {p.block_size} "
                 f"needs <b>{p.tokens_per_forward:.2f}</b> tokens per forward to match autoregressive decoding "
                 f"(AR step {p.t_ar_s * 1e3:.1f} ms, block forward {p.t_block_s * 1e3:.1f} ms)")
-        if self.trace is not None and len(self.trace):
+        loaded = self._loaded
+        same_model = loaded is not None and self.trace is not None and self.trace.model_id in (None, loaded.model_id)
+        if same_model and len(self.trace):
             tpf = float(self.trace.summary()["tokens_per_forward"] or 0.0)
             if tpf > 0:
                 x = p.speedup(tpf)

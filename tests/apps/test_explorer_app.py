@@ -440,6 +440,10 @@ def test_cost_tab_measures_the_break_even_here():
         tpf = s.trace.summary()["tokens_per_forward"]
         assert f"block 8 needs <b>{p.tokens_per_forward:.2f}</b>" in html
         assert f"wrote {tpf:.2f} tokens per forward: <b>{p.speedup(tpf):.2f}x</b>" in html
+        own = s.trace.model_id
+        s.trace.model_id = "another-model"  # e.g. a trace opened from a file: its run is not priced on this model
+        assert "this run wrote" not in s.break_even_html() and "needs <b>" in s.break_even_html()
+        s.trace.model_id = own
         s.block_size = 4  # another block size: not measured yet (once the new run is displayed)
         run_to_end(s)
         assert s.break_even_point() is None
