@@ -65,6 +65,7 @@ from engine.hf_adapter import (ADAPTER_MODEL_TYPE, BASES, MASK_EMBEDDING, base_s
 from engine.hf_model import HFBlockConfig, HFBlockDiffusionModel, count_parameters
 
 DEFAULT_BLOCK_WEIGHTS = {4: 1.0, 8: 2.0, 16: 2.0, 32: 3.0}
+DEFAULT_DISTILL = Path("runs/smollm2/distill.jsonl")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -172,18 +173,44 @@ def batch_loss(model: HFBlockDiffusionModel, exs: list[dict], ar_weight: float, 
     return diff + ar_weight * ar, diff, ar
 
 
+@torch.no_grad()
+def heldout_loss(model: HFBlockDiffusionModel, rows: list[tuple[list[int], int]], mask_id: int, pad_id: int,
+                 device, autocast_dtype=None, block_sizes: tuple[int, ...] = (4, 8, 16, 32)) -> tuple[float, float]:
+    """(masked-slot CE, AR CE) over held-out rows, the same noise for every call (row i: block size
+    ``block_sizes[i % len]``, mask ratio and slots from ``random.Random(i)``), so runs compare exactly.
+    Means over rows; nats per token."""
+    was = model.training
+    model.eval()
+    d_sum = a_sum = 0.0
+    n = 0
+    for i, (ids, a0) in enumerate(rows):
+        ex = build_example(ids, a0, block_sizes[i % len(block_sizes)], mask_id, random.Random(i), pad_id)
+        if ex is None:
+            continue
+        _, d, a = batch_loss(model, [ex], 1.0, device, autocast_dtype, pad_id=pad_id)
+        d_sum, a_sum, n = d_sum + float(d), a_sum + float(a), n + 1
+    model.train(was)
+    return d_sum / max(n, 1), a_sum / max(n, 1)
+
+
 class ExampleSource:
     """Yields (token ids, answer_start) examples: self-distillation answers and, optionally, tool-call chats."""
 
     def __init__(self, tokenizer, distill_path: Path | None, agent_share: float, seed: int, max_len: int,
-                 eos_id: int, synthetic_vocab: int | None = None, open_tools_share: float = 0.0):
+                 eos_id: int, synthetic_vocab: int | None = None, open_tools_share: float = 0.0,
+                 holdout: int = 0):
         self.tok, self.agent_share, self.max_len, self.eos = tokenizer, agent_share, max_len, eos_id
+        self.heldout: list[tuple[list[int], int]] = []
         self.open_tools_share = open_tools_share
         self.rng = random.Random(seed)
         self.rows: list[tuple[list[int], int]] = []
         self.synthetic_vocab = synthetic_vocab
         self.path, self._read_lines = (Path(distill_path) if distill_path else None), 0
         self.reload()
+        if holdout:  # the last rows of the file as first read: never trained on, scored by `heldout_loss`
+            if len(self.rows) < holdout + 1:
+                raise ValueError(f"--heldout-rows {holdout}: the distill file has only {len(self.rows)} rows")
+            self.rows, self.heldout = self.rows[:-holdout], self.rows[-holdout:]
         self._agent = None
         if agent_share > 0:
             from engine.data.agent import iter_conversations
@@ -270,13 +297,19 @@ def tiny_lm(vocab: int = 320, seed: int = 0):
     return transformers.LlamaForCausalLM(cfg)
 
 
-def make_trainable(lm, r: int, alpha: int, mask_id: int):
-    """Wrap ``lm`` in a peft LoRA and return (peft model, mask_embedding parameter initialised from MASK's row)."""
+def make_trainable(lm, r: int, alpha: int, mask_id: int, full: bool = False):
+    """Wrap ``lm`` in a peft LoRA and return (peft model, mask_embedding parameter initialised from MASK's row).
+
+    ``full``: no LoRA -- every weight of ``lm`` trains (full fine-tuning; returned as is)."""
     from peft import LoraConfig, get_peft_model
 
+    mask_init = lm.get_input_embeddings().weight[mask_id].detach().clone()
+    if full:
+        for p in lm.parameters():
+            p.requires_grad_(True)
+        return lm, mask_init
     for p in lm.parameters():
         p.requires_grad_(False)
-    mask_init = lm.get_input_embeddings().weight[mask_id].detach().clone()
     plm = get_peft_model(lm, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
                                         bias="none", task_type="CAUSAL_LM"))
     return plm, mask_init
@@ -422,7 +455,8 @@ def train(args) -> int:
         mask_id, eos_id, base_name = V - 1, 2, "tiny-random-llama"
         out.mkdir(parents=True, exist_ok=True)
         tok.save(str(out / "tokenizer.json"))  # byte-level, so the eval can encode prompts
-        src = ExampleSource(tok, None, 0.0, args.seed, args.max_len, eos_id, synthetic_vocab=V)
+        src = ExampleSource(tok, args.data, 0.0, args.seed, args.max_len, eos_id, synthetic_vocab=V,
+                            holdout=args.heldout_rows)
     else:
         spec = base_spec(args.init_from)
         locate_base(spec.name)
@@ -431,9 +465,12 @@ def train(args) -> int:
 
         _, tok = load_base_tokenizer(spec.name)
         mask_id, eos_id, base_name = spec.mask_token_id, spec.eos_token_id, spec.name
-        src = ExampleSource(tok, Path(args.data) if args.data else None, args.agent_share, args.seed, args.max_len,
-                            eos_id, open_tools_share=args.open_tools_share)
-    plm, mask_init = make_trainable(lm, args.lora_r, args.lora_alpha, mask_id)
+        src = ExampleSource(tok, args.data or DEFAULT_DISTILL, args.agent_share, args.seed, args.max_len,
+                            eos_id, open_tools_share=args.open_tools_share, holdout=args.heldout_rows)
+    if args.full_finetune and (args.init_adapter is not None or args.resume):
+        raise SystemExit("error: --full-finetune starts from the base alone (no --init-adapter / --resume): its "
+                         "weights are not written, it measures the LoRA choice")
+    plm, mask_init = make_trainable(lm, args.lora_r, args.lora_alpha, mask_id, full=args.full_finetune)
     if args.init_adapter is not None and not (args.resume and (out / "train_state.pt").is_file()):
         mask_init = load_adapter_weights(plm, Path(args.init_adapter))
     hcfg = HFBlockConfig.from_hf(lm.config, out.name, mask_id, eos_id, num_parameters=count_parameters(lm))
@@ -464,9 +501,24 @@ def train(args) -> int:
     extra = {"recipe": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
              "trainable_parameters": n_train}
 
+    def score_heldout() -> dict:
+        if not src.heldout:
+            return {}
+        d, a = heldout_loss(model, src.heldout, mask_id, eos_id, device, autocast)
+        print(f"held-out ({len(src.heldout)} rows) at {elapsed / 60:.1f} min, {tokens} tokens: masked-slot CE {d:.4f}, "
+              f"AR CE {a:.4f}", file=sys.stderr)
+        log.write(json.dumps({"step": step, "min": round(elapsed / 60, 3), "tokens": tokens, "heldout_diff": d,
+                              "heldout_ar": a}) + "\n")
+        log.flush()
+        return {"heldout_diff": d, "heldout_ar": a}
+
     def save():
         from peft import get_peft_model_state_dict
 
+        if args.full_finetune:  # a measurement run: the shipped format is an adapter
+            score_heldout()
+            return
+        extra.update(score_heldout())
         save_adapter(model, out, base_name, {**extra, "step": step, "tokens": tokens, "minutes": elapsed / 60})
         torch.save({"lora": {k: v.detach().cpu() for k, v in get_peft_model_state_dict(plm).items()},
                     "mask_embedding": model.mask_embedding.detach().cpu(), "optimizer": opt.state_dict(),
@@ -476,8 +528,11 @@ def train(args) -> int:
     t_mark = time.perf_counter()
     ema = None
     bar = tqdm(total=int(total_s), initial=int(elapsed), unit="s", desc="adapt", disable=args.no_progress)
-    print(f"training {n_train:,} parameters (LoRA r={args.lora_r} + MASK embedding); {len(src)} distilled rows",
-          file=sys.stderr)
+    what = "full fine-tune + MASK embedding" if args.full_finetune else f"LoRA r={args.lora_r} + MASK embedding"
+    print(f"training {n_train:,} parameters ({what}); {len(src)} distilled rows"
+          + (f", {len(src.heldout)} held out" if src.heldout else ""), file=sys.stderr)
+    if src.heldout and step == 0:
+        score_heldout()
     while elapsed < stop_s and (args.max_steps is None or step < args.max_steps):
         lr = lr_at(elapsed / total_s, args.lr)
         for g in opt.param_groups:
@@ -525,7 +580,7 @@ def train(args) -> int:
                     shutil.copy2(out / f, snap / f)
     bar.close()
     save()
-    print(f"saved {out} at step {step}: {tokens} tokens in {elapsed / 60:.1f} min "
+    print(f"{'finished' if args.full_finetune else 'saved'} {out} at step {step}: {tokens} tokens in {elapsed / 60:.1f} min "
           f"({tokens / max(elapsed, 1e-9):.1f} clean tokens/s)", file=sys.stderr)
     return 0
 
@@ -536,7 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--init-from", default="smollm2-135m-instruct", help=f"pinned base: {', '.join(BASES)}")
     ap.add_argument("--objective", default="block-diffusion", choices=["block-diffusion"])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--data", type=Path, default=Path("runs/smollm2/distill.jsonl"), help="distill JSONL")
+    ap.add_argument("--data", type=Path, default=None,
+                    help=f"distill JSONL (default {DEFAULT_DISTILL}; with --tiny: synthetic rows unless given)")
     ap.add_argument("--agent-share", type=float, default=0.0, help="share of tool-call chats (engine.data.agent)")
     ap.add_argument("--open-tools-share", type=float, default=0.0,
                     help="share of open-vocabulary tool-call chats (engine.data.open_tools, train vocabulary)")
@@ -562,6 +618,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--save-every-min", type=float, default=10.0)
     ap.add_argument("--snapshot", action="store_true", help="keep a copy of each saved adapter under OUT/snapshots")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--heldout-rows", type=int, default=0,
+                    help="keep the distill file's last N rows out of training and log their masked-slot and AR "
+                         "loss (same noise every time) at the start and at every save")
+    ap.add_argument("--full-finetune", action="store_true",
+                    help="train every weight instead of a LoRA (a measurement of the LoRA choice at equal CPU time: "
+                         "logs losses, writes no weights)")
     ap.add_argument("--tiny", action="store_true", help="tiny random Llama + synthetic rows (tests)")
     ap.add_argument("--no-progress", action="store_true")
     return ap

@@ -156,3 +156,39 @@ def test_suffix_masking_masks_a_block_suffix_of_answer_slots():
         ex = build_example(ids, 10, 8, MASK, random.Random(seed), pad_id=2, suffix_share=1.0)
         lab = ex["labels"][ex["n_clean"]: ex["n_clean"] + 8].tolist()
         assert lab[0] == lab[1] == -100 and lab[7] == ids[15]
+
+
+def _tiny_distill(path, n=12):
+    with open(path, "w") as fh:  # one learnable answer pattern, so a held-out row's loss can fall
+        for i in range(n):
+            fh.write(json.dumps({"prompt": f"question {i}", "answer_ids": [40 + (i + j) % 7 for j in range(20)],
+                                 "eos": True}) + "\n")
+    return path
+
+
+def test_heldout_rows_are_scored_never_trained_and_full_finetune_compares(tmp_path, capsys):
+    """--heldout-rows N keeps the file's last N rows out of training and logs their losses with the same
+    noise each time; --full-finetune trains every weight (the LoRA comparison) and writes no weights."""
+    from engine.hf_train import ExampleSource
+    from engine.tokenizer import byte_tokenizer
+
+    data = _tiny_distill(tmp_path / "d.jsonl")
+    src = ExampleSource(byte_tokenizer(), data, 0.0, 0, 256, 2, synthetic_vocab=320, holdout=3)
+    assert len(src.rows) == 9 and len(src.heldout) == 3
+    drawn = {tuple(src.next()[0]) for _ in range(200)}
+    assert not drawn & {tuple(r[0]) for r in src.heldout}  # never a training row
+    logs = {}
+    for kind, extra in (("lora", []), ("full", ["--full-finetune"])):
+        out = tmp_path / kind
+        # a 3-second cosine (time-based, like every run): warm-up, then the full rate
+        assert main(["--tiny", "--data", str(data), "--heldout-rows", "3", "--out", str(out), "--max-steps", "12",
+                     "--minutes", "0.05", "--no-progress", "--accum", "1", "--lr", "1e-2", *extra]) == 0
+        rows = [json.loads(l) for l in (out / "train_log.jsonl").read_text().splitlines()]
+        logs[kind] = [r for r in rows if "heldout_diff" in r]
+        assert [r["step"] for r in logs[kind]][0] == 0 and len(logs[kind]) == 2  # at the start and the final save
+        assert logs[kind][1]["heldout_diff"] < logs[kind][0]["heldout_diff"]  # training lowers the held-out loss
+    assert logs["lora"][0]["heldout_diff"] == pytest.approx(logs["full"][0]["heldout_diff"])  # same start, same noise
+    assert (tmp_path / "lora" / "adapter_model.safetensors").is_file()
+    assert not (tmp_path / "full" / "adapter_model.safetensors").exists()  # a measurement run writes no weights
+    with pytest.raises(SystemExit, match="starts from the base alone"):
+        main(["--tiny", "--out", str(tmp_path / "x"), "--full-finetune", "--resume", "--max-steps", "1"])
