@@ -7,7 +7,8 @@
 #   TINY=1 bash benchmarks/train_gpu.sh [OUT]    # the same two steps on tiny_config, CPU, seconds
 #
 # Data: the synthetic tool-call corpus (engine.data.agent), the open-vocabulary tool-call corpus (engine.data.open_tools,
-# 30 % of agent rows: tool names and keys must be copied from the system turn), and stdlib code; the tokenizer is
+# 30 % of agent rows: tool names and keys must be copied from the system turn), and code -- the stdlib and the
+# train packages of engine.data.packages (--code-source both; the held-out packages are scored, never trained); the tokenizer is
 # models/clover-tiny's (vocab 4096). Eval (engine.eval): fixed-tool held-out tasks, open-vocabulary tasks with names
 # and keys never in training, held-out stdlib files, the value-copy probe -- block 32 / 0.95 and block_size 1, both
 # memory modes. Rerunning resumes the training run (--resume) until its time budget is spent.
@@ -33,8 +34,8 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 t0=$(date +%s)
 "$PY" -m engine.train --out "$OUT" --tokenizer "$TOK" --size small --device cuda --dtype bf16 --batch-mult 32 \
-    --minutes 6.5 --lr 1e-3 --open-tools-share 0.3 --eval-tasks 16 --eval-every-min 3 --save-every-min 2 \
-    --threads 4 "${resume[@]}"
-"$PY" -m engine.eval --model "$OUT" --tasks 60 --open-tasks 60 --stdlib-files 10 --probe-tasks 40 \
+    --minutes 6.5 --lr 1e-3 --open-tools-share 0.3 --code-source both --eval-tasks 16 --eval-every-min 3 \
+    --save-every-min 2 --threads 4 "${resume[@]}"
+"$PY" -m engine.eval --model "$OUT" --tasks 60 --open-tasks 60 --stdlib-files 10 --package-files 8 --probe-tasks 40 \
     --workers 8 --threads 2
 echo "total wall time: $(( $(date +%s) - t0 )) s"
