@@ -1,0 +1,45 @@
+"""The GPU scripts' GPU-only command lines parse: CI cannot run them (no GPU), so a renamed or
+misspelt flag would otherwise first fail on a lent device, whose minutes are scarce."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _commands(script: str, module: str) -> list[list[str]]:
+    """The argument lists of ``"$PY" -m <module> ...`` lines after the script's TINY block."""
+    text = (ROOT / "benchmarks" / script).read_text()
+    gpu_part = text[text.index("exit 0\nfi"):]  # the TINY=1 branch ends there; the rest is the GPU run
+    joined = re.sub(r"\\\n\s*", " ", gpu_part)
+    out = []
+    for line in joined.splitlines():
+        m = re.search(rf'"\$PY" -m {re.escape(module)} (.*?)(\|\||$)', line.strip())
+        if m:
+            args = m.group(1).replace('"${resume[@]}"', "").replace('"$OUT"', "runs/x").replace('"$DATA"', "d.jsonl")
+            out.append(shlex.split(args))
+    return out
+
+
+def test_train_gpu_script_parses():
+    from engine.training.loop import build_parser
+
+    cmds = _commands("train_gpu.sh", "engine.train")
+    assert len(cmds) == 1
+    args = build_parser().parse_args(cmds[0])
+    assert args.device == "cuda" and args.dtype == "bf16" and args.size == "small" and args.code_source == "both"
+
+
+def test_adapt_smollm2_gpu_script_parses():
+    pytest.importorskip("peft")
+    from engine.hf_train import build_parser
+
+    cmds = _commands("adapt_smollm2_gpu.sh", "engine.train")
+    assert len(cmds) == 1
+    args = build_parser().parse_args(cmds[0])
+    assert args.device == "cuda" and args.dtype == "bf16" and args.init_from == "smollm2-135m-instruct"
