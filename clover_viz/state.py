@@ -680,15 +680,18 @@ class ExplorerState(param.Parameterized):
         from engine.cost.break_even import measure_break_even
 
         _, block_size, mode = key
+        status = self.status
         self.status = f"measuring the break-even of block {block_size} on this machine ..."
         try:
             point = measure_break_even(loaded.model, (block_size,), prefix_len=prefix_len, repeats=repeats,
                                        memory_mode=mode)[block_size]
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RuntimeError) as exc:
             self.error = f"Break-even not measured: {exc}"
             return None
         finally:
-            self.status = ""
+            self.status = status  # the run's own status line comes back
+        if self.error.startswith("Break-even not measured"):
+            self.error = ""  # an earlier refusal is stale now
         self.break_even = {**self.break_even, key: point}
         return point
 

@@ -40,6 +40,10 @@ from dataclasses import dataclass
 import torch
 
 
+MAX_PREFIX = 8192  # committed tokens before the timed forwards, at most (memory and time of the set-up)
+PREFIX_CHUNK = 256  # the prefix is committed this many tokens per forward (attention memory stays small)
+
+
 @dataclass(frozen=True)
 class BreakEven:
     """One measured point.
@@ -100,8 +104,9 @@ def measure_break_even(model, block_sizes=(4, 8, 16, 32), prefix_len: int = 256,
             `engine.hf_model.HFBlockDiffusionModel`, `engine.masked_diffusion` models).
         block_sizes: the L values (each >= 1).
         prefix_len: committed tokens before the timed forwards (random ordinary ids; the cost
-            of a forward does not depend on which ids). Clamped so the prefix and the timed
-            commits fit ``max_position_embeddings``.
+            of a forward does not depend on which ids), committed `PREFIX_CHUNK` per forward.
+            Clamped to `MAX_PREFIX` and so the prefix and the timed commits fit
+            ``max_position_embeddings``.
         repeats: timed forwards per median (>= 1).
         warmup: untimed forwards first, per shape.
         memory_mode: the history mode to set up (``state`` or, for Clover, ``state+window``).
@@ -130,7 +135,7 @@ def measure_break_even(model, block_sizes=(4, 8, 16, 32), prefix_len: int = 256,
     if limit - added < 1:
         raise ValueError(f"the timed forwards need {added} positions and the model has {limit}; "
                          "use fewer repeats or smaller block sizes")
-    prefix_len = min(prefix_len, limit - added)
+    prefix_len = min(prefix_len, limit - added, MAX_PREFIX)
     device = model.device
     g = torch.Generator().manual_seed(seed)
     lo = 8 if cfg.vocab_size > 64 else 0  # skip the special ids of the project's tokenizers
@@ -144,12 +149,14 @@ def measure_break_even(model, block_sizes=(4, 8, 16, 32), prefix_len: int = 256,
         t[t == mask] = lo
         return t.to(device)
 
-    # commit the prefix with one forward (Clover: one block of prefix_len tokens)
-    model(torch.full((1, 1), mask, device=device), state, commit_ids=prefix.to(device), block_size=prefix_len)
+    # commit the prefix, PREFIX_CHUNK tokens per forward (Clover: each chunk one block)
+    for i0 in range(0, prefix_len, PREFIX_CHUNK):
+        chunk = prefix[:, i0: i0 + PREFIX_CHUNK].to(device)
+        model(torch.full((1, 1), mask, device=device), state, commit_ids=chunk, block_size=chunk.shape[1])
 
     def timed(L: int, commit: int) -> float:
         ids = torch.full((1, L), mask, device=device)
-        bs = max(commit, 1) if commit else prefix_len
+        bs = L  # the decode's block_size: the commit of a finished block is one block
         for _ in range(warmup):
             model(ids, state, commit_ids=tokens(commit) if commit else None, block_size=bs)
         times = []
@@ -172,7 +179,7 @@ def measure_break_even(model, block_sizes=(4, 8, 16, 32), prefix_len: int = 256,
 
 
 def format_break_even(points: dict[int, BreakEven], label: str = "") -> str:
-    """A text table of `measure_break_even`'s points."""
+    """A text table of `measure_break_even`'s points, with a note on reading them."""
     first = next(iter(points.values()))
     lines = [f"measured break-even{' of ' + label if label else ''} on {first.device}, {first.threads} thread(s), "
              f"after a {first.prefix_len}-token prefix (median of {first.repeats} forwards); "
@@ -180,6 +187,8 @@ def format_break_even(points: dict[int, BreakEven], label: str = "") -> str:
              f"{'block_size':>10}  {'block ms':>9}  {'commit ms':>9}  tokens per forward to match AR"]
     for L, p in points.items():
         lines.append(f"{L:>10}  {p.t_block_s * 1e3:>9.2f}  {p.t_commit_s * 1e3:>9.2f}  {p.tokens_per_forward:.2f}")
+    lines.append("(wall-clock medians: on a busy machine or for a model whose forwards take a few ms they move "
+                 "from run to run -- raise --repeats; a commit time within the noise shows as 0.00)")
     return "\n".join(lines)
 
 

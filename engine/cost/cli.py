@@ -146,6 +146,9 @@ def format_parallel_table(rows: Sequence[ParallelForward], tpf: Sequence[float])
     return "\n".join(lines)
 
 
+from engine.cost.break_even import MAX_PREFIX  # noqa: E402
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m engine.cost``: breakdown table, device list, or trace projection."""
     ap = argparse.ArgumentParser(prog="python -m engine.cost", description=__doc__.split("\n")[0])
@@ -157,7 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="routed experts hit per layer: a number, or 'expected' (independent routing, the default)")
     ap.add_argument("--commit", type=int, default=0, help="committed tokens among --tokens (fused commit)")
     ap.add_argument("--weight-bytes", type=float, default=2, help="bytes per weight (2 = BF16)")
-    ap.add_argument("--memory-mode", default="state", choices=MEMORY_MODES)
+    ap.add_argument("--memory-mode", default="state", choices=MEMORY_MODES,
+                    help="history mode (also the mode --break-even sets up)")
     ap.add_argument("--window", type=int, default=0, help="W for state+window (0 = config's)")
     ap.add_argument("--tpf", type=float, nargs="*", default=None, help="tokens per forward for the tokens/s lines")
     ap.add_argument("--list-devices", action="store_true", help="print the device table and exit")
@@ -173,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "to match autoregressive decoding (engine.cost.break_even)")
     ap.add_argument("--model", default=None, help="model directory for --break-even (e.g. models/smollm2-bd)")
     ap.add_argument("--block-sizes", default="4,8,16,32", help="--break-even: block sizes to time")
-    ap.add_argument("--prefix", type=int, default=256, help="--break-even: committed tokens before the block")
+    ap.add_argument("--prefix", type=int, default=256,
+                    help=f"--break-even: committed tokens before the block (at most {MAX_PREFIX})")
     ap.add_argument("--repeats", type=int, default=5, help="--break-even: timed forwards per median")
     ap.add_argument("--threads", type=int, default=None, help="--break-even: torch threads (default: engine.threads)")
     args = ap.parse_args(argv)
@@ -233,9 +238,13 @@ def _break_even_main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> i
     try:
         sizes = [int(b) for b in args.block_sizes.split(",") if b.strip()]
     except ValueError:
-        ap.error(f"--block-sizes {args.block_sizes!r}: give comma-separated ints, e.g. 4,8,16,32")
-    configure_threads(args.threads)
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        ap.error(f"--block-sizes {args.block_sizes!r}: give comma-separated ints >= 1, e.g. 4,8,16,32")
+    if args.repeats < 1 or args.prefix < 1:
+        ap.error(f"--repeats and --prefix must be >= 1 (got {args.repeats}, {args.prefix})")
     try:
+        configure_threads(args.threads)
         from engine.checkpoint import load_model
 
         model = load_model(args.model)
@@ -243,6 +252,10 @@ def _break_even_main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> i
                                     memory_mode=args.memory_mode)
     except (ValueError, TypeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # e.g. out of memory for a very long --prefix
+        print(f"error: the measurement failed ({str(e).splitlines()[0][:200]}); try a shorter --prefix or smaller "
+              "--block-sizes", file=sys.stderr)
         return 2
     print(format_break_even(points, str(args.model)))
     return 0

@@ -432,8 +432,9 @@ def test_cost_tab_measures_the_break_even_here():
         app.settings.generate.clicks += 1
         assert s.measure_break_even() is None and "a decode is running" in s.error  # refused mid-run
         run_to_end(s)
-        s.error = ""
+        status = s.status
         cost.measure.clicks += 1  # the button
+        assert s.error == "" and s.status == status  # the refusal is cleared, the run's status line kept
         p = s.break_even_point()
         assert p is not None and p.block_size == 8 and p.t_ar_s > 0 and p.t_block_s > 0
         html = cost.break_even.object

@@ -48,8 +48,8 @@ def test_times_what_it_says_on_clover():
     # prefix commit, then AR steps (1 slot + 1-token commit), then per L: plain block forwards, block + commit
     assert m.calls[0] == (1, 16, 16)
     assert m.calls[1:5] == [(1, 1, 1)] * 4
-    assert m.calls[5:9] == [(2, 0, 16)] * 4 and m.calls[9:13] == [(2, 2, 2)] * 4
-    assert m.calls[13:17] == [(4, 0, 16)] * 4 and m.calls[17:21] == [(4, 4, 4)] * 4
+    assert m.calls[5:9] == [(2, 0, 2)] * 4 and m.calls[9:13] == [(2, 2, 2)] * 4
+    assert m.calls[13:17] == [(4, 0, 4)] * 4 and m.calls[17:21] == [(4, 4, 4)] * 4
     assert len(m.calls) == 21
     for p in pts.values():
         assert p.t_ar_s > 0 and p.t_block_s > 0 and p.t_commit_s >= 0 and p.prefix_len == 16
@@ -74,6 +74,15 @@ def test_transformers_backbone_and_position_limit(tmp_path):
         measure_break_even(model, (32, 64), repeats=5)
 
 
+def test_long_prefix_is_committed_in_chunks():
+    from engine.cost.break_even import PREFIX_CHUNK
+
+    m = _Counting(random_model("clover-test"))
+    pts = measure_break_even(m, (2,), prefix_len=2 * PREFIX_CHUNK + 5, repeats=1, warmup=0)
+    assert [c[1] for c in m.calls[:3]] == [PREFIX_CHUNK, PREFIX_CHUNK, 5]  # bounded attention memory per forward
+    assert pts[2].prefix_len == 2 * PREFIX_CHUNK + 5
+
+
 def test_errors():
     m = random_model("clover-test")
     with pytest.raises(TypeError, match="decoder protocol"):
@@ -94,8 +103,14 @@ def test_cli(capsys, tmp_path):
     assert main(["--break-even", "--model", str(tmp_path / "m"), "--block-sizes", "2,4", "--prefix", "8",
                  "--repeats", "1", "--threads", "1"]) == 0
     out = capsys.readouterr().out
-    assert "tokens per forward to match AR" in out and len(out.strip().splitlines()) == 4  # header x2, L = 2, 4
+    assert "tokens per forward to match AR" in out and len(out.strip().splitlines()) == 5  # header x2, L = 2, 4, note
     assert main(["--break-even", "--model", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    assert main(["--break-even", "--model", str(tmp_path / "m"), "--threads", "0"]) == 2  # no traceback
+    assert "--threads" in capsys.readouterr().err
+    for bad in ("0", "abc", ""):  # refused before any model is loaded, naming the flag
+        with pytest.raises(SystemExit):
+            main(["--break-even", "--model", str(tmp_path / "missing"), "--block-sizes", bad])
+        assert "--block-sizes" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--break-even"])  # no --model: argparse's usage error
