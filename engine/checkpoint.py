@@ -560,10 +560,17 @@ def _load_hf_model(directory: Path, kind: str, device, dtype) -> torch.nn.Module
 def _checkpoint_dir(path_or_dir: str | Path) -> Path:
     path = Path(path_or_dir)
     if path.is_file():
-        path = path.parent
+        if not (path.parent / "config.json").is_file():
+            raise ValueError(f"{path} is a file, not a checkpoint directory; pass the directory that holds "
+                             "config.json and the weights")
+        path = path.parent  # a file inside a checkpoint (e.g. its config.json): the checkpoint
     if not path.is_dir():
+        parent = path.parent
+        near = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith(".")) \
+            if parent.is_dir() else []
+        hint = f" ({parent} holds: {', '.join(near[:8])})" if near else ""
         raise ValueError(
-            f"checkpoint directory {path} does not exist; pass a directory holding config.json and "
+            f"checkpoint directory {path} does not exist{hint}; pass a directory holding config.json and "
             f"model.safetensors (create one with `python -m engine.checkpoint --init clover-test "
             f"--out {path}`)"
         )

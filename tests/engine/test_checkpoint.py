@@ -361,3 +361,14 @@ def test_an_unknown_model_type_is_refused_listing_the_supported_formats(tmp_path
     assert {"clover", "hf-block-diffusion", "llama", "qwen2", "qwen3"} <= set(supported_formats())
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))  # older saves had no model_type
     assert model_format(tmp_path) == "clover"
+
+
+def test_path_errors_name_what_was_typed(tmp_path):
+    """A mistyped directory lists its siblings; a file that is not inside a checkpoint is named as a file."""
+    (tmp_path / "models" / "clover-tiny").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"models/clovr-tiny does not exist \(.*holds: clover-tiny\)"):
+        load_model(tmp_path / "models" / "clovr-tiny")
+    f = tmp_path / "notes.txt"
+    f.write_text("x")
+    with pytest.raises(ValueError, match="notes.txt is a file, not a checkpoint directory"):
+        load_model(f)
