@@ -34,6 +34,7 @@ Tests: ``.venv/bin/python -m pytest tests/apps/test_explorer_app.py -q``
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import io
 import queue
@@ -41,6 +42,7 @@ import re
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,7 +108,7 @@ def _check_memory_mode(mode: str, loaded: LoadedModel | None) -> None:
                          "this model has none -- use 'state'")
 
 
-@dataclass
+@dataclass(eq=False)  # identity equality: hashable, so `_LIVE_RUNS` can hold it
 class _Run:
     """One decode in a worker thread."""
 
@@ -116,6 +118,22 @@ class _Run:
     superseded: bool = False
     user_stopped: bool = False
     step_times: list = dataclasses.field(default_factory=list)
+
+
+_LIVE_RUNS: "weakref.WeakSet[_Run]" = weakref.WeakSet()  # decode workers of every session in this process
+
+
+@atexit.register
+def _cancel_live_decodes(timeout_s: float = 10.0) -> None:
+    """At interpreter exit: cancel running decodes and let their threads end after the current forward.
+    A daemon thread killed inside a torch op aborts the process ("terminate called without an active
+    exception") -- a script that closes a session without `ExplorerState.wait` would end that way."""
+    runs = [r for r in list(_LIVE_RUNS) if r.thread is not None and r.thread.is_alive()]
+    for r in runs:
+        r.cancel.set()
+    deadline = time.monotonic() + timeout_s
+    for r in runs:
+        r.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 # ----------------------------------------------------------------------------- the state
@@ -371,6 +389,7 @@ class ExplorerState(param.Parameterized):
                 events.put((run.run_id, "exit", None))
 
         run.thread = threading.Thread(target=work, name=f"clover-decode-{run.run_id}", daemon=True)
+        _LIVE_RUNS.add(run)
         self._run = run
         self._budget = dc.max_new_tokens
         self._written = 0

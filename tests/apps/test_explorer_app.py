@@ -452,3 +452,24 @@ def test_cost_tab_measures_the_break_even_here():
     finally:
         s.close()
         s.wait(5)
+
+
+def test_a_script_may_exit_with_a_decode_still_running():
+    """A script that closes a session (or just ends) while a decode runs exits cleanly: the running
+    forward finishes and the worker stops, instead of the process aborting inside a torch op."""
+    import subprocess
+    import sys
+
+    script = (
+        "import time\n"
+        "from clover_viz.state import ExplorerState\n"
+        "s = ExplorerState(model_dir='clover-test', prompt='Hello there', max_new_tokens=2000, block_size=1)\n"
+        "s.generate()\n"
+        "time.sleep(0.5)\n"
+        "assert s.running\n"
+        "s.close()\n"  # no wait(): the interpreter exits with the worker mid-decode
+    )
+    p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-1500:]
+    assert "terminate called" not in p.stderr
