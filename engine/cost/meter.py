@@ -29,8 +29,9 @@ class CostMeter:
         self.memory_mode, self.window, self.block_size = memory_mode, int(window), int(block_size)
         self.bytes_read = 0.0
         self.flops = 0.0
-        # Clover's cost does not depend on the context length (history is state), so a decode's
-        # forwards repeat a few (C, L, union) keys: priced once each
+        # Clover's cost does not depend on the context length (history is state), and the union
+        # enters only through its sum over layers (routed-expert bytes, mean union): a decode's
+        # forwards repeat a few (C, L, sum of the union) keys, priced once each
         self._memo: dict | None = None if is_dense(config) else {}
 
     def forward(self, n_commit_tokens: int, block_len: int, expert_union: Sequence[int] | None,
@@ -45,10 +46,10 @@ class CostMeter:
 
         Returns:
             The forward's `ForwardCost` (bytes, FLOPs, breakdown); for a Clover model the same
-            object for forwards with the same C, L and union (treat it as read-only).
+            object for forwards with the same C, L and summed union (treat it as read-only).
         """
         union = None if expert_union is None else list(expert_union)
-        key = None if self._memo is None or union is None else (n_commit_tokens, block_len, tuple(union))
+        key = None if self._memo is None or union is None else (n_commit_tokens, block_len, sum(union), len(union))
         cost = None if key is None else self._memo.get(key)
         if cost is None:
             cost = forward_cost(self.config, n_commit_tokens + block_len, union, weight_bytes=self.weight_bytes,

@@ -296,3 +296,24 @@ def test_param_counts_and_state_bytes_with_and_without_attention_conv(kernel):
     extra = cost.forward_cost(cfg, 32, 8).bytes_by_component["state_read"] - \
         cost.forward_cost(TINY, 32, 8).bytes_by_component["state_read"]
     assert extra == max(kernel - 1, 0) * channels * 2 * cfg.num_full_layers
+
+
+def test_meter_memo_by_summed_union_is_exact():
+    """The decode's cost meter prices a (C, L, sum of the union) key once: every cost it returns equals
+    forward_cost of that forward's own per-layer union, component by component."""
+    import random
+
+    from engine.cost.meter import CostMeter
+    from engine.training.surgery import tiny_config
+
+    cfg = tiny_config()
+    meter = CostMeter(cfg, 4, "state+window", 512, 32)
+    rng = random.Random(0)
+    for _ in range(200):
+        u = [rng.randint(2, 8) for _ in range(cfg.num_hidden_layers)]
+        C = rng.choice([0, 32])
+        got = meter.forward(C, 32, u, context_len=0)
+        want = forward_cost(cfg, C + 32, u, weight_bytes=4, n_commit_tokens=C, block_len=32,
+                            memory_mode="state+window", window=512, commit_block_len=32)
+        assert got.to_dict() == want.to_dict()
+    assert len(meter._memo) < 100  # keys repeat: far fewer pricings than forwards
