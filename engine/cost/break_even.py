@@ -7,8 +7,9 @@ break-even is near 1 and tokens per forward is the speed-up; on a CPU the
 forward's arithmetic grows with the slots it carries and the break-even climbs
 with block_size. The roofline in `engine.cost.devices` projects this; this
 module measures it with the model's own forwards, on this device, after the same
-committed prefix (medians over ``repeats`` timed forwards after ``warmup``
-untimed ones):
+committed prefix (medians over ``repeats`` rounds after ``warmup`` untimed ones;
+each round times one forward of every shape, so a change of load on a shared
+machine falls on all of them alike):
 
 * ``t_ar``: one autoregressive step as the decoder runs ``block_size=1``: a
   one-slot forward with the last token's commit fused in;
@@ -154,26 +155,26 @@ def measure_break_even(model, block_sizes=(4, 8, 16, 32), prefix_len: int = 256,
         chunk = prefix[:, i0: i0 + PREFIX_CHUNK].to(device)
         model(torch.full((1, 1), mask, device=device), state, commit_ids=chunk, block_size=chunk.shape[1])
 
-    def timed(L: int, commit: int) -> float:
-        ids = torch.full((1, L), mask, device=device)
-        bs = L  # the decode's block_size: the commit of a finished block is one block
-        for _ in range(warmup):
-            model(ids, state, commit_ids=tokens(commit) if commit else None, block_size=bs)
-        times = []
-        for _ in range(repeats):
+    # the shapes, timed round-robin (one forward of each per round) so a change of machine load
+    # falls on all of them alike: the AR step, then per L a plain block forward and one with its commit
+    shapes = [(1, 1)] + [(L, c) for L in sizes for c in (0, L)]
+    times: dict[tuple[int, int], list[float]] = {sh: [] for sh in shapes}
+    for r in range(warmup + repeats):
+        for L, commit in shapes:
+            ids = torch.full((1, L), mask, device=device)
             c = tokens(commit) if commit else None
             _sync(device)
             t0 = time.perf_counter()
-            model(ids, state, commit_ids=c, block_size=bs)
+            model(ids, state, commit_ids=c, block_size=L)  # block_size L: a finished block's commit is one block
             _sync(device)
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
-    t_ar = timed(1, 1)
+            if r >= warmup:
+                times[(L, commit)].append(time.perf_counter() - t0)
+    t_ar = statistics.median(times[(1, 1)])
     out = {}
     for L in sizes:
-        t_block = timed(L, 0)
-        t_commit = max(0.0, timed(L, L) - t_block)
+        t_block = statistics.median(times[(L, 0)])
+        # the commit's extra cost: median of the paired differences of the same round
+        t_commit = max(0.0, statistics.median(a - b for a, b in zip(times[(L, L)], times[(L, 0)])))
         out[L] = BreakEven(L, prefix_len, t_ar, t_block, t_commit, repeats, str(device), torch.get_num_threads())
     return out
 
