@@ -1,7 +1,7 @@
 """Decode speed of this engine against transformers' own ``generate``, side by side in one run.
 
     .venv/bin/python benchmarks/vs_transformers.py [--model models/clover-tiny] [--prompt-tokens 64] \\
-        [--new-tokens 128] [--rounds 3] [--threads 1] [--device cpu]
+        [--new-tokens 128] [--rounds 3] [--threads 1] [--device cpu] [--compile]
 
 Four decodes of ``--new-tokens`` tokens after the same ``--prompt-tokens``-token prompt:
 
@@ -12,7 +12,10 @@ Four decodes of ``--new-tokens`` tokens after the same ``--prompt-tokens``-token
 * **engine bs1**: `engine.decoder.BlockDecoder` at ``block_size=1`` (greedy autoregressive),
   no hooks, no trace;
 * **engine b32**: block 32 / threshold 0.95 without hooks and without a trace;
-* **engine b32 + hooks**: the same with a counting hook and the full trace recorded.
+* **engine b32 + hooks**: the same with a counting hook and the full trace recorded;
+* with ``--compile``, also **engine bs1, torch.compile**: a second copy of the model with each
+  decoder layer compiled by TorchInductor (`engine.compiled`; compiled during the warm-up round,
+  which is not counted).
 
 The rounds interleave the four decodes (one warm-up round first, not counted); tokens/s is the
 median over rounds of generated tokens / seconds, by wall time and by this process's CPU time (on
@@ -82,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
     ap.add_argument("--device", default="cpu", help="torch device for both models (cpu, cuda)")
+    ap.add_argument("--compile", action="store_true",
+                    help="add engine block_size 1 with torch.compile'd layers (engine.compiled; needs a C++ compiler)")
     add_threads_argument(ap)
     args = ap.parse_args(argv)
     threads = configure_threads(args.threads)
@@ -131,6 +136,20 @@ def main(argv: list[str] | None = None) -> int:
         "engine block 32, no hooks": lambda: run_engine(32, False),
         "engine block 32, hooks + trace": lambda: run_engine(32, True),
     }
+    if args.compile:
+        from engine.compiled import compile_layers
+
+        compiled = BlockDecoder(compile_layers(load_model(args.model, device=args.device)), tok)
+
+        def run_compiled() -> tuple[int, float, float]:
+            dc = DecodeConfig(block_size=1, threshold=0.95, max_new_tokens=args.new_tokens)
+            t0, c0 = time.perf_counter(), time.process_time()
+            res = compiled.generate(ids, record_trace=False, config=dc)
+            if args.device != "cpu":
+                torch.cuda.synchronize()
+            return len(res.tokens), time.perf_counter() - t0, time.process_time() - c0
+
+        runs["engine block_size 1, torch.compile"] = run_compiled
     wall: dict[str, list[float]] = {k: [] for k in runs}  # tokens/s by wall time, per round
     cpu: dict[str, list[float]] = {k: [] for k in runs}  # tokens/s by this process's CPU time
     n_tok: dict[str, int] = {}
@@ -165,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"engine block_size 1 / transformers: {r_wall['engine block_size 1']:.2f}x wall, "
           f"{r_cpu['engine block_size 1']:.2f}x CPU time (target >= 1.5x)")
+    if args.compile:
+        key = "engine block_size 1, torch.compile"
+        print(f"{key} / transformers: {r_wall[key]:.2f}x wall, {r_cpu[key]:.2f}x CPU time")
     print(f"hooks + trace overhead at block 32: {100 * o_wall:.1f} % wall, {100 * o_cpu:.1f} % CPU time (target <= 5 %)")
     return 0
 

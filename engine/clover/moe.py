@@ -38,6 +38,7 @@ SMALL_PAIRS = 16
 """At most this many (token, expert) pairs in a CPU inference forward: `few_token_experts`."""
 
 
+@torch.compiler.disable  # host-side grouping on the routing's values: torch.compile would specialise on them
 def few_token_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up_proj: torch.Tensor,
                       down_proj: torch.Tensor) -> tuple[torch.Tensor, int]:
     """The routed experts of a few tokens (autoregressive decoding: 1 or 2 tokens a forward), grouped
