@@ -27,5 +27,8 @@ def test_compiled_decode_writes_the_eager_tokens():
     configs = [DecodeConfig(block_size=b, threshold=0.9, max_new_tokens=12, memory_mode="state") for b in (1, 8)]
     eager = [BlockDecoder(model, None, dc).generate(prompt, record_trace=False).tokens for dc in configs]
     compile_layers(model)
-    compiled = [BlockDecoder(model, None, dc).generate(prompt, record_trace=False).tokens for dc in configs]
+    try:
+        compiled = [BlockDecoder(model, None, dc).generate(prompt, record_trace=False).tokens for dc in configs]
+    except torch._dynamo.exc.BackendCompilerFailed as exc:  # the toolchain, not the decode (e.g. no Python headers)
+        pytest.skip(f"TorchInductor cannot build CPU kernels here: {str(exc).splitlines()[0][:200]}")
     assert compiled == eager
