@@ -109,6 +109,7 @@ _MONTHS = list(calendar.month_name)[1:]
 _ALNUM = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
 NO_TOOL_SHARE = 0.1  # share of conversations whose (only) turn needs no tool
 NATURAL_SHARE = 0.7  # share of conversations with natural-language requests
+DISTINCT_TRIES = 100  # draws of a value that another argument of the call already holds, then keep it
 
 
 # ------------------------------------------------------------------ tools
@@ -368,7 +369,9 @@ def generate_conversation(rng: random.Random, split: str = "train", n_rounds: in
                 source = "tool_response"
             else:
                 value = _value(rng, p, split)
-                while any(value == v for v in args.values()):
+                for _ in range(DISTINCT_TRIES):  # distinct values, where the type has room (not two booleans)
+                    if not any(value == v for v in args.values()):
+                        break
                     value = _value(rng, p, split)
                 phrases.append(_phrase(rng, p, value, natural))
                 source = "request"

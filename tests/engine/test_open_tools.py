@@ -104,3 +104,25 @@ def test_eval_summarises_open_tool_rows_by_group():
     assert s["by_group"]["keyed"]["n"] == 1  # the no-tool turn is in neither phrasing group
     table = format_table({"agent": {}, "open_tools": {"bd32-window": s}})
     assert "open-vocabulary tools" in table and "chain exact / name" in table
+
+
+def test_a_call_whose_values_cannot_all_differ_still_ends():
+    """open-train-2640 draws a call whose arguments cannot all take distinct values (booleans, a small
+    enum): the generator used to redraw forever -- it hung a training run at its ~25,000th
+    conversation. It now keeps the value after `DISTINCT_TRIES` draws."""
+    import random
+    import signal
+
+    from engine.data.open_tools import generate_conversation
+
+    def too_long(*_):
+        raise TimeoutError("generate_conversation did not end")
+
+    old = signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(20)
+    try:
+        conv, turns = generate_conversation(random.Random("open-train-2640"), "train")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert turns and all(t.target.endswith("<|im_end|>") for t in turns)
