@@ -108,8 +108,8 @@ def test_eval_summarises_open_tool_rows_by_group():
 
 def test_a_call_whose_values_cannot_all_differ_still_ends():
     """open-train-2640 draws a call whose arguments cannot all take distinct values (booleans, a small
-    enum): the generator used to redraw forever -- it hung a training run at its ~25,000th
-    conversation. It now keeps the value after `DISTINCT_TRIES` draws."""
+    enum): the generator used to redraw forever -- it hung a training run on that conversation (its
+    2,641st). It now keeps the value after `DISTINCT_TRIES` draws."""
     import random
     import signal
 
