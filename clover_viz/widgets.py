@@ -468,7 +468,7 @@ class Explorer:
 
     def _redraw_whole_trace(self) -> None:
         t = self.trace
-        if self.break_even_button.disabled is False:
+        if not self.break_even_button.disabled:  # a model to time (not a replay)
             self.break_even.value = self.state.break_even_html()
         F.refresh_figure(self.tpf_fig, F.tokens_per_forward_figure(t))
         F.refresh_figure(self.expert_fig, F.expert_union_figure(t))

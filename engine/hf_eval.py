@@ -36,6 +36,7 @@ Results go to ``MODEL/eval.json`` (or ``--out``) and a table on stdout.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -141,8 +142,7 @@ def _break_even_job(args: tuple[list[int], int]) -> dict:
 
     sizes, prefix = args
     pts = measure_break_even(_W["models"]["adapted"], sizes, prefix_len=prefix, repeats=5)
-    return {B: {"tokens_per_forward": p.tokens_per_forward, "t_ar_s": p.t_ar_s, "t_block_s": p.t_block_s,
-                "t_commit_s": p.t_commit_s, "prefix_len": p.prefix_len} for B, p in pts.items()}
+    return {B: {**dataclasses.asdict(p), "tokens_per_forward": p.tokens_per_forward} for B, p in pts.items()}
 
 
 def _read_ref_cache(path: Path | None, ids: list[list[int]], max_new: int) -> list[dict | None]:

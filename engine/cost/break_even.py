@@ -140,9 +140,6 @@ def measure_break_even(model, block_sizes=(4, 8, 16, 32), prefix_len: int = 256,
     device = model.device
     g = torch.Generator().manual_seed(seed)
     lo = 8 if cfg.vocab_size > 64 else 0  # skip the special ids of the project's tokenizers
-    prefix = torch.randint(lo, cfg.vocab_size, (1, prefix_len), generator=g)
-    prefix[prefix == cfg.mask_token_id] = lo
-    state = model.setup_state(1, memory_mode)
     mask = cfg.mask_token_id
 
     def tokens(n: int) -> torch.Tensor:
@@ -150,9 +147,11 @@ def measure_break_even(model, block_sizes=(4, 8, 16, 32), prefix_len: int = 256,
         t[t == mask] = lo
         return t.to(device)
 
+    prefix = tokens(prefix_len)
+    state = model.setup_state(1, memory_mode)
     # commit the prefix, PREFIX_CHUNK tokens per forward (Clover: each chunk one block)
     for i0 in range(0, prefix_len, PREFIX_CHUNK):
-        chunk = prefix[:, i0: i0 + PREFIX_CHUNK].to(device)
+        chunk = prefix[:, i0: i0 + PREFIX_CHUNK]
         model(torch.full((1, 1), mask, device=device), state, commit_ids=chunk, block_size=chunk.shape[1])
 
     # the shapes, timed round-robin (one forward of each per round) so a change of machine load
