@@ -41,6 +41,7 @@ from typing import Any
 
 from engine.data.agent import (CITIES, FIRST_NAMES, IM_END, IM_START, LAST_NAMES, SYSTEM_HEADER, CallTurn,
                                Conversation, FieldInfo, dumps, parse_call, score_call)
+from engine.data.open_words import is_near, load_words
 
 SPLITS = ("train", "eval")
 
@@ -89,6 +90,27 @@ WORDS = {"train": ("alpha bravo harbor summit meadow copper violet orbit falcon 
                   "lagoon tangerine").split()}
 
 
+def eval_words() -> set[str]:
+    """Every lower-case word of the eval split's vocabulary: verbs, nouns, key attributes,
+    modifiers, value words and enum values (the words `engine.data.open_words` keeps away from)."""
+    out = set(VERBS["eval"]) | set(NOUNS["eval"]) | set(ATTRS["eval"]) | set(MODIFIERS["eval"]) | set(WORDS["eval"])
+    out |= {v.lower() for e in ENUMS["eval"] for v in e if v.isalpha()}
+    return out
+
+
+# The large training vocabulary: real API words harvested from the training packages' function
+# names (engine.data.open_words), so there are too many training names to learn by heart and the
+# call has to copy the name from the schema. Eval split unchanged.
+_HARVEST = load_words()
+HARVESTED = {"verbs": tuple(_HARVEST["verbs"]), "nouns": tuple(_HARVEST["nouns"])}
+VERBS["train"] = VERBS["train"] + [w for w in HARVESTED["verbs"] if w not in VERBS["train"]]
+NOUNS["train"] = NOUNS["train"] + [w for w in HARVESTED["nouns"] if w not in NOUNS["train"]]
+OPEN_KEY_SHARE = 0.35  # training keys whose attribute is a harvested noun of a random type
+OPEN_ENUM_SHARE = 0.5  # training enums drawn from the harvested nouns
+OPEN_VALUE_SHARE = 0.5  # training word values drawn from the harvested nouns
+_OPEN_KEY_TYPES = ("code", "person", "city", "word", "date", "integer", "number", "boolean", "enum", "array")
+
+
 def _check_disjoint() -> None:
     for name, table in (("VERBS", VERBS), ("NOUNS", NOUNS), ("ATTRS", ATTRS), ("MODIFIERS", MODIFIERS),
                         ("WORDS", WORDS)):
@@ -101,6 +123,10 @@ def _check_disjoint() -> None:
     enum_vals = {s: {v for e in ENUMS[s] for v in e} for s in SPLITS}
     if enum_vals["train"] & enum_vals["eval"]:
         raise AssertionError(f"enum values shared by the splits: {sorted(enum_vals['train'] & enum_vals['eval'])}")
+    near = [w for w in HARVESTED["verbs"] + HARVESTED["nouns"] if is_near(w, eval_words())]
+    if near:
+        raise AssertionError(f"harvested training words near eval words: {near[:20]}; regenerate "
+                             f"engine/data/open_words.json with: python -m engine.data.open_words")
 
 
 _check_disjoint()
@@ -175,8 +201,11 @@ def _join(words: list[str], camel: bool) -> str:
 def _make_param(rng: random.Random, split: str, camel: bool, used: set[str], nested: bool = True) -> Param:
     attrs = ATTRS[split]
     for _ in range(50):
-        attr = rng.choice(sorted(attrs))
-        typ = attrs[attr]
+        if split == "train" and rng.random() < OPEN_KEY_SHARE:  # a key word the model cannot know the type of
+            attr, typ = rng.choice(HARVESTED["nouns"]), rng.choice(_OPEN_KEY_TYPES)
+        else:
+            attr = rng.choice(sorted(attrs))
+            typ = attrs[attr]
         if typ == "object" and not nested:
             continue
         words = [attr]
@@ -186,7 +215,12 @@ def _make_param(rng: random.Random, split: str, camel: bool, used: set[str], nes
         if key not in used:
             break
     used.add(key)
-    enum = tuple(rng.choice(ENUMS[split])) if typ == "enum" else ()
+    enum: tuple = ()
+    if typ == "enum":
+        if split == "train" and rng.random() < OPEN_ENUM_SHARE:
+            enum = tuple(rng.sample(HARVESTED["nouns"], rng.randint(2, 4)))
+        else:
+            enum = tuple(rng.choice(ENUMS[split]))
     fields: tuple = ()
     if typ == "object":
         sub_used: set[str] = set()
@@ -231,6 +265,8 @@ def _value(rng: random.Random, p: Param, split: str) -> Any:
     if t == "city":
         return rng.choice(CITIES)
     if t == "word":
+        if split == "train" and rng.random() < OPEN_VALUE_SHARE:
+            return rng.choice(HARVESTED["nouns"])
         return rng.choice(WORDS[split])
     if t == "email":
         return f"{rng.choice(FIRST_NAMES).lower()}{rng.randint(1, 99)}@example.com"
@@ -246,7 +282,8 @@ def _value(rng: random.Random, p: Param, split: str) -> Any:
     if t == "enum":
         return rng.choice(p.enum)
     if t == "array":
-        return rng.sample(WORDS[split], rng.randint(2, 3))
+        pool = HARVESTED["nouns"] if split == "train" and rng.random() < OPEN_VALUE_SHARE else WORDS[split]
+        return rng.sample(pool, rng.randint(2, 3))
     if t == "object":
         return {f.key: _value(rng, f, split) for f in p.fields}
     raise ValueError(f"unknown parameter type {t!r}")

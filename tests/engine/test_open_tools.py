@@ -126,3 +126,62 @@ def test_a_call_whose_values_cannot_all_differ_still_ends():
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     assert turns and all(t.target.endswith("<|im_end|>") for t in turns)
+
+
+def test_the_eval_split_is_frozen():
+    """The eval tasks are the ones every earlier eval.json scored (sha256 of prompts + targets
+    pinned when the training vocabulary grew): growing the training split must not move them."""
+    import hashlib
+
+    text = "\n".join(t.prompt + t.target for t in ot.eval_turns(200))
+    assert hashlib.sha256(text.encode()).hexdigest() == \
+        "09655cec401d86793aa6bc0d8c43e2c70b44d5681a51d24cff6a13b476bdc663"
+
+
+def test_training_names_are_too_many_to_learn_by_heart():
+    """Training tools are drawn from the harvested API vocabulary (engine.data.open_words): 300
+    conversations list hundreds of distinct names, most of them outside the small base lists,
+    and keys / enums / values come from it too."""
+    from engine.data.open_words import load_words
+
+    words = load_words()
+    assert len(words["verbs"]) >= 200 and len(words["nouns"]) >= 800
+    harvested = set(words["verbs"]) | set(words["nouns"])
+    names, keys = set(), set()
+    for i in range(300):
+        _, turns = ot.generate_conversation(random.Random(f"open-train-{i}"), "train")
+        n, k = _names_and_keys(turns)
+        names |= n
+        keys |= k
+    assert len(names) > 250
+    assert sum(any(w in harvested for w in re.split(r"_|(?=[A-Z])", n.lower() if "_" in n else n)) for n in names) \
+        > len(names) // 2
+    base_attrs = set(ot.ATTRS["train"])
+    assert len({k for k in keys if not any(a in k.lower() for a in base_attrs)}) > 50
+
+
+def test_harvested_words_stay_away_from_the_eval_vocabulary():
+    from engine.data.open_words import is_near, load_words
+
+    words = load_words()
+    ev = ot.eval_words()
+    assert {"dispatch", "batch", "reservation", "tier"} <= ev
+    assert not [w for w in words["verbs"] + words["nouns"] if is_near(w, ev)]
+    # the stem rule catches inflections and derived forms, not unrelated words
+    assert is_near("dispatcher", ev) and is_near("batches", ev) and is_near("reserved", {"reservation"})
+    assert not is_near("merge", ev) and not is_near("config", ev)
+
+
+def test_harvest_rule(tmp_path):
+    """Verbs lead function names, nouns continue them; rare words, stop words and excluded
+    (eval) words are dropped."""
+    from engine.data.open_words import harvest
+
+    src = "".join(f"def merge_{n}(x):\n    pass\n" for n in ("lora", "graph", "model")) + \
+        "def render_graph():\n    pass\ndef _render_model():\n    pass\ndef render_lora():\n    pass\n" + \
+        "def dispatch_graph():\n    pass\n" * 1 + "def dispatch_model():\n    pass\ndef dispatch_lora():\n    pass\n" + \
+        "class A:\n    def with_graph(self):\n        pass\n    def with_lora(self):\n        pass\n" \
+        "    def with_model(self):\n        pass\n"
+    (tmp_path / "a.py").write_text(src)
+    out = harvest([tmp_path / "a.py"], exclude={"dispatch"})
+    assert out == {"verbs": ["merge", "render"], "nouns": ["graph", "lora", "model"]}
