@@ -4,6 +4,10 @@ Modules::
 
     engine.data.agent      synthetic tool-using conversations (Qwen chat layout) with
                            ground-truth calls, held-out eval tasks, parse_call / score_call
+    engine.data.open_tools open-vocabulary tool calls: names, keys and schemas from
+                           disjoint train / eval vocabularies (copy from the schema)
+    engine.data.open_words the large train vocabulary, harvested from real API names
+    engine.data.packages   installed third-party sources, split by package
     engine.data.stdlib     the running CPython's standard-library sources, split by file
     engine.data.tokenizer  byte-level BPE with fixed special-token ids 0..7
 
