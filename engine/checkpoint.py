@@ -277,6 +277,36 @@ CONVERT_FIRST: dict[str, str] = {"qwen3_5_moe": "qwen3_5_moe", "qwen3_5_moe_text
 """``model_type`` -> ``engine.convert --from`` value, for formats that load after conversion to Clover."""
 
 
+def best_memory_mode(model_dir: str | Path) -> tuple[str, str]:
+    """The memory mode to decode `model_dir` in by default, and why.
+
+    The mode whose ``bd32`` row of the checkpoint's ``eval.json`` (written by ``python -m
+    engine.eval``) has the higher agent exact match; without that table, ``state+window`` when
+    ``config.json`` sets an ``attention_window`` (the mode the bundled models were trained for),
+    else ``state``. A model format without memory modes (adapters, transformers bases) reads as
+    ``state``, the only mode its decoder runs.
+
+    Returns:
+        (``"state"`` or ``"state+window"``, a one-line reason for labels).
+    """
+    d = Path(model_dir)
+    try:
+        agent = json.loads((d / "eval.json").read_text(encoding="utf-8"))["agent"]
+        win, st = agent["bd32-window"]["exact_match"], agent["bd32-state"]["exact_match"]
+        mode = "state+window" if win >= st else "state"
+        return mode, (f"best measured mode of {d.name} (eval.json: exact tool calls at block 32 "
+                      f"{win:.0%} with the window, {st:.0%} in state)")
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        window = json.loads((d / "config.json").read_text(encoding="utf-8")).get("attention_window", 0)
+    except (OSError, ValueError, AttributeError):
+        window = 0
+    if window:
+        return "state+window", f"{d.name} has an attention window (W={window}) and no eval.json"
+    return "state", f"{d.name} has no attention window"
+
+
 def supported_formats() -> dict[str, str]:
     """Every ``model_type`` `load_model` opens -> a description: `FORMATS` plus the transformers
     ``save_pretrained`` directories `engine.hf_model` decodes with token shift."""

@@ -43,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-per-step", type=int, default=2, help="slots written per step by --policy top_k")
     p.add_argument("--max-entropy", type=float, default=0.5, help="entropy bound (nats) of --policy entropy")
     p.add_argument("--factor", type=float, default=1.0, help="Fast-dLLM factor of --policy factor")
-    p.add_argument("--memory-mode", default="state", choices=["state", "state+window"])
+    p.add_argument("--memory-mode", default=None, choices=["state", "state+window"],
+                   help="default: the model's best measured mode (engine.checkpoint.best_memory_mode: its "
+                        "eval.json, else state+window when it has an attention window); state is Clover's own")
     p.add_argument("--repetition-penalty", type=float, default=0.0, help="0 = off")
     p.add_argument("--eos-bias-soft-limit", type=int, default=None, help="unset = off")
     p.add_argument("--trace", type=Path, default=None, help="save the trace (.parquet or .arrow)")
@@ -101,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(result.text)
     print(
-        f"[{Path(args.model).name}] block_size={dc.block_size} {_policy_label(dc)} | "
+        f"[{Path(args.model).name}] block_size={dc.block_size} {_policy_label(dc)} "
+        f"memory_mode={dc.memory_mode}{_mode_note(args)} | "
         f"tokens={len(result.tokens)} NFE={result.nfe} tokens/forward={result.tokens_per_forward:.2f} "
         f"forced={result.n_forced} tokens/s={result.tokens_per_s:.1f} stop={result.stop_reason} | "
         f"read {result.bytes_read / 1e6:.1f} MB, {result.flops / 1e9:.2f} GFLOP (cost model) | "
@@ -115,12 +118,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def _decode_config(args):
     """The `DecodeConfig` of the command line (raises ValueError / TypeError for bad values)."""
+    from engine.checkpoint import best_memory_mode
     from engine.decoder import DecodeConfig
 
+    if args.memory_mode is None:  # the model's best measured mode, labelled in the summary line
+        args.memory_mode, args.memory_mode_why = (best_memory_mode(args.model) if Path(args.model).is_dir()
+                                                  else ("state", None))
     return DecodeConfig(block_size=args.block_size, threshold=args.threshold, max_new_tokens=args.max_new_tokens,
                         max_steps=args.max_steps, policy=args.policy, tokens_per_step=args.tokens_per_step,
                         max_entropy=args.max_entropy, factor=args.factor, memory_mode=args.memory_mode,
                         repetition_penalty=args.repetition_penalty, eos_bias_soft_limit=args.eos_bias_soft_limit)
+
+
+def _mode_note(args) -> str:
+    """`` (default: <why>)`` when the memory mode was chosen by `best_memory_mode`, else ``""``."""
+    why = getattr(args, "memory_mode_why", None)
+    return f" (default: {why})" if why else ""
 
 
 def _policy_label(dc) -> str:

@@ -58,3 +58,30 @@ def test_cost_fields_and_union_cross_check():
     assert all(np.isclose(s.arithmetic_intensity, s.flops / s.bytes_read) for s in steps)
     # the first forward carries the prompt's full block (8 tokens) as a fused commit
     assert steps[0].n_tokens_forward == 8 + 8
+
+
+def test_default_memory_mode_is_the_models_best_measured_one(tmp_path):
+    """No --memory-mode: the mode whose block-32 row of eval.json has the higher exact match
+    (labelled in the summary line); without eval.json, state+window when the model has a window."""
+    import json
+
+    from engine.checkpoint import best_memory_mode
+
+    torch.manual_seed(0)
+    cfg = engine.CloverConfig.from_name("clover-test")
+    save_model(engine.CloverModel(cfg), tmp_path / "m", tokenizer=byte_tokenizer())
+    has_window = bool(cfg.attention_window)
+    assert best_memory_mode(tmp_path / "m")[0] == ("state+window" if has_window else "state")
+    row = lambda x: {"exact_match": x}  # noqa: E731
+    (tmp_path / "m" / "eval.json").write_text(json.dumps({"agent": {"bd32-window": row(0.1), "bd32-state": row(0.3)}}))
+    mode, why = best_memory_mode(tmp_path / "m")
+    assert mode == "state" and "30%" in why and "10%" in why
+    out = subprocess.run([sys.executable, "-m", "engine.generate", "--model", str(tmp_path / "m"), "--prompt", "x",
+                          "--max-new-tokens", "4"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "memory_mode=state (default: best measured mode of m" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "engine.generate", "--model", str(tmp_path / "m"), "--prompt", "x",
+                          "--max-new-tokens", "4", "--memory-mode", "state"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "memory_mode=state |" in out.stdout
+    assert best_memory_mode("models/clover-tiny")[0] == "state+window"  # 29 % vs 4 % exact on its card
+    assert best_memory_mode("models/smollm2-bd")[0] == "state"  # an adapter: no window, one mode
