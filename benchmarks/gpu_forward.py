@@ -25,6 +25,10 @@ share of the roofline (roofline time / measured time, `engine.cost.devices`: the
 datasheet by the GPU's name, ``this-machine`` on a CPU) and tokens/s at 1, 3, 5 and 10
 tokens per forward: AR is 1 / time; a block of L tokens at TPF t takes L / t forwards, one of
 them the fused commit, so tokens/s = L / ((L / t - 1) * t_block + t_commit).
+
+On CUDA a second table (`graph_table`, skip with ``--no-graphs``) times each forward eagerly and
+replayed from a CUDA graph (`engine.cuda_graphs`) with the model's own router, beside the kernels
+one eager forward launches.
 """
 
 from __future__ import annotations
@@ -93,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--roofline", default=None, help="engine.cost device for the roofline (default: by GPU name)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="skip the CUDA-graph table (eager vs replay; CUDA only, the model's own router)")
     add_threads_argument(ap)
     args = ap.parse_args(argv)
     threads = configure_threads(args.threads)
@@ -179,7 +185,61 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {routing} | {name} | {C + L} | {union:.1f} | {s * 1e3:.2f} | {cost.bytes_read / 1e6:,.1f} | "
                   f"{cost.flops / 1e9:,.3f} | {cost.bytes_read / s / 1e9:.1f} | "
                   f"{100 * cost.roofline_time_s(roof) / s:.1f} | " + " | ".join(tps) + " |")
+    if device.type == "cuda" and not args.no_graphs:
+        print()
+        graph_table(model, shapes, ids, args.position, args.repeats, args.warmup, sync)
     return 0
+
+
+def graph_table(model, shapes, ids, position: int, repeats: int, warmup: int, sync) -> None:
+    """Eager forward vs CUDA-graph replay (`engine.cuda_graphs`) per shape, the model's own router:
+    median ms of each, kernels launched by one eager forward (torch.profiler's CUDA events) against
+    the one graph launch of a replay, and the time a replay saves per eager kernel launch."""
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    from engine.cuda_graphs import disable_cuda_graphs, enable_cuda_graphs
+
+    print("| forward | eager ms | graph replay ms | eager / replay | kernels per eager forward | "
+          "launches per replay | saved per kernel (us) |")
+    print("|---|---|---|---|---|---|---|")
+    with torch.inference_mode():
+        for name, C, L, blk in shapes:
+            block, commit = ids(L), (ids(C) if C else None)
+            state = model.setup_state(1)
+            base = position - (position % blk)
+
+            def forward():
+                state.position = base
+                return model(block, state, commit_ids=commit, block_size=blk)
+
+            def timed() -> float:
+                times = []
+                for i in range(warmup + repeats):
+                    sync()
+                    t = time.perf_counter()
+                    forward()
+                    sync()
+                    if i >= warmup:
+                        times.append(time.perf_counter() - t)
+                return statistics.median(times)
+
+            eager = timed()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                forward()
+                sync()
+            kernels = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+            runner = enable_cuda_graphs(model)
+            try:
+                replay = timed()
+                replays = runner.replays
+            finally:
+                disable_cuda_graphs(model)
+            if not replays:
+                print(f"| {name} | {eager * 1e3:.2f} | (not replayed: a prefill shape runs eagerly) | | {kernels} | | |")
+                continue
+            saved = (eager - replay) / max(kernels, 1) * 1e6
+            print(f"| {name} | {eager * 1e3:.2f} | {replay * 1e3:.2f} | {eager / replay:.2f}x | {kernels} | 1 | "
+                  f"{saved:.1f} |")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device to decode on: cpu, cuda, cuda:1 ... (default cpu)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "float64"],
                    help="cast the weights to this dtype (default: as stored); state and confidences stay fp32")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="replay the denoising forward from CUDA graphs (engine.cuda_graphs; needs --device cuda)")
     p.add_argument("--parallel", default=None, metavar="ep=N[,tp=N]",
                    help="expert (ep) and/or tensor (tp) parallel over the N processes started by "
                         "torchrun --nproc-per-node N (engine.parallel)")
@@ -91,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         model = load_model(args.model, device=args.device, dtype=args.dtype)
         if getattr(getattr(model, "info", None), "revisable", False):  # DiffusionGemma: its own sampler
             return _main_revisable(args, model, threads)
+        if args.cuda_graphs:
+            if not hasattr(model, "cuda_graphs"):
+                raise ValueError(f"--cuda-graphs covers Clover checkpoints; {args.model} is another format")
+            from engine.cuda_graphs import enable_cuda_graphs
+
+            enable_cuda_graphs(model)  # ValueError off CUDA
         tokenizer = load_tokenizer(args.model)
         if getattr(model, "chat_format", None) == "chatml" and not args.raw_prompt:
             from engine.hf_adapter import chat_prompt

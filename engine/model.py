@@ -78,7 +78,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, p: Pass, st: LayerState) -> torch.Tensor:
         x = x + self.mixer(self.input_layernorm(x), p, st)
-        h, union = self.mlp(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        h, union = self.mlp(h, graph_safe=True) if p.graph_safe else self.mlp(h)
         p.expert_union.append(union)
         return x + h
 
@@ -121,6 +122,7 @@ class CloverModel(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.model_id = config.name
+        self.cuda_graphs = None  # an engine.cuda_graphs.CUDAGraphForward that serves forward(), or None
 
     @property
     def embed_tokens(self) -> nn.Embedding:
@@ -194,6 +196,8 @@ class CloverModel(nn.Module):
         Returns:
             `ModelOutput` with logits [B, L, vocab] (fp32).
         """
+        if self.cuda_graphs is not None:  # engine.cuda_graphs.enable_cuda_graphs: replay captured forwards
+            return self.cuda_graphs(block_ids, state, commit_ids, block_size, observe)
         return self._run(block_ids, state, commit_ids, block_size, observe, reference=False)
 
     @torch.no_grad()
@@ -254,9 +258,14 @@ class CloverModel(nn.Module):
         return self.norm(x[:, T:]), aux
 
     def _run(self, block_ids: torch.Tensor, state: CloverState, commit_ids: torch.Tensor | None,
-             block_size: int | None, observe: bool, reference: bool) -> ModelOutput:
+             block_size: int | None, observe: bool, reference: bool, pos: torch.Tensor | None = None,
+             graph_safe: bool = False) -> ModelOutput:
         """Plan the forward (`Pass`: reference, prefill from a fresh state with several commit
-        blocks, else decode), run every layer, advance ``state.position``."""
+        blocks, else decode), run every layer, advance ``state.position``.
+
+        `pos` ([C + L] int64 on the model's device; default ``arange(position, position + C + L)``)
+        and `graph_safe` (no host sync: the expert union stays on the device) are for
+        `engine.cuda_graphs`, which captures this forward with positions in a static buffer."""
         C = 0 if commit_ids is None else commit_ids.shape[1]
         L = block_size or max(C, 1)
         if C % L:
@@ -269,15 +278,19 @@ class CloverModel(nn.Module):
                 f"position {start + T} exceeds max_position_embeddings="
                 f"{self.config.max_position_embeddings}; shorten the prompt or max_new_tokens"
             )
-        pos = torch.arange(start, start + T, device=ids.device)
+        if pos is None:
+            pos = torch.arange(start, start + T, device=ids.device)
         kind = "reference" if reference else "prefill" if start == 0 and C > L else "decode"
-        p = Pass(kind, n_commit=C, block_size=L, pos=pos, start=start, window=state.window, observe=observe)
+        p = Pass(kind, n_commit=C, block_size=L, pos=pos, start=start, window=state.window, observe=observe,
+                 graph_safe=graph_safe)
         x = self.embed_tokens(ids)  # [B, T, D]
         for layer, st in zip(self.layers, state.layers):
             x = layer(x, p, st)
         state.position = start + C
         logits = self.lm_head(self.norm(x[:, C:])).float()  # [B, L, vocab]
-        out = ModelOutput(logits=logits, expert_union=torch.tensor(p.expert_union, dtype=torch.int64))
+        union = (torch.stack(p.expert_union) if graph_safe
+                 else torch.tensor(p.expert_union, dtype=torch.int64))  # [N], on the device when graph-safe
+        out = ModelOutput(logits=logits, expert_union=union)
         if observe:
             out.memory_share = torch.stack(p.memory_share)  # [N, B, L]
             out.state_norm = torch.stack(p.state_norm).float()  # [N]

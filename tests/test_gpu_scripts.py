@@ -43,3 +43,17 @@ def test_adapt_smollm2_gpu_script_parses():
     assert len(cmds) == 1
     args = build_parser().parse_args(cmds[0])
     assert args.device == "cuda" and args.dtype == "bf16" and args.init_from == "smollm2-135m-instruct"
+
+
+def test_gpu_check_script_tiny_path_runs(tmp_path):
+    """TINY=1: the benchmark half of benchmarks/gpu_check.sh on clover-test, on the CPU."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TINY": "1", "PYTHON": sys.executable}
+    out = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(tmp_path / "gc")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "gc" / "gpu_forward.md").read_text()
+    assert "| independent | block 8 |" in table and "% roofline" in table

@@ -128,7 +128,7 @@ class GatedAttention(nn.Module):
             ek = ev = valid = None
             if W:
                 ek, ev, valid = (self._window_slice(inp, p, p.start + s) if p.kind == "reference"
-                                 else self._window_ring(st, p.start + s))
+                                 else self._window_ring(st, p.pos[s]))
                 ek, ev = ek.repeat_interleave(rep, 1), ev.repeat_interleave(rep, 1)
             m = (inp.q_read[:, :, s:e] @ S_q).to(vh.dtype)  # [B, Hq, l, D]
             o, share = block_attention(
@@ -140,7 +140,7 @@ class GatedAttention(nn.Module):
                                  naive=p.kind == "reference")
                 if W and p.kind == "decode":  # push the block's last <= W tokens into the ring
                     t0 = max(s, e - W)
-                    slots = (p.start + torch.arange(t0, e, device=vh.device)) % W
+                    slots = p.pos[t0:e] % W  # on the device: no host value enters (CUDA graphs)
                     st.win_k[:, :, slots] = k_rot[:, :, t0:e].to(st.win_k.dtype)
                     st.win_v[:, :, slots] = vh[:, :, t0:e].to(st.win_v.dtype)
         st.S.copy_(S)
@@ -148,11 +148,13 @@ class GatedAttention(nn.Module):
         return torch.cat(outs, 2)
 
     @staticmethod
-    def _window_ring(st: LayerState, seg_pos: int):
+    def _window_ring(st: LayerState, seg_pos: torch.Tensor):
         """Decode: the ring buffer (slot = position mod W), valid where a token with position in
-        [seg_pos - W, seg_pos) has been written. Returns keys, values [B, Hkv, W, D], valid [W]."""
+        [seg_pos - W, seg_pos) has been written. `seg_pos` is a 0-d int64 device tensor (the
+        segment's first position, ``Pass.pos[s]``), so a captured CUDA graph reads it at replay.
+        Returns keys, values [B, Hkv, W, D], valid [W]."""
         W = st.win_k.shape[2]
-        valid = torch.arange(W, device=st.win_k.device) < min(seg_pos, W)  # tokens 0..seg_pos-1 pushed
+        valid = torch.arange(W, device=st.win_k.device) < seg_pos.clamp(max=W)  # tokens 0..seg_pos-1 pushed
         return st.win_k, st.win_v, valid
 
     @staticmethod

@@ -104,7 +104,10 @@ class SparseMoE(nn.Module):
         # shard sums the ranks' partial outputs; None = every expert here.
         self.expert_parallel = None
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    def forward(self, x: torch.Tensor, graph_safe: bool = False) -> tuple[torch.Tensor, int | torch.Tensor]:
+        """x: [..., D] -> ([..., D], expert union). With `graph_safe` (CUDA-graph capture,
+        `engine.cuda_graphs`) the routed experts take a sync-free path and the union is a 0-d
+        int64 tensor; otherwise a Python int."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])  # [T, D]
         probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E]
@@ -116,7 +119,12 @@ class SparseMoE(nn.Module):
             E = probs.shape[-1]
             f = torch.zeros(E, device=x.device).index_add_(0, idx.reshape(-1), torch.ones(idx.numel(), device=x.device))
             self.aux_loss = E * (f / idx.numel() * probs.mean(0)).sum()
-        if self.expert_parallel is not None:  # this rank's experts; partial outputs summed across ranks
+        if graph_safe:
+            if self.expert_parallel is not None:
+                raise ValueError("CUDA graphs do not cover expert parallel (its collectives are host-driven)")
+            out, hit = routed_experts(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj,
+                                      union_as_tensor=True)
+        elif self.expert_parallel is not None:  # this rank's experts; partial outputs summed across ranks
             out, hit = self.expert_parallel.routed(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)
         elif idx.numel() <= SMALL_PAIRS and x.device.type == "cpu" and not torch.is_grad_enabled():
             out, hit = few_token_experts(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)

@@ -72,8 +72,10 @@ class Pass:
         start: absolute position of the first committed token (ring-buffer slot arithmetic).
         window: W, attention window keys in effect (0 = ``state`` mode).
         observe: collect `memory_share` and `state_norm` (not in train).
+        graph_safe: no host sync anywhere in the forward (`engine.cuda_graphs`): the MoE takes a
+            sync-free path and `expert_union` holds 0-d device tensors instead of ints.
         memory_share: per layer [B, L] head-mean memory share; state_norm: per layer scalar;
-            expert_union: per layer int.
+            expert_union: per layer int (0-d int64 tensor when `graph_safe`).
     """
 
     kind: str
@@ -83,6 +85,7 @@ class Pass:
     start: int = 0
     window: int = 0
     observe: bool = False
+    graph_safe: bool = False
     memory_share: list = field(default_factory=list)
     state_norm: list = field(default_factory=list)
     expert_union: list = field(default_factory=list)

@@ -29,28 +29,39 @@ def _auto(x: torch.Tensor, gate_up_proj: torch.Tensor) -> str:
 
 
 def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up_proj: torch.Tensor,
-                   down_proj: torch.Tensor, impl: str | None = None) -> tuple[torch.Tensor, int]:
+                   down_proj: torch.Tensor, impl: str | None = None,
+                   union_as_tensor: bool = False) -> tuple[torch.Tensor, int | torch.Tensor]:
     """Dispatch; arguments and results as in `kernels.moe.naive.routed_experts`.
 
     Args:
         impl: ``"torch"``, ``"grouped_mm"``, ``"triton"`` or None (see the module docstring).
             The fast paths have no backward; with autograd recording (training) None picks torch.
+        union_as_tensor: sync-free call (CUDA-graph capture): the expert union comes back as a 0-d
+            int64 tensor, and impl=None picks a path with no host sync -- Triton on CUDA where
+            ``grouped_mm`` does not apply, ``grouped_mm`` elsewhere (its CPU reference, for tests).
 
     Raises:
-        ValueError: unknown impl. RuntimeError: impl="triton" where Triton cannot run.
+        ValueError: unknown impl; ``union_as_tensor`` with impl ``"torch"`` (its loop over the hit
+            experts needs the counts on the host) or with shapes ``grouped_mm`` cannot take and no
+            Triton. RuntimeError: impl="triton" where Triton cannot run.
     """
     if impl is None:
         grad = torch.is_grad_enabled() and (x.requires_grad or gate_up_proj.requires_grad)
         impl = "torch" if grad else _auto(x, gate_up_proj)
-    if impl == "torch":
-        return _torch_experts(x, weights, ids, gate_up_proj, down_proj)
+        if union_as_tensor and impl == "torch":
+            impl = "triton" if x.is_cuda and HAS_TRITON else "grouped_mm"
+    if union_as_tensor and impl == "torch":
+        raise ValueError("union_as_tensor needs a sync-free impl ('grouped_mm' or 'triton'); the torch loop "
+                         "reads the per-expert counts on the host")
     if impl == "grouped_mm":
-        return _grouped_mm.routed_experts(x, weights, ids, gate_up_proj, down_proj)
+        return _grouped_mm.routed_experts(x, weights, ids, gate_up_proj, down_proj, union_as_tensor=union_as_tensor)
     if impl == "triton":
         require_triton("routed_experts", x)
         from kernels.moe import triton_moe  # lazy: see kernels/_triton.py
 
-        return triton_moe.routed_experts(x, weights, ids, gate_up_proj, down_proj)
+        return triton_moe.routed_experts(x, weights, ids, gate_up_proj, down_proj, union_as_tensor=union_as_tensor)
+    if impl == "torch":
+        return _torch_experts(x, weights, ids, gate_up_proj, down_proj)
     raise ValueError(f"unknown routed_experts impl {impl!r}; choose one of {IMPLS}")
 
 

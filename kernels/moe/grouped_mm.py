@@ -23,8 +23,12 @@ def supported(x: torch.Tensor, gate_up_proj: torch.Tensor) -> bool:
 
 
 def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up_proj: torch.Tensor,
-                   down_proj: torch.Tensor) -> tuple[torch.Tensor, int]:
+                   down_proj: torch.Tensor, union_as_tensor: bool = False) -> tuple[torch.Tensor, int | torch.Tensor]:
     """`kernels.moe.naive.routed_experts` with two grouped GEMMs (same arguments and results).
+
+    Args:
+        union_as_tensor: return the expert union as a 0-d int64 tensor on x's device instead of a
+            Python int, so the call makes no host sync (CUDA-graph capture, `engine.cuda_graphs`).
 
     Raises:
         ValueError: D or F not 16-byte aligned, or torch has no ``_grouped_mm``.
@@ -35,7 +39,9 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ga
     T, top_k = ids.shape
     flat = ids.reshape(-1)
     order = flat.argsort(stable=True)
-    counts = torch.bincount(flat, minlength=gate_up_proj.shape[0])
+    # pairs per expert; not bincount, whose output length depends on max(ids) (a host sync on CUDA)
+    counts = torch.zeros(gate_up_proj.shape[0], dtype=torch.int64, device=ids.device).index_add_(
+        0, flat, torch.ones_like(flat))
     offs = counts.cumsum(0).to(torch.int32)
     xs = x[order // top_k]  # [T*k, D], sorted by expert
     h = torch._grouped_mm(xs, gate_up_proj.transpose(-2, -1), offs=offs)  # [T*k, 2F]
@@ -44,4 +50,5 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ga
     y = y * weights.reshape(-1)[order, None].to(x.dtype)
     y_pairs = torch.empty_like(y)
     y_pairs[order] = y
-    return y_pairs.view(T, top_k, x.shape[-1]).sum(1), int((counts > 0).sum())
+    hit = (counts > 0).sum()
+    return y_pairs.view(T, top_k, x.shape[-1]).sum(1), hit if union_as_tensor else int(hit)

@@ -99,7 +99,8 @@ def tile_table(ids: torch.Tensor, num_experts: int, block_m: int):
     flat = ids.reshape(-1)
     P = flat.numel()
     order = flat.argsort(stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    # pairs per expert; not bincount, whose output length depends on max(ids) (a host sync on CUDA)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device).index_add_(0, flat, torch.ones_like(flat))
     starts = counts.cumsum(0) - counts
     tiles = (counts + block_m - 1) // block_m
     tile_end = tiles.cumsum(0)
@@ -114,13 +115,15 @@ def tile_table(ids: torch.Tensor, num_experts: int, block_m: int):
 
 def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up_proj: torch.Tensor,
                    down_proj: torch.Tensor, buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
-                   block_m: int = 64, block_n: int = 64, block_k: int = 32) -> tuple[torch.Tensor, int]:
+                   block_m: int = 64, block_n: int = 64, block_k: int = 32,
+                   union_as_tensor: bool = False) -> tuple[torch.Tensor, int | torch.Tensor]:
     """Triton `kernels.moe.naive.routed_experts` (same arguments and results).
 
     Args:
         buffers: optional (h [T*k, F], y_pairs [T*k, D]) in x's dtype for the kernels to write
             (tests pass NaN-filled ones to check every element is written).
         block_m / block_n / block_k: tile sizes (powers of two, >= 16).
+        union_as_tensor: return the expert union as a 0-d int64 tensor (no host sync; CUDA graphs).
 
     Raises:
         ValueError: shapes that do not fit together.
@@ -151,5 +154,5 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ga
         h, down_proj, order, w, tile_e, tile_row0, tile_n, y_pairs, D, F_,
         h.stride(0), down_proj.stride(0), down_proj.stride(1), y_pairs.stride(0),
         PRECISION=prec, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
-    hit = int((counts > 0).sum())
-    return y_pairs.view(T, top_k, D).sum(1), hit
+    hit = (counts > 0).sum()
+    return y_pairs.view(T, top_k, D).sum(1), hit if union_as_tensor else int(hit)
