@@ -391,3 +391,24 @@ def test_code_rows_from_train_packages_never_heldout():
     assert len(ids) == 128 and all(focus)
     with pytest.raises(ValueError, match="code_source must be one of"):
         RowSource(tok, seed=0, code_source="github")
+
+
+def test_train_throughput_benchmark_counts_flops(tmp_path):
+    """benchmarks/train_throughput.py on clover-test: one table row per variant, FLOPs counted
+    by torch's FlopCounterMode (the loop shape and the short rows have the same tokens per step,
+    so the same FLOPs within the attention's share), and a measured matmul peak."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, str(root / "benchmarks" / "train_throughput.py"), "--size", "test",
+                        "--steps", "1", "--peak-n", "128", "--threads", "1"], capture_output=True, text=True,
+                       timeout=300, cwd=root)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [l for l in p.stdout.splitlines() if l.startswith("| ") and "GFLOP" not in l and "---" not in l]
+    assert [r.split("|")[2].strip() for r in rows] == ["loop shape", "4x rows", "short rows"]
+    flops = [float(r.split("|")[5]) for r in rows]
+    assert flops[1] > 3.5 * flops[0] and abs(flops[2] - flops[0]) < 0.3 * flops[0]
+    assert re.search(r"measured matmul peak [\d.]+ GFLOP/s", p.stdout)
