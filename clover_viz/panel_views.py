@@ -238,7 +238,7 @@ class SettingsPanel(pn.viewable.Viewer):
         self.generate.on_click(lambda _e: s.generate())
         self.stop.on_click(lambda _e: s.stop())
         self.open.param.watch(self._open, "value")
-        s.param.watch(self._sync, ["running", "model_label", "window_available", "trace", "n_steps"])
+        s.param.watch(self._sync, ["running", "model_label", "window_available", "memory_advice", "trace", "n_steps"])
         self._sync()
 
     def _save(self) -> Any:
@@ -266,8 +266,8 @@ class SettingsPanel(pn.viewable.Viewer):
         self.model_label.object = f"**Model:** {html.escape(label)}{warn}"
         self.memory_mode.disabled = not s.window_available
         self.memory_note.object = (
-            "`state+window` (default): the last W tokens' K/V beside the state -- the bundled model "
-            "copies values far better with it; `state` is Clover's own" if s.window_available else
+            "`state+window`: the last W tokens' K/V beside the state; `state` is Clover's own. "
+            + (s.memory_advice or "") if s.window_available else
             "this model has no attention window: only `state` (Clover's mode) runs")
 
     def _bundled_name(self) -> str:

@@ -194,6 +194,9 @@ class ExplorerState(param.Parameterized):
     error = param.String(default="", doc="The last error (empty when none).")
     model_label = param.String(default="", doc="What model is loaded, said plainly.")
     window_available = param.Boolean(default=True, doc="The model supports 'state+window'.")
+    memory_advice = param.String(default="", doc=(
+        "Which memory mode the loaded model does best in, and the measurement that says so "
+        "(`engine.checkpoint.best_memory_mode`: its eval.json); empty for a model given in memory."))
     break_even = param.Dict(default={}, doc=(
         "Measured on this machine by `measure_break_even`: {(model id, block_size, memory mode): "
         "engine.cost.BreakEven}."))
@@ -244,6 +247,12 @@ class ExplorerState(param.Parameterized):
         self.model_label = loaded.label
         self._use_examples(loaded)
         self.window_available = loaded.window_available
+        self.memory_advice = ""
+        if self._given is None and Path(self.model_dir or "").is_dir():
+            from engine.checkpoint import best_memory_mode
+
+            mode, why = best_memory_mode(self.model_dir)
+            self.memory_advice = f"`{mode}` is the {why}" if loaded.window_available else ""
         if adjust_mode and not loaded.window_available and self.memory_mode == "state+window":
             self.memory_mode = "state"
         return loaded

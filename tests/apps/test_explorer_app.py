@@ -473,3 +473,20 @@ def test_a_script_may_exit_with_a_decode_still_running():
                        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr[-1500:]
     assert "terminate called" not in p.stderr
+
+
+def test_memory_note_gives_the_models_measured_best_mode():
+    """The sidebar's memory note says which mode the loaded model does best in and the numbers
+    behind it (its eval.json), and `state` stays one click away."""
+    from clover_viz.panel_views import ExplorerApp
+
+    s = ExplorerState(model_dir="models/clover-tiny")
+    try:
+        app = ExplorerApp(state=s)
+        assert s.load_model() is not None
+        assert s.memory_advice.startswith("`state+window` is the best measured mode of clover-tiny")
+        note = app.settings.memory_note.object
+        assert "29%" in note and "4% in state" in note and "Clover's own" in note
+        assert not app.settings.memory_mode.disabled and "state" in app.settings.memory_mode.options
+    finally:
+        s.close()
