@@ -110,13 +110,12 @@ class CUDAGraphForward:
                            state_norm=None if o.state_norm is None else o.state_norm.clone())
 
     def _eager(self, block_ids, state, commit_ids, bs, observe) -> ModelOutput:
-        """The graph-safe forward run eagerly on a side stream (CUDA's advice before a capture)."""
-        side = torch.cuda.Stream(device=block_ids.device)
-        side.wait_stream(torch.cuda.current_stream(block_ids.device))
-        with torch.cuda.stream(side), torch.no_grad():
-            out = self.model._run(block_ids, state, commit_ids, bs, observe, reference=False, graph_safe=True)
-        torch.cuda.current_stream(block_ids.device).wait_stream(side)
-        return out
+        """The graph-safe forward run eagerly: this shape's result, and the warm-up before its
+        capture (every kernel and library handle of the forward initialised once). It runs on the
+        current stream, so its outputs need no cross-stream care; the capture itself records on
+        `torch.cuda.graph`'s own stream."""
+        with torch.no_grad():
+            return self.model._run(block_ids, state, commit_ids, bs, observe, reference=False, graph_safe=True)
 
     def _capture(self, state: CloverState, C: int, block_shape: torch.Size, bs: int, observe: bool) -> _Graph:
         """Record one forward of this shape reading `state` (no kernel runs during a capture, so
