@@ -348,7 +348,8 @@ class OpenTurn(CallTurn):
 
 
 def generate_conversation(rng: random.Random, split: str = "train", n_rounds: int | None = None,
-                          natural: bool | None = None, no_tool: bool | None = None) -> tuple[Conversation, list[OpenTurn]]:
+                          natural: bool | None = None, no_tool: bool | None = None,
+                          n_tools: int | None = None) -> tuple[Conversation, list[OpenTurn]]:
     """One conversation of the open-vocabulary corpus.
 
     Args:
@@ -357,12 +358,14 @@ def generate_conversation(rng: random.Random, split: str = "train", n_rounds: in
         n_rounds: tool calls (1..4); None draws 1 (60 %), 2 (30 %) or 3 (10 %).
         natural: English-clause request (None: with probability `NATURAL_SHARE`).
         no_tool: the user asks what a tool does instead (None: with probability `NO_TOOL_SHARE`).
+        n_tools: tools listed, 1..5 (None: 2..5, at least n_rounds); with fewer tools than
+            rounds a tool is called more than once.
 
     Returns:
         (conversation, turns): the full text (for training) and one `OpenTurn` per assistant turn.
 
     Raises:
-        ValueError: unknown split or n_rounds outside 1..4.
+        ValueError: unknown split, n_rounds outside 1..4 or n_tools outside 1..5.
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -373,7 +376,10 @@ def generate_conversation(rng: random.Random, split: str = "train", n_rounds: in
     natural = rng.random() < NATURAL_SHARE if natural is None else natural
     no_tool = rng.random() < NO_TOOL_SHARE if no_tool is None else no_tool
     taken: set[tuple[str, str]] = set()
-    tools = [make_tool(rng, split, taken) for _ in range(rng.randint(max(2, n_rounds), 5))]
+    if n_tools is not None and (not isinstance(n_tools, int) or not 1 <= n_tools <= 5):
+        raise ValueError(f"n_tools must be an int in 1..5, got {n_tools!r}")
+    n_tools = rng.randint(max(2, n_rounds), 5) if n_tools is None else n_tools
+    tools = [make_tool(rng, split, taken) for _ in range(n_tools)]
     system = _turn("system", SYSTEM_HEADER + "\n" + "\n".join(dumps(t.schema()) for t in tools))
 
     if no_tool:

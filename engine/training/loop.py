@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--open-tools-share", type=float, default=0.0,
                     help="share of agent rows from the open-vocabulary tool-call corpus (engine.data.open_tools, "
                          "train vocabulary: names and keys must be copied from the system turn)")
+    ap.add_argument("--open-easy-share", type=float, default=0.0,
+                    help="share of those open-vocabulary conversations that list only 1 or 2 tools and make one "
+                         "call (a curriculum: first copy the listed name, then pick among several)")
     ap.add_argument("--code-source", default="stdlib", choices=["stdlib", "packages", "both"],
                     help="code rows from the standard library, the train packages of engine.data.packages "
                          "(held-out packages never), or both")
@@ -175,7 +178,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.dtype == "bf16" and not args.device.startswith("cuda"):
         raise SystemExit("--dtype bf16 is for --device cuda; on the CPU train in fp32 (bf16 autocast is far slower "
                          "on CPUs without native bf16)")
-    for name in ("easy_share", "window_drop", "recall_share", "open_tools_share"):
+    for name in ("easy_share", "window_drop", "recall_share", "open_tools_share", "open_easy_share"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             raise SystemExit(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
     if not args.tokenizer.is_file():
@@ -387,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"clover-tiny: {sum(p.numel() for p in model.parameters()):,} parameters; step {prog.step}, "
           f"{prog.elapsed_s / 60:.1f} of {args.minutes} min done", flush=True)
 
-    src = RowSource(tokenizer, args.seed + prog.step, args.easy_share, args.open_tools_share, args.code_source)
+    src = RowSource(tokenizer, args.seed + prog.step, args.easy_share, args.open_tools_share, args.code_source,
+                    open_easy_share=args.open_easy_share)
     autocast_dtype = torch.bfloat16 if args.dtype == "bf16" else None
     gen = torch.Generator().manual_seed(args.seed * 7919 + prog.step)
     rng = random.Random(args.seed * 31 + prog.step)

@@ -33,7 +33,7 @@ class RowSource:
     """Infinite source of [T] token rows: packed agent conversations or stdlib windows."""
 
     def __init__(self, tokenizer, seed: int, easy_share: float = 0.0, open_tools_share: float = 0.0,
-                 code_source: str = "stdlib", package_chars: int = PACKAGE_CODE_CHARS):
+                 code_source: str = "stdlib", package_chars: int = PACKAGE_CODE_CHARS, open_easy_share: float = 0.0):
         """Args:
             tokenizer: a `tokenizers.Tokenizer` with the project's special tokens.
             seed: row randomness and the corpora's file order.
@@ -44,6 +44,8 @@ class RowSource:
                 (the two streams, concatenated).
             package_chars: characters of package code read (files in seeded order until the
                 budget; the whole train split is ~60 MB).
+            open_easy_share: share of the open-vocabulary conversations that list 1 or 2 tools
+                and make one call (`open_tool_conversations`).
 
         Raises:
             ValueError: an unknown ``code_source``, or no code found for it."""
@@ -58,7 +60,7 @@ class RowSource:
         self.rng = random.Random(seed)
         self.easy_share = easy_share  # share of agent rows from `easy_conversations`
         self.open_tools_share = open_tools_share  # share of agent rows from `engine.data.open_tools`
-        self._open = open_tool_conversations(seed)
+        self._open = open_tool_conversations(seed, open_easy_share)
         self.eot = tokenizer.token_to_id("<|endoftext|>")
         self.vocab = tokenizer.get_vocab_size()
         self._convs = iter_conversations(seed * 1_000_000 % 9_000_000, None, max_rounds=8)
@@ -269,16 +271,22 @@ def easy_conversations(seed: int):
         i = i + 1 if i + 1 < EVAL_SEED_START else 0
 
 
-def open_tool_conversations(seed: int):
+def open_tool_conversations(seed: int, easy_share: float = 0.0):
     """Endless open-vocabulary training conversations (`engine.data.open_tools`, train vocabulary),
     seeded ``open-train-{seed + i}``, each with only its tool-call turns in ``calls`` (the turns
-    `value_spans` pairs with the ``<tool_call>`` blocks of the text)."""
+    `value_spans` pairs with the ``<tool_call>`` blocks of the text). A share `easy_share` of
+    them (drawn per conversation) lists only 1 or 2 tools and makes one call."""
     from engine.data.agent import Conversation
     from engine.data.open_tools import generate_conversation
 
     i = 0
+    pick = random.Random(f"open-easy-{seed}")
     while True:
-        conv, turns = generate_conversation(random.Random(f"open-train-{seed + i}"), "train")
+        rng = random.Random(f"open-train-{seed + i}")
+        if easy_share and pick.random() < easy_share:
+            conv, turns = generate_conversation(rng, "train", n_rounds=1, n_tools=rng.choice((1, 2)))
+        else:
+            conv, turns = generate_conversation(rng, "train")
         yield Conversation(conv.text, [t for t in turns if t.name is not None])
         i += 1
 

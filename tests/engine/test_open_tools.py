@@ -185,3 +185,21 @@ def test_harvest_rule(tmp_path):
     (tmp_path / "a.py").write_text(src)
     out = harvest([tmp_path / "a.py"], exclude={"dispatch"})
     assert out == {"verbs": ["merge", "render"], "nouns": ["graph", "lora", "model"]}
+
+
+def test_easy_open_conversations_list_one_or_two_tools():
+    """`--open-easy-share`'s curriculum rows: 1 or 2 tools listed, one call, the name copied from
+    the schema; n_tools outside 1..5 is refused."""
+    from engine.training.rows import open_tool_conversations
+
+    convs = open_tool_conversations(seed=0, easy_share=1.0)
+    for _ in range(20):
+        conv = next(convs)
+        system = conv.text.split("<|im_start|>user")[0]
+        assert 1 <= system.count('{"name": ') <= 2 and len(conv.calls) <= 1
+        for call in conv.calls:
+            assert f'"name": "{call.name}"' in system
+    mixed = open_tool_conversations(seed=0, easy_share=0.0)
+    assert max(next(mixed).text.split("<|im_start|>user")[0].count('{"name": ') for _ in range(20)) > 2
+    with pytest.raises(ValueError, match="n_tools"):
+        ot.generate_conversation(random.Random(0), "train", n_tools=0)
