@@ -196,10 +196,10 @@ def test_easy_open_conversations_list_one_or_two_tools():
     for _ in range(20):
         conv = next(convs)
         system = conv.text.split("<|im_start|>user")[0]
-        assert 1 <= system.count('{"name": ') <= 2 and len(conv.calls) <= 1
+        assert 1 <= system.count('{"name": "') <= 2 and len(conv.calls) <= 1
         for call in conv.calls:
             assert f'"name": "{call.name}"' in system
     mixed = open_tool_conversations(seed=0, easy_share=0.0)
-    assert max(next(mixed).text.split("<|im_start|>user")[0].count('{"name": ') for _ in range(20)) > 2
+    assert max(next(mixed).text.split("<|im_start|>user")[0].count('{"name": "') for _ in range(20)) > 2
     with pytest.raises(ValueError, match="n_tools"):
         ot.generate_conversation(random.Random(0), "train", n_tools=0)
