@@ -37,6 +37,11 @@ first) and in blocks of 1 (teacher-forced: each value token with every earlier t
 clean, what autoregressive decoding faces when it has been right so far; it needs the
 induction / previous-token match that copying a multi-token value rests on).
 
+Unseen-tool name/key probe (`engine.training.probes.open_name_probe`, with ``--open-tasks`` and
+``--probe-tasks``): the true open-vocabulary call in place with its tool name and argument keys
+masked, teacher-forced -- the name's first token (picking the tool) apart from its later tokens
+and the keys (copying them from the schema).
+
 Stdlib (held-out split by file): after a real 256-token prefix, (a) token
 accuracy of the first decoded block (32 / 0.95) against the file's next 32
 tokens, (b) with the block fully masked, one forward: argmax accuracy by slot
@@ -56,7 +61,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from engine.training.probes import value_probe
+from engine.training.probes import open_name_probe, value_probe
 
 SETTINGS = {
     "bd32-window": dict(block_size=32, threshold=0.95, memory_mode="state+window"),
@@ -454,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         report["value_probe"] = value_probe(model, tok, args.probe_tasks)
         report["value_probe_teacher_forced"] = value_probe(model, tok, args.probe_tasks, block_size=1)
         report["value_probe_tasks"] = args.probe_tasks
+        if args.open_tasks:
+            report["open_name_probe"] = open_name_probe(model, tok, args.open_tasks)
     report["exact_tasks"] = {s: sorted(r["task"] for r in rows[s] if r["exact_match"]) for s in settings}
     report["examples"] = {s: [{"task": r["task"], "text": r["text"], "exact_match": r["exact_match"]}
                               for r in sorted(rows[s], key=lambda r: r["task"])[:5]] for s in settings}
@@ -490,6 +497,9 @@ def format_table(report: dict) -> str:
         for mode, accs in report.get(key, {}).items():
             lines.append(f"value-copy probe ({mode}, {report['value_probe_tasks']} tasks, {how}): "
                          + ", ".join(f"{k} {v:.3f}" for k, v in accs.items()))
+    for mode, accs in report.get("open_name_probe", {}).items():
+        lines.append(f"unseen-tool name/key probe ({mode}, teacher-forced, {report.get('open_tools_tasks')} turns): "
+                     + ", ".join(f"{k} {v:.3f}" for k, v in accs.items()))
     if report.get("open_tools"):
         ot = report["open_tools"]
         lines.append(f"{'open-vocabulary tools':28s}" + "".join(f"{s:>14s}" for s in ot))

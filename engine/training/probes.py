@@ -108,3 +108,67 @@ def value_probe(model, tokenizer, n_tasks: int = 60, block_size: int = 32) -> di
     for (mode, src), (ok, n) in sorted(hits.items()):
         out.setdefault(mode, {})[src] = round(ok / max(n, 1), 4)
     return out
+
+
+def name_key_tokens(tokenizer, turn) -> tuple:
+    """The encoding of ``turn.prompt + turn.target`` and the token indices of its call's name
+    and argument keys: ``(encoding, [("name_first", [i]), ("name_rest", [...]), ("keys", [...])])``
+    (a token counts when it overlaps the span; keys of nested objects included)."""
+    import re
+
+    enc = tokenizer.encode(turn.prompt + turn.target)
+    p0, tgt = len(turn.prompt), turn.target
+    at = p0 + tgt.index('"name": "') + len('"name": "')
+    name_idx = [j for j, (s0, s1) in enumerate(enc.offsets) if s0 < at + len(turn.name) and s1 > at]
+    args_at = tgt.index('"arguments": ')
+    key_spans = [(p0 + m.start(1), p0 + m.end(1)) for m in re.finditer(r'"([A-Za-z_][A-Za-z0-9_]*)": ', tgt)
+                 if m.start() > args_at]
+    key_idx = [j for j, (s0, s1) in enumerate(enc.offsets) if any(s0 < b and s1 > a for a, b in key_spans)]
+    return enc, [("name_first", name_idx[:1]), ("name_rest", name_idx[1:]), ("keys", key_idx)]
+
+
+@torch.no_grad()
+def open_name_probe(model, tokenizer, n_tasks: int = 60) -> dict:
+    """Teacher-forced probe of the open-vocabulary tool calls (`engine.data.open_tools.eval_turns`,
+    names and keys never seen in training): the ground-truth call is in place, its tool name and
+    argument keys are masked, and a blocks-of-1 forward predicts each masked token from the clean
+    text before it (argmax).
+
+    Separates the two skills an unseen call needs: *picking* the tool (``name_first``: the
+    name's first token, which only the request can decide among the listed tools) and *copying*
+    it from the schema (``name_rest``: the name's later tokens; ``keys``: argument-key tokens).
+    A model that copies but cannot pick scores high on the last two and near zero on the first.
+
+    Args:
+        model: a `CloverModel`; tokenizer: its `tokenizers.Tokenizer`; n_tasks: eval turns
+            (turns that call no tool are skipped).
+
+    Returns:
+        ``{"window": {"name_first": acc, "name_rest": acc, "keys": acc}, "state": {...}}``
+        (token accuracies in [0, 1]; ``window`` only for models with an attention window).
+    """
+    from engine.data.open_tools import eval_turns
+
+    was_training = model.training
+    model.eval()
+    hits: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    modes = [("window", True), ("state", False)] if model.config.attention_window else [("state", False)]
+    for t in eval_turns(n_tasks):
+        if t.name is None:
+            continue
+        enc, which = name_key_tokens(tokenizer, t)
+        clean = torch.tensor([enc.ids])
+        noisy = clean.clone()
+        for _, idx in which:
+            noisy[0, idx] = model.config.mask_token_id
+        for mode, win in modes:
+            h, _ = model.forward_train(clean, noisy, 1, win)
+            pred = model.lm_head(h[0]).argmax(-1)
+            for part, idx in which:
+                hits[(mode, part)][0] += int((pred[idx] == clean[0, idx]).sum())
+                hits[(mode, part)][1] += len(idx)
+    model.train(was_training)
+    out: dict = {}
+    for (mode, part), (ok, n) in hits.items():
+        out.setdefault(mode, {})[part] = round(ok / max(n, 1), 4)
+    return out

@@ -203,3 +203,24 @@ def test_easy_open_conversations_list_one_or_two_tools():
     assert max(next(mixed).text.split("<|im_start|>user")[0].count('{"name": "') for _ in range(20)) > 2
     with pytest.raises(ValueError, match="n_tools"):
         ot.generate_conversation(random.Random(0), "train", n_tools=0)
+
+
+def test_name_key_probe_masks_exactly_the_name_and_the_keys():
+    """open_name_probe's spans: the name's tokens decode to the name (first token apart), the key
+    tokens to the argument keys; on the bundled model the probe runs in both memory modes."""
+    from engine.checkpoint import load_model, load_tokenizer
+    from engine.training.probes import name_key_tokens, open_name_probe
+
+    tok = load_tokenizer("models/clover-tiny")
+    for t in [t for t in ot.eval_turns(12) if t.name is not None]:
+        enc, which = name_key_tokens(tok, t)
+        parts = dict(which)
+        name = tok.decode([enc.ids[j] for j in parts["name_first"] + parts["name_rest"]])
+        assert name.strip('"') == t.name and len(parts["name_first"]) == 1
+        keys = tok.decode([enc.ids[j] for j in parts["keys"]])
+        _, arg_keys = _names_and_keys([t])
+        assert all(k in keys for k in arg_keys)
+        assert set(parts["keys"]).isdisjoint(parts["name_first"] + parts["name_rest"])
+    out = open_name_probe(load_model("models/clover-tiny"), tok, 6)
+    assert set(out) == {"window", "state"} and set(out["window"]) == {"name_first", "name_rest", "keys"}
+    assert all(0.0 <= v <= 1.0 for accs in out.values() for v in accs.values())
