@@ -58,6 +58,26 @@ def quick_agent_eval(model, tokenizer, n: int, memory_mode: str) -> dict:
     return {"exact_match": em / n, "field_acc": fields_ok / max(fields, 1), "tokens_per_forward": toks / max(nfe, 1)}
 
 
+def _count_masked_hits(model, clean: torch.Tensor, noisy: torch.Tensor, which: list, block_size: int,
+                       modes: list, hits: dict) -> None:
+    """One training-style forward of `noisy` ([1, T]) per memory mode; adds to ``hits[(mode, part)]``
+    the [right, total] argmax predictions of ``clean`` at each part's indices (``which``: (part, idx))."""
+    for mode, win in modes:
+        h, _ = model.forward_train(clean, noisy, block_size, win)
+        pred = model.lm_head(h[0]).argmax(-1)
+        for part, idx in which:
+            hits[(mode, part)][0] += int((pred[idx] == clean[0, idx]).sum())
+            hits[(mode, part)][1] += len(idx)
+
+
+def _accuracies(hits: dict) -> dict:
+    """``{mode: {part: right / total}}`` from `_count_masked_hits`' tallies (rounded to 4 places)."""
+    out: dict = {}
+    for (mode, part), (ok, n) in sorted(hits.items()):
+        out.setdefault(mode, {})[part] = round(ok / max(n, 1), 4)
+    return out
+
+
 @torch.no_grad()
 def value_probe(model, tokenizer, n_tasks: int = 60, block_size: int = 32) -> dict:
     """Copy probe: the ground-truth call is in place, only its values (and the tool name) are
@@ -97,17 +117,9 @@ def value_probe(model, tokenizer, n_tasks: int = 60, block_size: int = 32) -> di
             idx = [j for j, (s0, s1) in enumerate(enc.offsets) if s0 < b and s1 > a]
             which.append((src, idx))
             noisy[0, idx] = model.config.mask_token_id
-        for mode, win in modes:
-            h, _ = model.forward_train(clean, noisy, block_size, win)
-            pred = model.lm_head(h[0]).argmax(-1)
-            for src, idx in which:
-                hits[(mode, src)][0] += int((pred[idx] == clean[0, idx]).sum())
-                hits[(mode, src)][1] += len(idx)
+        _count_masked_hits(model, clean, noisy, which, block_size, modes, hits)
     model.train(was_training)
-    out: dict = {}
-    for (mode, src), (ok, n) in sorted(hits.items()):
-        out.setdefault(mode, {})[src] = round(ok / max(n, 1), 4)
-    return out
+    return _accuracies(hits)
 
 
 def name_key_tokens(tokenizer, turn) -> tuple:
@@ -161,14 +173,6 @@ def open_name_probe(model, tokenizer, n_tasks: int = 60) -> dict:
         noisy = clean.clone()
         for _, idx in which:
             noisy[0, idx] = model.config.mask_token_id
-        for mode, win in modes:
-            h, _ = model.forward_train(clean, noisy, 1, win)
-            pred = model.lm_head(h[0]).argmax(-1)
-            for part, idx in which:
-                hits[(mode, part)][0] += int((pred[idx] == clean[0, idx]).sum())
-                hits[(mode, part)][1] += len(idx)
+        _count_masked_hits(model, clean, noisy, which, 1, modes, hits)
     model.train(was_training)
-    out: dict = {}
-    for (mode, part), (ok, n) in hits.items():
-        out.setdefault(mode, {})[part] = round(ok / max(n, 1), 4)
-    return out
+    return _accuracies(hits)
