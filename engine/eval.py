@@ -37,8 +37,8 @@ first) and in blocks of 1 (teacher-forced: each value token with every earlier t
 clean, what autoregressive decoding faces when it has been right so far; it needs the
 induction / previous-token match that copying a multi-token value rests on).
 
-Unseen-tool name/key probe (`engine.training.probes.open_name_probe`, with ``--open-tasks`` and
-``--probe-tasks``): the true open-vocabulary call in place with its tool name and argument keys
+Unseen-tool name/key probe (`engine.training.probes.open_name_probe`, on the first
+min(``--probe-tasks``, ``--open-tasks``) open turns): the true open-vocabulary call in place with its tool name and argument keys
 masked, teacher-forced -- the name's first token (picking the tool) apart from its later tokens
 and the keys (copying them from the schema).
 
@@ -460,7 +460,10 @@ def main(argv: list[str] | None = None) -> int:
         report["value_probe_teacher_forced"] = value_probe(model, tok, args.probe_tasks, block_size=1)
         report["value_probe_tasks"] = args.probe_tasks
         if args.open_tasks:
-            report["open_name_probe"] = open_name_probe(model, tok, args.open_tasks)
+            # the first min(--probe-tasks, --open-tasks) open turns: a blocks-of-1 pass over a ~600-token
+            # turn builds one window per token, so it costs like the value probe, not like a decode
+            report["open_name_probe"] = open_name_probe(model, tok, min(args.probe_tasks, args.open_tasks))
+            report["open_name_probe_tasks"] = min(args.probe_tasks, args.open_tasks)
     report["exact_tasks"] = {s: sorted(r["task"] for r in rows[s] if r["exact_match"]) for s in settings}
     report["examples"] = {s: [{"task": r["task"], "text": r["text"], "exact_match": r["exact_match"]}
                               for r in sorted(rows[s], key=lambda r: r["task"])[:5]] for s in settings}
@@ -498,7 +501,7 @@ def format_table(report: dict) -> str:
             lines.append(f"value-copy probe ({mode}, {report['value_probe_tasks']} tasks, {how}): "
                          + ", ".join(f"{k} {v:.3f}" for k, v in accs.items()))
     for mode, accs in report.get("open_name_probe", {}).items():
-        lines.append(f"unseen-tool name/key probe ({mode}, teacher-forced, {report.get('open_tools_tasks')} turns): "
+        lines.append(f"unseen-tool name/key probe ({mode}, teacher-forced, {report.get('open_name_probe_tasks')} turns): "
                      + ", ".join(f"{k} {v:.3f}" for k, v in accs.items()))
     if report.get("open_tools"):
         ot = report["open_tools"]

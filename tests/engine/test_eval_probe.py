@@ -55,12 +55,29 @@ def test_eval_cli_writes_every_setting_and_the_probe(tmp_path):
 
     out = tmp_path / "eval.json"
     assert main(["--model", "models/clover-tiny", "--tasks", "2", "--ar-tasks", "1", "--stdlib-files", "1",
-                 "--probe-tasks", "2", "--workers", "1", "--max-new-tokens", "40", "--out", str(out)]) == 0
+                 "--probe-tasks", "2", "--open-tasks", "2", "--workers", "1", "--max-new-tokens", "40",
+                 "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert set(r["agent"]) == {"bd32-window", "ar1-window", "bd32-state", "ar1-state"}
+    assert r["open_tools_tasks"] == 2 and set(r["open_tools"]) == set(r["agent"])
     assert r["agent"]["bd32-window"]["n_tasks"] == 2 and r["agent"]["ar1-state"]["n_tasks"] == 1
     for s in r["agent"].values():
         assert 0 <= s["exact_match"] <= s["json_valid"] <= 1 and s["tokens_per_forward"] > 0
     assert r["speedup_common_tasks_window"] == 1 and r["speedup_tokens_per_s_bd32_vs_ar1_window"] > 0
     assert set(r["value_probe"]) == set(r["value_probe_teacher_forced"]) == {"window", "state"}
     assert len(r["stdlib"]["masked_slot_acc_by_index"]) == 32
+
+
+def test_the_open_name_probe_runs_on_probe_tasks_turns(tmp_path):
+    """The teacher-forced name/key probe covers min(--probe-tasks, --open-tasks) open turns (a
+    blocks-of-1 pass costs like the value probe: over all --open-tasks it took minutes)."""
+    import json
+
+    from engine.eval import main
+
+    out = tmp_path / "eval.json"
+    assert main(["--model", "models/clover-tiny", "--tasks", "1", "--settings", "ar1-window", "--stdlib-files", "0",
+                 "--probe-tasks", "2", "--open-tasks", "3", "--workers", "1", "--max-new-tokens", "8",
+                 "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["open_name_probe_tasks"] == 2 and set(r["open_name_probe"]) == {"window", "state"}
