@@ -123,7 +123,8 @@ def _check_disjoint() -> None:
     enum_vals = {s: {v for e in ENUMS[s] for v in e} for s in SPLITS}
     if enum_vals["train"] & enum_vals["eval"]:
         raise AssertionError(f"enum values shared by the splits: {sorted(enum_vals['train'] & enum_vals['eval'])}")
-    near = [w for w in HARVESTED["verbs"] + HARVESTED["nouns"] if is_near(w, eval_words())]
+    ev = eval_words()
+    near = [w for w in HARVESTED["verbs"] + HARVESTED["nouns"] if is_near(w, ev)]
     if near:
         raise AssertionError(f"harvested training words near eval words: {near[:20]}; regenerate "
                              f"engine/data/open_words.json with: python -m engine.data.open_words")
