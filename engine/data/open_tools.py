@@ -10,7 +10,9 @@ for dates and booleans, convert) them from the request or from an earlier tool r
 
 Two vocabularies, **disjoint** word for word (asserted at import): ``split="train"`` for
 training, ``split="eval"`` for evaluation. No tool name, argument key, description word or
-enum set of the eval split is ever seen in training.
+enum set of the eval split is ever seen in training. A share of training names and keys are
+made-up words (`engine.data.open_words.pseudo_word`, "quorbex_flindat"), which only the schema
+can supply.
 
 The layout is the chat layout of `engine.data.agent` (system turn listing the tools' JSON
 schemas, user request, ``<tool_call>{json}</tool_call>`` turns, ``<tool_response>`` turns),
@@ -41,7 +43,7 @@ from typing import Any
 
 from engine.data.agent import (CITIES, FIRST_NAMES, IM_END, IM_START, LAST_NAMES, SYSTEM_HEADER, CallTurn,
                                Conversation, FieldInfo, dumps, parse_call, score_call)
-from engine.data.open_words import is_near, load_words
+from engine.data.open_words import is_near, load_words, pseudo_word
 
 SPLITS = ("train", "eval")
 
@@ -108,6 +110,8 @@ NOUNS["train"] = NOUNS["train"] + [w for w in HARVESTED["nouns"] if w not in NOU
 OPEN_KEY_SHARE = 0.35  # training keys whose attribute is a harvested noun of a random type
 OPEN_ENUM_SHARE = 0.5  # training enums drawn from the harvested nouns
 OPEN_VALUE_SHARE = 0.5  # training word values drawn from the harvested nouns
+PSEUDO_NAME_SHARE = 0.3  # training verbs and nouns (each) replaced by a made-up word (open_words.pseudo_word)
+PSEUDO_KEY_SHARE = 0.15  # training key attributes that are made-up words of a random type
 _OPEN_KEY_TYPES = ("code", "person", "city", "word", "date", "integer", "number", "boolean", "enum", "array")
 
 
@@ -131,6 +135,12 @@ def _check_disjoint() -> None:
 
 
 _check_disjoint()
+_EVAL_WORDS = frozenset(eval_words())
+
+
+def _train_word(rng: random.Random, words) -> str:
+    """A training name word: a made-up word (`PSEUDO_NAME_SHARE`) or one of `words`."""
+    return pseudo_word(rng, _EVAL_WORDS) if rng.random() < PSEUDO_NAME_SHARE else rng.choice(words)
 
 _MONTHS = list(calendar.month_name)[1:]
 _ALNUM = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
@@ -202,7 +212,10 @@ def _join(words: list[str], camel: bool) -> str:
 def _make_param(rng: random.Random, split: str, camel: bool, used: set[str], nested: bool = True) -> Param:
     attrs = ATTRS[split]
     for _ in range(50):
-        if split == "train" and rng.random() < OPEN_KEY_SHARE:  # a key word the model cannot know the type of
+        r = rng.random() if split == "train" else 1.0
+        if r < PSEUDO_KEY_SHARE:  # a made-up key word: copied from the schema or nowhere
+            attr, typ = pseudo_word(rng, _EVAL_WORDS, (1, 2)), rng.choice(_OPEN_KEY_TYPES)
+        elif r < PSEUDO_KEY_SHARE + OPEN_KEY_SHARE:  # a key word the model cannot know the type of
             attr, typ = rng.choice(HARVESTED["nouns"]), rng.choice(_OPEN_KEY_TYPES)
         else:
             attr = rng.choice(sorted(attrs))
@@ -238,7 +251,10 @@ def make_tool(rng: random.Random, split: str, taken: set[tuple[str, str]]) -> Op
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     while True:
-        verb, noun = rng.choice(VERBS[split]), rng.choice(NOUNS[split])
+        if split == "train":
+            verb, noun = _train_word(rng, VERBS[split]), _train_word(rng, NOUNS[split])
+        else:
+            verb, noun = rng.choice(VERBS[split]), rng.choice(NOUNS[split])
         if (verb, noun) not in taken and verb not in {v for v, _ in taken} and noun not in {n for _, n in taken}:
             break
     taken.add((verb, noun))

@@ -224,3 +224,36 @@ def test_name_key_probe_masks_exactly_the_name_and_the_keys():
     out = open_name_probe(load_model("models/clover-tiny"), tok, 6)
     assert set(out) == {"window", "state"} and set(out["window"]) == {"name_first", "name_rest", "keys"}
     assert all(0.0 <= v <= 1.0 for accs in out.values() for v in accs.values())
+
+
+def test_made_up_words_are_pronounceable_far_from_eval_and_reach_training_names():
+    """`pseudo_word` is a pure function of the rng, stays away from the eval vocabulary, and a
+    share of training names and keys is made of such words (`PSEUDO_NAME_SHARE`, `PSEUDO_KEY_SHARE`),
+    spreading the names' first letters far wider than the word lists do."""
+    from engine.data.open_words import MAX_LEN, MIN_LEN, is_near, load_words, pseudo_word
+
+    ev = ot.eval_words()
+    words = [pseudo_word(random.Random(i), ev) for i in range(500)]
+    assert words == [pseudo_word(random.Random(i), ev) for i in range(500)]
+    assert all(w.isascii() and w.isalpha() and w.islower() and MIN_LEN < len(w) < MAX_LEN for w in words)
+    assert not [w for w in words if is_near(w, ev)]
+    assert len(set(words)) > 450
+    # with exclude, a word near an excluded one is redrawn
+    assert not any(is_near(pseudo_word(random.Random(i), {w}), {w}) for i, w in enumerate(words[:50]))
+
+    known = set(ot.VERBS["train"]) | set(ot.NOUNS["train"])
+    made_up = total = 0
+    firsts_made_up, firsts_known = set(), set()
+    for i in range(400):
+        tool = ot.make_tool(random.Random(f"pseudo-{i}"), "train", set())
+        for w in (tool.verb, tool.noun):
+            total += 1
+            if w in known:
+                firsts_known.add(w[:2])
+            else:
+                made_up += 1
+                firsts_made_up.add(w[:2])
+    assert abs(made_up / total - ot.PSEUDO_NAME_SHARE) < 0.06
+    assert len(firsts_made_up - firsts_known) >= 10  # openings no listed word has
+    _, turns = ot.generate_conversation(random.Random(5), "eval")
+    assert all(t.name is None or {w.lower() for w in re.split(r"_|(?=[A-Z])", t.name) if w} <= ev for t in turns)
