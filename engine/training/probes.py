@@ -151,7 +151,7 @@ def open_name_probe(model, tokenizer, n_tasks: int = 60) -> dict:
     it from the schema (``name_rest``: the name's later tokens; ``keys``: argument-key tokens).
     A model that copies but cannot pick scores high on the last two and near zero on the first.
     The first token is also the hardest to copy: after the opening quote it is a different
-    token from the same letters after a space in the request (``"re`` / `` re``); with
+    token from the same letters after a space in the request (``re`` / `` re``); with
     clover-tiny's tokenizer it occurs in the request in 9 % of the eval calls, the later name
     tokens in 47 %.
 
