@@ -76,7 +76,7 @@ def pseudo_word(rng, exclude: set[str] = frozenset(), syllables: tuple[int, int]
     """A pronounceable made-up word of 4-11 letters (``quorbex``), built from `ONSETS`,
     `NUCLEI` and `CODAS`.
 
-    Why: a name's first sub-word piece in a call (``"qu`` after the opening quote) is a different
+    Why: a name's first sub-word piece in a call (``qu`` after the opening quote) is a different
     token id from the same piece in the request (`` qu`` after a space). With clover-tiny's
     tokenizer that piece is copyable from the request for 9 % of the eval split's calls against
     47 % for the name's later pieces, and 9 of its 20 verbs start with a piece no training verb
