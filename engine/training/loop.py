@@ -24,7 +24,7 @@ from tqdm import tqdm
 from engine.checkpoint import load_model, save_model
 from engine.model import CloverModel
 from engine.training.masking import mask_blocks
-from engine.training.probes import heldout_loss, quick_agent_eval, value_probe
+from engine.training.probes import heldout_loss, open_name_probe, quick_agent_eval, value_probe
 from engine.training.rows import RECALL_VOCABS, RowSource, pack_conversations
 from engine.training.surgery import (
     ATTENTION_CONV_WEIGHT,
@@ -347,9 +347,16 @@ def train_step(model: CloverModel, opt: torch.optim.Optimizer, batch: Batch, use
     return float(loss.detach()), gnorm
 
 
-def evaluate(model: CloverModel, tokenizer, held: list, held_call: list, eval_tasks: int) -> dict:
+OPEN_PROBE_TASKS = 40
+"""Eval turns of the unseen-tool name / key probe in the training log (runs with open-vocabulary
+rows and ``--eval-tasks`` > 0)."""
+
+
+def evaluate(model: CloverModel, tokenizer, held: list, held_call: list, eval_tasks: int,
+             open_probe_tasks: int = 0) -> dict:
     """Held-out metrics for the log: masked-slot loss in both memory modes, call-slot loss and
-    accuracy, the value-copy probe and (``eval_tasks`` > 0) a quick tool-call decode."""
+    accuracy, the value-copy probe, (``eval_tasks`` > 0) a quick tool-call decode and
+    (``open_probe_tasks`` > 0) the unseen-tool name / key probe (`probes.open_name_probe`)."""
     rec = {"heldout_loss_window": round(heldout_loss(model, held, True), 4),
            "heldout_loss_state": round(heldout_loss(model, held, False), 4)}
     for mode, win in (("window", True), ("state", False)):
@@ -359,6 +366,8 @@ def evaluate(model: CloverModel, tokenizer, held: list, held_call: list, eval_ta
     if eval_tasks:
         rec["agent_window"] = quick_agent_eval(model, tokenizer, eval_tasks, "state+window")
         rec["agent_state"] = quick_agent_eval(model, tokenizer, max(1, eval_tasks // 2), "state")
+    if open_probe_tasks:
+        rec["open_name_probe"] = open_name_probe(model, tokenizer, n_tasks=open_probe_tasks)
     return rec
 
 
@@ -429,8 +438,9 @@ def main(argv: list[str] | None = None) -> int:
             rec["recall"] = True  # this step's loss is the associative-recall copy loss
         if now - last_eval > args.eval_every_min * 60 or prog.elapsed_s >= stop_s:
             t_eval = time.perf_counter()
-            rec.update(evaluate(model, tokenizer, held, held_call, args.eval_tasks))
-            tqdm.write(json.dumps({k: rec[k] for k in rec if k.startswith(("step", "heldout", "agent"))}))
+            rec.update(evaluate(model, tokenizer, held, held_call, args.eval_tasks,
+                                OPEN_PROBE_TASKS if args.open_tools_share > 0 and args.eval_tasks else 0))
+            tqdm.write(json.dumps({k: rec[k] for k in rec if k.startswith(("step", "heldout", "agent", "open"))}))
             last_eval = time.perf_counter()
             t_start += last_eval - t_eval  # evaluation time does not count toward the training budget
         log.write(json.dumps(rec) + "\n")

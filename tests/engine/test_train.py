@@ -412,3 +412,23 @@ def test_train_throughput_benchmark_counts_flops(tmp_path):
     flops = [float(r.split("|")[5]) for r in rows]
     assert flops[1] > 3.5 * flops[0] and abs(flops[2] - flops[0]) < 0.3 * flops[0]
     assert re.search(r"measured matmul peak [\d.]+ GFLOP/s", p.stdout)
+
+
+def test_periodic_evaluation_logs_the_unseen_tool_probe_when_asked(monkeypatch):
+    """`loop.evaluate` adds the unseen-tool name / key probe (`probes.open_name_probe`) to the
+    training log's record when given turns for it, and leaves it out otherwise."""
+    from engine.checkpoint import load_model, load_tokenizer
+    from engine.training import loop
+    from engine.training.loop import evaluate, held_out_batches
+
+    monkeypatch.setattr(loop, "value_probe", lambda *a, **k: {})  # tested on its own; 40 tasks cost a minute
+
+    model, tok = load_model("models/clover-tiny"), load_tokenizer("models/clover-tiny")
+    held, held_call = held_out_batches(tok, model.config.mask_token_id)
+    held, held_call = held[:1], held_call[:1]
+    rec = evaluate(model, tok, held, held_call, 0, open_probe_tasks=3)
+    probe = rec["open_name_probe"]
+    assert set(probe) == {"window", "state"}
+    assert set(probe["window"]) == {"name_first", "name_rest", "keys"}
+    assert all(0.0 <= v <= 1.0 for m in probe.values() for v in m.values())
+    assert "open_name_probe" not in evaluate(model, tok, held, held_call, 0)
