@@ -209,7 +209,7 @@ def test_name_key_probe_masks_exactly_the_name_and_the_keys():
     """open_name_probe's spans: the name's tokens decode to the name (first token apart), the key
     tokens to the argument keys; on the bundled model the probe runs in both memory modes."""
     from engine.checkpoint import load_model, load_tokenizer
-    from engine.training.probes import name_key_tokens, open_name_probe
+    from engine.training.probes import _listed_first_tokens, name_key_tokens, open_name_probe
 
     tok = load_tokenizer("models/clover-tiny")
     for t in [t for t in ot.eval_turns(12) if t.name is not None]:
@@ -221,9 +221,18 @@ def test_name_key_probe_masks_exactly_the_name_and_the_keys():
         _, arg_keys = _names_and_keys([t])
         assert all(k in keys for k in arg_keys)
         assert set(parts["keys"]).isdisjoint(parts["name_first"] + parts["name_rest"])
+        # the listed tools' first tokens: one per tool of the system turn, the called one among them
+        listed = _listed_first_tokens(enc, t.prompt)
+        n_tools = t.prompt.split("<|im_start|>user")[0].count('{"name": "')
+        assert enc.ids[parts["name_first"][0]] in listed and 1 <= len(listed) <= n_tools
     out = open_name_probe(load_model("models/clover-tiny"), tok, 6)
-    assert set(out) == {"window", "state"} and set(out["window"]) == {"name_first", "name_rest", "keys"}
+    assert set(out) == {"window", "state"}
+    assert set(out["window"]) == {"name_first", "name_rest", "keys", "name_first_listed", "name_first_chance"}
     assert all(0.0 <= v <= 1.0 for accs in out.values() for v in accs.values())
+    # chance: the share of the most common first name token over the probed calls
+    firsts = [name_key_tokens(tok, t) for t in ot.eval_turns(6) if t.name is not None]
+    ids = [enc.ids[dict(which)["name_first"][0]] for enc, which in firsts]
+    assert out["state"]["name_first_chance"] == round(max(ids.count(i) for i in ids) / len(ids), 4)
 
 
 def test_made_up_words_are_pronounceable_far_from_eval_and_reach_training_names():
