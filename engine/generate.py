@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         threads = configure_threads(args.threads)
+        _check_inputs(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -122,6 +123,30 @@ def main(argv: list[str] | None = None) -> int:
         path = result.trace.save(args.trace)
         print(f"trace saved to {path}")
     return 0
+
+
+def _check_inputs(args) -> None:
+    """Refuse what would fail only after the decode has spent its time, or decode nothing useful:
+    a blank prompt, a ``--trace`` path whose suffix names no trace format or whose folder does not
+    exist (a typo there would otherwise create folders).
+
+    Raises:
+        ValueError: with what was expected.
+    """
+    if isinstance(args.prompt, str) and args.prompt and not args.prompt.strip():
+        raise ValueError("the prompt is only whitespace; give some text to continue")
+    if args.trace is not None:
+        from engine.trace import trace_format
+
+        try:
+            trace_format(args.trace)
+        except ValueError:
+            raise ValueError(f"--trace {str(args.trace)!r}: the suffix names no trace format; end the path "
+                             "in .parquet (or .pq) or .arrow (or .feather, .ipc)") from None
+        folder = Path(args.trace).parent
+        if not folder.is_dir():
+            raise ValueError(f"--trace {str(args.trace)!r}: there is no folder {str(folder)!r}; "
+                             "create it first or save the trace elsewhere")
 
 
 def _decode_config(args):

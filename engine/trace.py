@@ -58,6 +58,22 @@ CREATED_BY = "clover-explorer"
 
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 _ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
+
+
+def trace_format(path: str | Path) -> str:
+    """The trace file format a path's suffix names: ``"parquet"`` (``.parquet``, ``.pq``) or
+    ``"arrow"`` (``.arrow``, ``.feather``, ``.ipc``; case-insensitive).
+
+    Raises:
+        ValueError: any other suffix (the message lists the known ones).
+    """
+    suffix = Path(path).suffix.lower()
+    if suffix in _PARQUET_SUFFIXES:
+        return "parquet"
+    if suffix in _ARROW_SUFFIXES:
+        return "arrow"
+    raise ValueError(f"cannot tell the trace format from the suffix of {str(path)!r}; expected one of "
+                     f"{', '.join(_PARQUET_SUFFIXES + _ARROW_SUFFIXES)}, or pass format='parquet' / 'arrow'")
 _PARQUET_MAGIC = b"PAR1"
 _ARROW_MAGIC = b"ARROW1"
 
@@ -598,16 +614,7 @@ class Trace:
         """
         path = Path(path)
         if format is None:
-            suffix = path.suffix.lower()
-            if suffix in _PARQUET_SUFFIXES:
-                format = "parquet"
-            elif suffix in _ARROW_SUFFIXES:
-                format = "arrow"
-            else:
-                raise ValueError(
-                    f"cannot tell the trace format from the suffix of {str(path)!r}; expected one of "
-                    f"{', '.join(_PARQUET_SUFFIXES + _ARROW_SUFFIXES)}, or pass format='parquet' / 'arrow'"
-                )
+            format = trace_format(path)
         if format not in ("parquet", "arrow"):
             raise ValueError(f"format must be 'parquet' or 'arrow', got {format!r}")
         table = self.to_arrow()

@@ -37,6 +37,21 @@ def test_cli_bad_input_is_a_clear_error(tmp_path):
     assert out.returncode == 2 and "no model directory" in out.stderr
 
 
+def test_cli_refuses_a_bad_trace_path_or_a_blank_prompt_before_decoding(tmp_path):
+    """Checked before the model loads: a --trace suffix that names no format, a --trace folder that
+    does not exist (nothing is created), a prompt of only whitespace. One line each, exit code 2."""
+    bundled = "models/clover-tiny"
+    cases = [(["--prompt", "x", "--trace", str(tmp_path / "t.txt")], "suffix names no trace format"),
+             (["--prompt", "x", "--trace", str(tmp_path / "no" / "t.parquet")], "there is no folder"),
+             (["--prompt", "  \n "], "only whitespace")]
+    for extra, expected in cases:
+        out = subprocess.run([sys.executable, "-m", "engine.generate", "--model", bundled, *extra],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and expected in out.stderr and "Traceback" not in out.stderr, out.stderr
+        assert out.stdout == ""  # nothing decoded
+    assert not (tmp_path / "no").exists()
+
+
 def test_cost_fields_and_union_cross_check():
     """StepEvent.expert_union equals the distinct expert ids in the router outputs of that forward."""
     torch.manual_seed(1)
