@@ -194,8 +194,8 @@ class SettingsPanel(pn.viewable.Viewer):
         self.model_dir = pn.widgets.TextInput.from_param(s.param.model_dir, label="Model directory")
         # the bundled models one click away (the text field takes any other directory)
         self.bundled = pn.widgets.RadioButtonGroup(
-            label="Bundled models", options=bundled_models(), value=None, color="light", variant="outline",
-            sizing_mode="stretch_width")
+            label="Bundled models", options=bundled_models(), value=None, color="primary", variant="outline",
+            sizing_mode="stretch_width")  # the loaded one filled: "light" drew it grey, like a disabled button
         self._sync_bundled()
         self.bundled.param.watch(self._on_bundled, "value")
         s.param.watch(lambda _e: self._sync_bundled(), "model_dir")
@@ -213,7 +213,7 @@ class SettingsPanel(pn.viewable.Viewer):
             s.param.block_size, label="Block size", throttled=True, sizing_mode="stretch_width")
         self.policy = pn.widgets.Select.from_param(s.param.policy, label="Policy")
         self.memory_mode = pn.widgets.RadioButtonGroup.from_param(
-            s.param.memory_mode, label="Memory", color="light", sizing_mode="stretch_width")
+            s.param.memory_mode, label="Memory", color="primary", variant="outline", sizing_mode="stretch_width")
         self.memory_note = pn.pane.Markdown("", margin=(0, 10), styles={"font-size": "11px", "color": "#64748b"})
         # Not bound to the parameter's bounds: the browser would clamp or revert an out-of-range
         # number silently; the state refuses it and says the valid range instead.
@@ -391,7 +391,9 @@ class PlaybackBar(pn.viewable.Viewer):
         self.play = pn.widgets.Button(label="▶ play", description="play / pause", width=84, **b)
         self.forward = pn.widgets.Button(label="step ▶", description="step forward", width=70, **b)
         self.last = pn.widgets.Button(label="▶|", description="last step", width=48, **b)
-        self.scrub = pn.widgets.IntSlider(label="step", start=0, end=1, value=0, disabled=True,
+        # 1-based like every other step count on the page ("step 3/40" in the block view), shown
+        # as "step: k of n"
+        self.scrub = pn.widgets.IntSlider(label="step", start=1, end=2, value=1, disabled=True,
                                           sizing_mode="stretch_width", margin=(5, 15))
         self.speed = pn.widgets.FloatSlider.from_param(s.param.speed, label="speed (steps/s)", width=170)
         self.first.on_click(lambda _e: s.seek(0) or s.pause())
@@ -399,7 +401,7 @@ class PlaybackBar(pn.viewable.Viewer):
         self.play.on_click(lambda _e: s.toggle_play())
         self.forward.on_click(lambda _e: s.step(1))
         self.last.on_click(lambda _e: s.seek(s.n_steps - 1) or s.pause())
-        self.scrub.param.watch(lambda e: s.seek(e.new), "value")
+        self.scrub.param.watch(lambda e: s.seek(e.new - 1), "value")
         s.param.watch(self._sync, ["position", "n_steps", "playing"])
         self._sync()
 
@@ -407,10 +409,18 @@ class PlaybackBar(pn.viewable.Viewer):
         s = self.state
         n = s.n_steps
         self.scrub.disabled = n < 2
-        self.scrub.end = max(n - 1, 1)
-        self.scrub.value = min(s.position, self.scrub.end)
-        self.scrub.label = f"step {s.position + 1 if n else 0} of {n}"
+        self.scrub.end = max(n, 2)
+        self.scrub.value = min(s.position + 1, self.scrub.end)
+        self._of_n(n)
         self.play.label = "▮▮ pause" if s.playing else "▶ play"  # geometric shapes: in every font
+
+    def _of_n(self, n: int) -> None:
+        """The slider's value format: ``"k of n"`` (a new formatter only when n changes)."""
+        if getattr(self, "_n_shown", None) != n:
+            from bokeh.models import PrintfTickFormatter
+
+            self.scrub.format = PrintfTickFormatter(format=f"%d of {n}")
+            self._n_shown = n
 
     def __panel__(self) -> Any:
         return pn.Row(self.first, self.back, self.play, self.forward, self.last, self.scrub, self.speed,
@@ -521,7 +531,7 @@ class CompareView(pn.viewable.Viewer):
         super().__init__(**params)
         # a fixed height and always shown: a pane that appears or grows later made the layout
         # draw this card over the text and the tabs below it (seen in the browser)
-        empty = _placeholder("Previous run vs this run", "no previous run yet")
+        empty = _placeholder("", "no previous run yet")  # the card's header names it
         empty.update_layout(height=F.COMPARE_TABLE_HEIGHT)
         self._empty = empty
         self.table = FigurePane(empty, height=F.COMPARE_TABLE_HEIGHT, sizing_mode="stretch_width",
