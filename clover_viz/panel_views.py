@@ -604,7 +604,8 @@ class CostView(pn.viewable.Viewer):
         step = s.trace.step(min(s.position, len(s.trace) - 1))
         parts = [f"bytes read by this forward: <b>{format_si(step.bytes_read, 'B', digits=3)}</b>"]
         if proj is not None:
-            parts.append(f"measured here: <b>{format_si(proj.measured_tokens_per_s, digits=3)} tok/s</b>")
+            parts.append(f"measured here (whole decode): "
+                         f"<b>{format_si(proj.measured_tokens_per_s, digits=3)} tok/s</b>")
             if proj.source is not None:
                 parts.append(f"projected {html.escape(proj.source.config_name)} on {proj.device}: "
                              f"<b>{format_si(proj.source.tokens_per_s, digits=3)} tok/s</b>")
