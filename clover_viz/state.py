@@ -154,7 +154,10 @@ class ExplorerState(param.Parameterized):
         "its confidences spread out like a trained model's. Its output is still noise."))
     example = param.Selector(default=DEFAULT_EXAMPLE, objects=list(EXAMPLE_PROMPTS), doc=(
         "Example prompt; choosing one replaces the prompt text."))
-    prompt = param.String(default=EXAMPLE_PROMPTS[DEFAULT_EXAMPLE], doc="Prompt text (chat layout for agents).")
+    prompt = param.String(default=EXAMPLE_PROMPTS[DEFAULT_EXAMPLE], doc=(
+        "Prompt text. clover-tiny knows two kinds of text: tool-call chats in the layout of the agent "
+        "examples (<|im_start|>system with the tools' JSON schemas, then <|im_start|>user) and Python code; "
+        "a plain request outside that layout gets noise. A chat model (smollm2-bd) takes plain questions."))
 
     # --- decoding settings (DecodeConfig)
     threshold = param.Number(default=0.95, bounds=(0.5, 1.0), step=0.01, doc=(
@@ -242,6 +245,8 @@ class ExplorerState(param.Parameterized):
                 loaded = self._loader(spec)
             except (ValueError, TypeError, OSError) as exc:
                 self.error = f"Model not loaded: {exc}"
+                # Generate refuses until the directory loads: do not keep naming the previous model
+                self.model_label = f"none loaded from {self.model_dir!r}"
                 return None
         self._loaded = loaded
         self.model_label = loaded.label

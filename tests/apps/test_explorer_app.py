@@ -191,8 +191,9 @@ def test_bad_input_shows_an_error_and_keeps_the_runs(state):
     assert "no model directory" in state.error
     assert not state.generate()
     assert "no model directory" in state.error and state.trace is shown
+    assert state.model_label == "none loaded from 'no/such/model'"  # not the previous model's name
     state.model_dir = "clover-test"
-    assert state.error == ""
+    assert state.error == "" and state.model_label == "random clover-test"
     assert state.generate()
     run_to_end(state)
     assert state.previous is shown
