@@ -142,6 +142,7 @@ def _train_word(rng: random.Random, words) -> str:
     """A training name word: a made-up word (`PSEUDO_NAME_SHARE`) or one of `words`."""
     return pseudo_word(rng, _EVAL_WORDS) if rng.random() < PSEUDO_NAME_SHARE else rng.choice(words)
 
+
 _MONTHS = list(calendar.month_name)[1:]
 _ALNUM = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
 NO_TOOL_SHARE = 0.1  # share of conversations whose (only) turn needs no tool
