@@ -6,9 +6,8 @@ All run under ``torch.no_grad()`` and restore the model's train/eval mode.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import re
+from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
@@ -159,10 +158,6 @@ def open_name_probe(model, tokenizer, n_tasks: int = 60) -> dict:
     token from the same letters after a space in the request (``re`` / `` re``); with
     clover-tiny's tokenizer it occurs in the request in 9 % of the eval calls, the later name
     tokens in 47 %.
-
-    Args:
-        model: a `CloverModel`; tokenizer: its `tokenizers.Tokenizer`; n_tasks: eval turns
-            (turns that call no tool are skipped).
 
     ``name_first`` needs its baseline: a model that always writes the most common first token
     (``re``: 12 of the first 54 eval calls) scores ``name_first_chance`` (0.222) without picking
