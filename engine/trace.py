@@ -59,6 +59,9 @@ CREATED_BY = "clover-explorer"
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 _ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
 
+_PARQUET_MAGIC = b"PAR1"
+_ARROW_MAGIC = b"ARROW1"
+
 
 def trace_format(path: str | Path) -> str:
     """The trace file format a path's suffix names: ``"parquet"`` (``.parquet``, ``.pq``) or
@@ -74,8 +77,7 @@ def trace_format(path: str | Path) -> str:
         return "arrow"
     raise ValueError(f"cannot tell the trace format from the suffix of {str(path)!r}; expected one of "
                      f"{', '.join(_PARQUET_SUFFIXES + _ARROW_SUFFIXES)}, or pass format='parquet' / 'arrow'")
-_PARQUET_MAGIC = b"PAR1"
-_ARROW_MAGIC = b"ARROW1"
+
 
 # StepEvent array fields -> (ndim, dtype used when the trace has no rows).
 _ARRAY_FIELDS: dict[str, tuple[int, str]] = {
