@@ -429,6 +429,6 @@ def test_periodic_evaluation_logs_the_unseen_tool_probe_when_asked(monkeypatch):
     rec = evaluate(model, tok, held, held_call, 0, open_probe_tasks=3)
     probe = rec["open_name_probe"]
     assert set(probe) == {"window", "state"}
-    assert set(probe["window"]) == {"name_first", "name_rest", "keys"}
+    assert set(probe["window"]) == {"name_first", "name_rest", "keys", "name_first_listed", "name_first_chance"}
     assert all(0.0 <= v <= 1.0 for m in probe.values() for v in m.values())
     assert "open_name_probe" not in evaluate(model, tok, held, held_call, 0)
