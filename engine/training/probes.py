@@ -7,7 +7,7 @@ All run under ``torch.no_grad()`` and restore the model's train/eval mode.
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import torch
 import torch.nn.functional as F
@@ -174,15 +174,13 @@ def open_name_probe(model, tokenizer, n_tasks: int = 60) -> dict:
         "name_first_chance": share}, "state": {...}}`` (in [0, 1]; ``window`` only for models with
         an attention window; the chance share is the same in both modes).
     """
-    import collections
-
     from engine.data.open_tools import eval_turns
 
     was_training = model.training
     model.eval()
     hits: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     modes = [("window", True), ("state", False)] if model.config.attention_window else [("state", False)]
-    firsts: collections.Counter = collections.Counter()
+    firsts: Counter = Counter()
     for t in eval_turns(n_tasks):
         if t.name is None:
             continue
