@@ -14,6 +14,13 @@ stops at the end of the assistant turn). The tokens are stored as *added tokens 
 Pre-tokenization: digits split one per token (``Digits(individual_digits=True)``), so
 numbers, ids and dates are copied digit by digit, then GPT-2 ByteLevel (no prefix space).
 
+``isolate_spaces=True`` (``--isolate-spaces``) adds one rule in front: a single space before a
+non-space character is its own token, never merged into the word after it. Then a word is the
+same tokens after a space (in a request: `` reserve``) and after a quote or an underscore (in a
+call: ``"reserve_table"``), so copying a name's or a value's first word from the request is the
+same lookup as copying its later words. GPT-2 style BPE merges the space into the word (``Ġre``
+vs ``re``); runs of spaces (indentation) stay whole.
+
 Build the shipped file (< 1 minute on 2 cores)::
 
     python -m engine.data.tokenizer --out models/clover-tiny/tokenizer.json --vocab-size 4096
@@ -27,7 +34,7 @@ import json
 from pathlib import Path
 from typing import Iterable
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from engine.tokenizer import SPECIAL_TOKENS  # noqa: E402  (the one list; ids 0..7 here)
 
@@ -35,22 +42,60 @@ EOT_ID, MASK_ID, IM_START_ID, IM_END_ID = 0, 1, 2, 3
 TOOL_CALL_ID, TOOL_CALL_END_ID, TOOL_RESPONSE_ID, TOOL_RESPONSE_END_ID = 4, 5, 6, 7
 
 
-def _empty_tokenizer() -> Tokenizer:
+# A single space followed by a non-space: its own pre-token (the `isolate_spaces` rule).
+LONE_SPACE = r" (?=[^\s])"
+
+
+def _pre_tokenizer(isolate_spaces: bool = False) -> pre_tokenizers.PreTokenizer:
+    steps = [pre_tokenizers.Digits(individual_digits=True),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+    if isolate_spaces:
+        steps.insert(0, pre_tokenizers.Split(Regex(LONE_SPACE), behavior="isolated"))
+    return pre_tokenizers.Sequence(steps)
+
+
+def _empty_tokenizer(isolate_spaces: bool = False) -> Tokenizer:
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = _pre_tokenizer(isolate_spaces)
     tok.decoder = decoders.ByteLevel()
     return tok
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> Tokenizer:
+def with_isolated_spaces(tokenizer: Tokenizer) -> Tokenizer:
+    """The same vocabulary and merges with the `isolate_spaces` pre-tokenizer in front.
+
+    For continuing a model trained with the default rule: every id keeps its meaning (the same
+    embedding rows), only the way text is cut changes (merges that start with a space go unused).
+
+    Args:
+        tokenizer: a tokenizer from `train_tokenizer` (this module's pre-tokenizer).
+
+    Returns:
+        A new `tokenizers.Tokenizer`; `tokenizer` is not changed.
+
+    Raises:
+        ValueError: if `tokenizer` is not byte-level BPE with this module's pre-tokenizer.
+    """
+    spec = json.loads(tokenizer.to_str())
+    pre = spec.get("pre_tokenizer") or {}
+    steps = [p.get("type") for p in pre.get("pretokenizers", [])]
+    if steps == ["Split", "Digits", "ByteLevel"]:
+        return Tokenizer.from_str(tokenizer.to_str())
+    if steps != ["Digits", "ByteLevel"]:
+        raise ValueError(f"expected this module's pre-tokenizer (Digits, ByteLevel), got {steps or pre.get('type')}; "
+                         "build the tokenizer with engine.data.tokenizer")
+    out = Tokenizer.from_str(tokenizer.to_str())
+    out.pre_tokenizer = _pre_tokenizer(isolate_spaces=True)
+    return out
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, isolate_spaces: bool = False) -> Tokenizer:
     """Train a byte-level BPE on `texts` (deterministic for the same texts).
 
     Args:
         texts: training documents.
         vocab_size: total size including the 8 special tokens and the 256 byte tokens.
+        isolate_spaces: keep a single space before a word as its own token (module docstring).
 
     Returns:
         A `tokenizers.Tokenizer` with `SPECIAL_TOKENS` at ids 0..7.
@@ -62,7 +107,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> Tokenizer:
     if vocab_size < len(SPECIAL_TOKENS) + len(alphabet):
         raise ValueError(f"vocab_size must be >= {len(SPECIAL_TOKENS) + len(alphabet)} "
                          f"(8 specials + 256 bytes), got {vocab_size}")
-    tok = _empty_tokenizer()
+    tok = _empty_tokenizer(isolate_spaces)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
                                   special_tokens=list(SPECIAL_TOKENS), initial_alphabet=alphabet)
     tok.train_from_iterator(texts, trainer=trainer)
@@ -94,9 +139,10 @@ def default_training_texts(seed: int = 0, n_conversations: int = 3000,
     return texts
 
 
-def build_default_tokenizer(out_path: str | Path, vocab_size: int = 4096, seed: int = 0) -> Tokenizer:
+def build_default_tokenizer(out_path: str | Path, vocab_size: int = 4096, seed: int = 0,
+                            isolate_spaces: bool = False) -> Tokenizer:
     """Train on `default_training_texts(seed)` and save ``tokenizer.json`` at `out_path`."""
-    tok = train_tokenizer(default_training_texts(seed), vocab_size=vocab_size)
+    tok = train_tokenizer(default_training_texts(seed), vocab_size=vocab_size, isolate_spaces=isolate_spaces)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_path))
@@ -108,8 +154,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, help="path of the tokenizer.json to write")
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--isolate-spaces", action="store_true",
+                    help="a single space before a word is its own token (the word's tokens do not depend on it)")
+    ap.add_argument("--from", dest="from_", type=Path, default=None,
+                    help="with --isolate-spaces: keep this tokenizer's vocabulary and merges, change only the "
+                         "pre-tokenizer (to continue a model trained with it)")
     args = ap.parse_args(argv)
-    tok = build_default_tokenizer(args.out, vocab_size=args.vocab_size, seed=args.seed)
+    if args.from_ is not None:
+        if not args.isolate_spaces:
+            raise SystemExit("error: --from only changes the pre-tokenizer; add --isolate-spaces")
+        tok = with_isolated_spaces(Tokenizer.from_file(str(args.from_)))
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        tok.save(str(args.out))
+    else:
+        tok = build_default_tokenizer(args.out, vocab_size=args.vocab_size, seed=args.seed,
+                                      isolate_spaces=args.isolate_spaces)
     from engine.data.agent import iter_conversations
 
     sample = [c.text for c in itertools.islice(iter_conversations(args.seed), 200)]

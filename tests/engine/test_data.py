@@ -24,7 +24,7 @@ from engine.data.agent import (
     parse_call,
     score_call,
 )
-from engine.data.tokenizer import SPECIAL_TOKENS, train_tokenizer
+from engine.data.tokenizer import SPECIAL_TOKENS, main as tokenizer_main, train_tokenizer, with_isolated_spaces
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_TOKENIZER = REPO / "models" / "clover-tiny" / "tokenizer.json"
@@ -195,19 +195,27 @@ def tiny_tok():
     return train_tokenizer(texts, vocab_size=300)
 
 
-def _tokenizers(tiny_tok):
-    toks = [tiny_tok]
+@pytest.fixture(scope="module")
+def tiny_iso_tok():
+    texts = [c.text for c in iter_conversations(0, 20)]
+    texts.append(Path(stdlib.__file__).read_text())
+    return train_tokenizer(texts, vocab_size=300, isolate_spaces=True)
+
+
+def _tokenizers(*trained):
+    toks = list(trained)
     if SHIPPED_TOKENIZER.exists():
         from tokenizers import Tokenizer
-        toks.append(Tokenizer.from_file(str(SHIPPED_TOKENIZER)))
+        shipped = Tokenizer.from_file(str(SHIPPED_TOKENIZER))
+        toks += [shipped, with_isolated_spaces(shipped)]
     return toks
 
 
-def test_tokenizer_round_trip_and_specials(tiny_tok):
+def test_tokenizer_round_trip_and_specials(tiny_tok, tiny_iso_tok):
     conv = generate_conversation(random.Random(99), n_rounds=3)
     samples = [conv.text, conv.calls[1].target, Path(stdlib.__file__).read_text(),
                "  x\t=\r\n  'ünïcödé' 😀 2024-03-17 ORD-48213 -17 <|mask|><|endoftext|>"]
-    for tok in _tokenizers(tiny_tok):
+    for tok in _tokenizers(tiny_tok, tiny_iso_tok):
         for i, t in enumerate(SPECIAL_TOKENS):
             assert tok.token_to_id(t) == i
             assert tok.encode(t).ids == [i]
@@ -219,6 +227,47 @@ def test_tokenizer_round_trip_and_specials(tiny_tok):
         assert ids[0] == 4 and ids[-2:] == [5, 3]
         # Digits are single tokens.
         assert tok.encode("2024").tokens == ["2", "0", "2", "4"]
+
+
+def test_isolated_spaces_make_a_word_the_same_tokens_after_a_space_and_after_a_quote(tiny_tok, tiny_iso_tok):
+    """The rule's point: `` reserve`` in a request and ``"reserve_table"`` in a call share the
+    word's tokens, first piece included; the default rule merges the space into the word."""
+    for tok in _tokenizers(tiny_iso_tok)[::2]:  # the trained one, and the shipped one converted
+        word = tok.encode("reserve").ids
+        space = tok.encode(" ").ids
+        assert tok.encode("Please reserve it").ids == tok.encode("Please").ids + space + word + space + tok.encode("it").ids
+        call = tok.encode('{"name": "reserve_table"}').ids
+        assert any(call[i:i + len(word)] == word for i in range(len(call)))
+        # Runs of spaces (indentation) are not cut one by one: the run, the lone last space, the word.
+        assert [p for p, _ in tok.pre_tokenizer.pre_tokenize_str("        return")] == ["Ġ" * 7, "Ġ", "return"]
+    # The default rule: after a space the word's first token differs (the problem the rule fixes).
+    assert tiny_tok.encode(" reserve").ids[0] != tiny_tok.encode("reserve").ids[0]
+
+
+def test_with_isolated_spaces_keeps_every_id_and_refuses_other_tokenizers(tiny_tok, tiny_iso_tok):
+    from engine.tokenizer import byte_tokenizer
+
+    iso = with_isolated_spaces(tiny_tok)
+    assert iso.get_vocab(with_added_tokens=True) == tiny_tok.get_vocab(with_added_tokens=True)
+    pieces = lambda tok: [p for p, _ in tok.pre_tokenizer.pre_tokenize_str("Please reserve")]  # noqa: E731
+    assert pieces(iso) == ["Please", "Ġ", "reserve"]
+    assert pieces(tiny_tok) == ["Please", "Ġreserve"]  # the input is not changed in place
+    twice = with_isolated_spaces(iso)
+    assert twice.encode("a b  c").ids == iso.encode("a b  c").ids
+    assert with_isolated_spaces(tiny_iso_tok).to_str() == tiny_iso_tok.to_str()
+    with pytest.raises(ValueError, match="Digits, ByteLevel"):
+        with_isolated_spaces(byte_tokenizer())
+
+
+def test_tokenizer_cli_converts_a_tokenizer_and_refuses_from_alone(tmp_path, tiny_tok):
+    src = tmp_path / "src.json"
+    tiny_tok.save(str(src))
+    out = tmp_path / "iso" / "tokenizer.json"
+    tokenizer_main(["--out", str(out), "--isolate-spaces", "--from", str(src)])
+    from tokenizers import Tokenizer
+    assert Tokenizer.from_file(str(out)).encode(" go").ids == with_isolated_spaces(tiny_tok).encode(" go").ids
+    with pytest.raises(SystemExit, match="--isolate-spaces"):
+        tokenizer_main(["--out", str(tmp_path / "x.json"), "--from", str(src)])
 
 
 def test_shipped_tokenizer_size():
