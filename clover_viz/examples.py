@@ -108,6 +108,10 @@ CHAT_EXAMPLE_PROMPTS: dict[str, str] = {
 DEFAULT_CHAT_EXAMPLE = "question"
 
 
+# The picker's entry for a prompt the user wrote (not one of the examples).
+YOUR_PROMPT = "(your prompt)"
+
+
 def examples_for(config: object) -> tuple[dict[str, str], str]:
     """(example prompts, default name) for a model config: `CHAT_EXAMPLE_PROMPTS` for a
     transformers-backed chat model (``config.backbone == "transformers"``), else `EXAMPLE_PROMPTS`."""
@@ -123,4 +127,4 @@ WEATHER_PROMPT = (
 )
 
 __all__ = ["CHAT_EXAMPLE_PROMPTS", "DEFAULT_CHAT_EXAMPLE", "DEFAULT_EXAMPLE", "EXAMPLE_PROMPTS", "WEATHER_PROMPT",
-           "examples_for"]
+           "YOUR_PROMPT", "examples_for"]

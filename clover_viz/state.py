@@ -49,7 +49,7 @@ from typing import Any
 
 import param
 
-from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, examples_for
+from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, YOUR_PROMPT, examples_for
 from clover_viz.models import (
     DEFAULT_MODEL_DIR,
     DEV_WEIGHT_SCALE,
@@ -152,8 +152,9 @@ class ExplorerState(param.Parameterized):
     dev_sharpen_random = param.Boolean(default=False, doc=(
         f"Development option: multiply the random clover-test model's matrices by {DEV_WEIGHT_SCALE:g} so "
         "its confidences spread out like a trained model's. Its output is still noise."))
-    example = param.Selector(default=DEFAULT_EXAMPLE, objects=list(EXAMPLE_PROMPTS), doc=(
-        "Example prompt; choosing one replaces the prompt text."))
+    example = param.Selector(default=DEFAULT_EXAMPLE, objects=[*EXAMPLE_PROMPTS, YOUR_PROMPT], doc=(
+        "Example prompt; choosing one replaces the prompt text. Shows YOUR_PROMPT while the prompt is "
+        "text the user wrote; choosing YOUR_PROMPT brings that text back."))
     prompt = param.String(default=EXAMPLE_PROMPTS[DEFAULT_EXAMPLE], doc=(
         "Prompt text. clover-tiny knows two kinds of text: tool-call chats in the layout of the agent "
         "examples (<|im_start|>system with the tools' JSON schemas, then <|im_start|>user) and Python code; "
@@ -211,6 +212,8 @@ class ExplorerState(param.Parameterized):
     speed = param.Number(default=8.0, bounds=(0.5, 60.0), doc="Playback speed, steps per second.")
 
     _examples: dict[str, str] = EXAMPLE_PROMPTS  # the example set on offer (`_use_examples`)
+    _typed: str = ""  # the last prompt the user wrote (not an example): YOUR_PROMPT restores it
+    _syncing_example: bool = False  # the picker follows the prompt: do not write the prompt back
 
     def __init__(self, loader: Any = None, **params: Any) -> None:
         super().__init__(**params)
@@ -283,18 +286,43 @@ class ExplorerState(param.Parameterized):
             return
         typed = bool(self.prompt.strip()) and self.prompt not in self._examples.values()
         self._examples = examples
-        self.param.example.objects = list(examples)
+        self.param.example.objects = [*examples, YOUR_PROMPT]
         if typed:  # a prompt the user wrote is kept; only the picker changes
-            with param.discard_events(self):
-                self.example = default
+            self._show_example(YOUR_PROMPT)
         elif self.example == default:
             self.prompt = examples[default]
         else:
             self.example = default  # -> _on_example
 
+    def _show_example(self, name: str) -> None:
+        """Point the picker at `name` without replacing the prompt (widgets still follow)."""
+        self._syncing_example = True
+        try:
+            self.example = name
+        finally:
+            self._syncing_example = False
+
     @param.depends("example", watch=True)
     def _on_example(self) -> None:
+        if self._syncing_example:
+            return
+        if self.example == YOUR_PROMPT:
+            if self._typed:
+                self.prompt = self._typed
+            else:  # nothing written yet: the picker goes back to the example on screen
+                self._on_prompt()
+            return
         self.prompt = self._examples[self.example]
+
+    @param.depends("prompt", watch=True)
+    def _on_prompt(self) -> None:
+        """Keep the picker true to the prompt: the example it is, else YOUR_PROMPT."""
+        name = next((k for k, v in self._examples.items() if v == self.prompt), None)
+        if name is None:
+            self._typed = self.prompt
+            name = YOUR_PROMPT
+        if name != self.example:
+            self._show_example(name)
 
     @param.depends("threshold", "block_size", watch=True)
     def _on_decode_setting(self) -> None:
@@ -496,8 +524,10 @@ class ExplorerState(param.Parameterized):
         if end.stop_reason == "cancelled":
             self.status = f"stopped: kept {len(end.tokens)} tokens after {end.nfe} forwards"
         else:
+            dc = (self.trace.decode_config if self.trace is not None else None) or {}
+            mode = dc.get("memory_mode", self.memory_mode)
             self.status = (f"done: {len(end.tokens)} tokens in {end.nfe} forwards ({tpf} tokens/forward), "
-                           f"{end.n_forced} forced, stop: {end.stop_reason}")
+                           f"{end.n_forced} forced, memory {mode}, stop: {end.stop_reason}")
         assert run is not None and not run.superseded, run
 
     def _fail(self, exc: BaseException) -> None:

@@ -119,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         f"read {result.bytes_read / 1e6:.1f} MB, {result.flops / 1e9:.2f} GFLOP (cost model) | "
         f"device={result.trace.meta.get('device', args.device)} threads={threads}"
     )
+    if result.stop_reason == "context":  # the budget was cut: say by what, not only stop=context
+        print(f"note: --max-new-tokens {dc.max_new_tokens} did not fit: the model's context is "
+              f"{model.config.max_position_embeddings} positions and the prompt took "
+              f"{model.config.max_position_embeddings - len(result.tokens)}, so it stopped after "
+              f"{len(result.tokens)} new tokens", file=sys.stderr)
     if args.trace is not None:
         path = result.trace.save(args.trace)
         print(f"trace saved to {path}")

@@ -106,6 +106,7 @@ def test_state_decodes_in_a_worker_and_streams_events(state):
     assert state.n_steps == len(trace) == end.nfe > 0
     assert state.position == state.n_steps - 1 and state.progress == 100
     assert versions and state.status.startswith("done")
+    assert f"memory {trace.decode_config['memory_mode']}," in state.status  # the done line names the mode
     assert len(trace.block_starts) == len(trace.block_ends) >= 2
     # Events arrive through the queue as produced: the step count never goes back between ticks,
     # and the last tick shows every step.

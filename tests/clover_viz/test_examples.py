@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from clover_viz.examples import CHAT_EXAMPLE_PROMPTS, DEFAULT_CHAT_EXAMPLE, EXAMPLE_PROMPTS, examples_for
+from clover_viz.examples import (
+    CHAT_EXAMPLE_PROMPTS,
+    DEFAULT_CHAT_EXAMPLE,
+    DEFAULT_EXAMPLE,
+    EXAMPLE_PROMPTS,
+    YOUR_PROMPT,
+    examples_for,
+)
 from clover_viz.models import LoadedModel
 from clover_viz.state import ExplorerState
 
@@ -25,11 +32,28 @@ def test_chat_models_get_chatml_questions():
 def test_switching_to_a_chat_model_switches_examples_but_keeps_a_typed_prompt():
     s = ExplorerState(prompt=EXAMPLE_PROMPTS["code completion"], example="code completion")
     s.use_model(_chat_model())
-    assert s.param.example.objects == list(CHAT_EXAMPLE_PROMPTS)
+    assert s.param.example.objects == [*CHAT_EXAMPLE_PROMPTS, YOUR_PROMPT]
     assert s.example == DEFAULT_CHAT_EXAMPLE and s.prompt == CHAT_EXAMPLE_PROMPTS[DEFAULT_CHAT_EXAMPLE]
     s.example = "instruction"
     assert s.prompt == CHAT_EXAMPLE_PROMPTS["instruction"]
 
     typed = ExplorerState(prompt="my own words")
     typed.use_model(_chat_model())
-    assert typed.prompt == "my own words" and typed.param.example.objects == list(CHAT_EXAMPLE_PROMPTS)
+    assert typed.prompt == "my own words" and typed.param.example.objects == [*CHAT_EXAMPLE_PROMPTS, YOUR_PROMPT]
+    assert typed.example == YOUR_PROMPT
+
+
+def test_the_picker_follows_the_prompt_and_brings_a_typed_prompt_back():
+    s = ExplorerState()
+    assert s.example == DEFAULT_EXAMPLE and s.prompt == EXAMPLE_PROMPTS[DEFAULT_EXAMPLE]
+    s.prompt = "def fib(n):\n"
+    assert s.example == YOUR_PROMPT and s.prompt == "def fib(n):\n"  # typing does not reset the text
+    s.example = "code completion"
+    assert s.prompt == EXAMPLE_PROMPTS["code completion"]
+    s.example = YOUR_PROMPT  # back to what the user wrote
+    assert s.prompt == "def fib(n):\n"
+    s.prompt = EXAMPLE_PROMPTS[DEFAULT_EXAMPLE]  # pasting an example's text names that example
+    assert s.example == DEFAULT_EXAMPLE
+    fresh = ExplorerState()
+    fresh.example = YOUR_PROMPT  # nothing typed yet: the prompt stays, the picker names its example
+    assert fresh.prompt == EXAMPLE_PROMPTS[DEFAULT_EXAMPLE] and fresh.example == DEFAULT_EXAMPLE

@@ -31,6 +31,23 @@ def test_cli_prints_text_and_summary_and_saves_trace(tmp_path):
     assert tr.decode_config["block_size"] == 8
 
 
+def test_cli_says_when_the_context_cut_max_new_tokens(tmp_path):
+    import dataclasses
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(engine.CloverConfig.from_name("clover-test"), max_position_embeddings=40)
+    save_model(engine.CloverModel(cfg), tmp_path / "m", tokenizer=byte_tokenizer())
+    out = subprocess.run(
+        [sys.executable, "-m", "engine.generate", "--model", str(tmp_path / "m"), "--prompt", "def f(x):",
+         "--block-size", "8", "--max-new-tokens", "100"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "stop=context" in out.stdout
+    assert ("note: --max-new-tokens 100 did not fit: the model's context is 40 positions and the prompt took 9, "
+            "so it stopped after 31 new tokens") in out.stderr
+
+
 def test_cli_bad_input_is_a_clear_error(tmp_path):
     out = subprocess.run([sys.executable, "-m", "engine.generate", "--model", str(tmp_path / "none"),
                           "--prompt", "x"], capture_output=True, text=True, timeout=60)
