@@ -227,6 +227,7 @@ class ExplorerState(param.Parameterized):
         self._play_accum = 0.0
         self._closed = False
         self.stop_timing: dict[str, Any] = {}
+        self._on_prompt()  # a prompt given here names its example, or YOUR_PROMPT
 
     # ------------------------------------------------------------------ model
     @property

@@ -54,6 +54,11 @@ def test_the_picker_follows_the_prompt_and_brings_a_typed_prompt_back():
     assert s.prompt == "def fib(n):\n"
     s.prompt = EXAMPLE_PROMPTS[DEFAULT_EXAMPLE]  # pasting an example's text names that example
     assert s.example == DEFAULT_EXAMPLE
+    given = ExplorerState(prompt="my own words")  # a prompt given at construction
+    assert given.example == YOUR_PROMPT
+    given.example = "code completion"
+    given.example = YOUR_PROMPT
+    assert given.prompt == "my own words"
     fresh = ExplorerState()
     fresh.example = YOUR_PROMPT  # nothing typed yet: the prompt stays, the picker names its example
     assert fresh.prompt == EXAMPLE_PROMPTS[DEFAULT_EXAMPLE] and fresh.example == DEFAULT_EXAMPLE
