@@ -5,6 +5,10 @@
 #
 #   bash benchmarks/train_gpu.sh [OUT]           # GPU: ~70M parameters (small_config), bf16 autocast, ~6.5 min, eval ~3 min
 #   TINY=1 bash benchmarks/train_gpu.sh [OUT]    # the same two steps on tiny_config, CPU, seconds
+#   ISOLATE_SPACES=1 ...                         # first build a tokenizer with --isolate-spaces (a space
+#                                                # before a word is its own token: a request's word and
+#                                                # the call's name share their first token; ~25 % more
+#                                                # tokens per text) and train on it -- untested at scale
 #
 # Data: the synthetic tool-call corpus (engine.data.agent), the open-vocabulary tool-call corpus (engine.data.open_tools,
 # 30 % of agent rows: tool names and keys must be copied from the system turn), and code -- the stdlib and the
@@ -19,6 +23,10 @@ OUT=${1:-runs/clover-small-gpu}
 TOK=models/clover-tiny/tokenizer.json
 resume=()
 if [ -f "$OUT/train_state.pt" ]; then resume=(--resume); fi
+if [ "${ISOLATE_SPACES:-0}" = 1 ]; then
+    TOK=${OUT%/}.isolate-spaces.tokenizer.json  # beside OUT (engine.train wants OUT new or resumable)
+    if [ ! -f "$TOK" ]; then "$PY" -m engine.data.tokenizer --out "$TOK" --isolate-spaces; fi
+fi
 
 if [ "${TINY:-0}" = 1 ]; then
     "$PY" -m engine.train --out "$OUT" --tokenizer "$TOK" --size tiny --minutes 0.05 --open-tools-share 0.3 \

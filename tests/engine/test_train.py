@@ -349,7 +349,8 @@ def test_bf16_training_step_on_cuda_writes_a_cpu_loadable_checkpoint(tmp_path):
 
 
 def test_train_gpu_script_cpu_path_on_tiny_config(tmp_path):
-    """benchmarks/train_gpu.sh with TINY=1: train (open-vocabulary data in the mix) and eval, CPU."""
+    """benchmarks/train_gpu.sh with TINY=1: train (open-vocabulary data in the mix) and eval, CPU;
+    with ISOLATE_SPACES=1 on a tokenizer it builds with the --isolate-spaces rule."""
     import json
     import os
     import subprocess
@@ -360,7 +361,7 @@ def test_train_gpu_script_cpu_path_on_tiny_config(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "clover-tiny-run"
-    env = dict(os.environ, TINY="1", PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    env = dict(os.environ, TINY="1", ISOLATE_SPACES="1", PYTHON=sys.executable, OMP_NUM_THREADS="1")
     p = subprocess.run(["bash", str(root / "benchmarks" / "train_gpu.sh"), str(out)], env=env, cwd=root,
                        capture_output=True, text=True, timeout=900, check=False)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -370,6 +371,11 @@ def test_train_gpu_script_cpu_path_on_tiny_config(tmp_path):
     assert set(report["agent"]) == {"bd32-window", "ar1-window"}
     assert report["open_tools"]["bd32-window"]["n_tasks"] == 2
     assert load_model(out).config.name == "clover-tiny"
+    from engine.checkpoint import load_tokenizer
+
+    tok = load_tokenizer(out)  # the model carries the tokenizer it was trained with: the rule's
+    assert [p for p, _ in tok.pre_tokenizer.pre_tokenize_str("a word")] == ["a", "Ġ", "word"]
+    assert (tmp_path / "clover-tiny-run.isolate-spaces.tokenizer.json").is_file()
 
 
 def test_code_rows_from_train_packages_never_heldout():
