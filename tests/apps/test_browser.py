@@ -246,6 +246,10 @@ def test_block_view_equals_the_trace_after_live_runs(page, served_app):
     prompt = pg.locator("textarea").first
     prompt.fill("def add(a, b):\n    return")
     prompt.blur()
+    # the Example picker (the sidebar's first select) follows: the prompt is the user's own now
+    from playwright.sync_api import expect
+
+    expect(pg.locator("select").first).to_have_value("(your prompt)", timeout=TIMEOUT_MS)
     _set_max_new_tokens(pg, 96)
     handle = pg.locator(".noUi-handle").nth(1)  # sidebar sliders: threshold, then block size
     state = None
