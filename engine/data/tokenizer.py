@@ -79,9 +79,7 @@ def with_isolated_spaces(tokenizer: Tokenizer) -> Tokenizer:
     spec = json.loads(tokenizer.to_str())
     pre = spec.get("pre_tokenizer") or {}
     steps = [p.get("type") for p in pre.get("pretokenizers", [])]
-    if steps == ["Split", "Digits", "ByteLevel"]:
-        return Tokenizer.from_str(tokenizer.to_str())
-    if steps != ["Digits", "ByteLevel"]:
+    if steps not in (["Digits", "ByteLevel"], ["Split", "Digits", "ByteLevel"]):  # the second: already isolated
         raise ValueError(f"expected this module's pre-tokenizer (Digits, ByteLevel), got {steps or pre.get('type')}; "
                          "build the tokenizer with engine.data.tokenizer")
     out = Tokenizer.from_str(tokenizer.to_str())
