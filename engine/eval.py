@@ -16,6 +16,14 @@ earlier tool response), tokens per forward, NFE, forced-fill rate, wall time
 and tokens/s. All settings run in the same process pool on the same prompts,
 so the tokens/s ratio block-diffusion / block_size 1 is measured side by side.
 
+Where written tokens go wrong (`summarise_writes`, per setting, for the agent tasks and the
+open-vocabulary turns): every write of every decode is kept with its confidence, slot and
+iteration; a written token is wrong when it is off its answer's alignment with the ground truth.
+Reported: the wrong share among tokens accepted at >= the threshold (calibration) and by
+confidence bin, the error of the answer tokens by slot index (absolute position mod 32, so the
+block_size-1 control is counted on the same slots), and the error by distance from the last clean
+token (`engine.experiments.clean_distance`). Rows read from a sweep (below) carry no writes.
+
 Open-vocabulary tool calls (`engine.data.open_tools.eval_turns`, ``--open-tasks``): tool
 names, argument keys and enum values from a vocabulary disjoint from training, requests in
 English clauses or ``key: value``, chains that copy from a tool response, and turns that need
@@ -83,21 +91,59 @@ def _init(model_dir: str, threads: int) -> None:
 
 def _decode_and_score(setting: str, idx: list[int], turns: list, max_new: int, score, extra=None) -> list[dict]:
     """Decode ``turns[i].prompt`` for i in `idx` in `setting` (worker process) and score each
-    text with ``score(text, turn)``; one row per task (``extra(turn)`` adds fields)."""
-    from engine.decoder import BlockDecoder, DecodeConfig
+    text with ``score(text, turn)``; one row per task (``extra(turn)`` adds fields). Every
+    write is kept (`engine.experiments.decode_task`): the row's ``run`` is its `TaskRun`, for
+    `summarise_writes`."""
+    from engine.decoder import DecodeConfig
+    from engine.experiments import decode_task
 
     if SETTINGS[setting]["memory_mode"] == "state+window" and not _W["model"].config.attention_window:
         return []
-    dec = BlockDecoder(_W["model"], _W["tok"], DecodeConfig(max_new_tokens=max_new, **SETTINGS[setting]))
+    cfg = DecodeConfig(max_new_tokens=max_new, **SETTINGS[setting])
     out = []
     for i in idx:
-        r = dec.generate(turns[i].prompt, record_trace=False)
-        s = score(r.text, turns[i])
+        r = decode_task(_W["model"], _W["tok"], turns[i], cfg, setting=setting, index=i, score=score)
         out.append(dict(setting=setting, task=i, text=r.text, nfe=r.nfe, n_tokens=len(r.tokens),
-                        n_forced=r.n_forced, wall_s=r.wall_s, exact_match=bool(s["exact_match"]),
-                        json_valid=bool(s["json_valid"]), name_correct=bool(s["name_correct"]),
-                        fields=s["fields"], **(extra(turns[i]) if extra else {})))
+                        n_forced=r.n_forced, wall_s=r.wall_s, exact_match=r.exact_match,
+                        json_valid=r.json_valid, name_correct=r.name_correct,
+                        fields=r.fields, run=r, **(extra(turns[i]) if extra else {})))
     return out
+
+
+def summarise_writes(rows: list[dict], threshold: float = 0.95, block_size: int = 32) -> dict:
+    """Where the written tokens go wrong, from the rows' `TaskRun`s (rows without one, e.g. read
+    from a sweep, are left out; {} when none has one).
+
+    A written token is wrong when it is not part of its answer's alignment with the ground truth
+    (`engine.experiments.TaskRun.write_correct`). Returns:
+
+    * ``wrong_share_accepted``: wrong share among the tokens accepted at >= `threshold` (the
+      calibration target), ``n_accepted``;
+    * ``calibration``: `engine.experiments.calibration` by confidence bin (0.5 / 0.8 / 0.9 / 0.95 /
+      0.99): ``lo``, ``n``, ``wrong_share``;
+    * ``error_by_slot``: `engine.experiments.slot_errors` of the answer tokens by slot index (absolute
+      position mod `block_size`, whatever the setting's own block size: a block_size-1 control is
+      counted on the same slots), pooled in groups of 4 slots (0-3, ..., 28-31);
+    * ``error_by_distance``: `engine.experiments.distance_errors` by distance from the last clean
+      token (1, 2, 3-4, 5-8, 9-16, 17+).
+    """
+    from engine.experiments import KIND_ACCEPTED, calibration, distance_errors, grouped_rate, slot_errors
+
+    runs = [r["run"] for r in rows if r.get("run") is not None]
+    if not runs:
+        return {}
+    acc = [(r.write_kind == KIND_ACCEPTED) & (r.write_conf >= threshold) for r in runs]
+    wrong = sum(int((~r.write_correct[a]).sum()) for r, a in zip(runs, acc))
+    n_acc = sum(int(a.sum()) for a in acc)
+    cal = calibration(runs, (0.0, 0.5, 0.8, 0.9, threshold, 0.99, 1.0))
+    se = slot_errors(runs, block_size)
+    de = distance_errors(runs)
+    r4 = lambda xs: [None if x != x else round(float(x), 4) for x in xs]  # noqa: E731  NaN -> None (JSON)
+    return {"n_accepted": n_acc, "wrong_share_accepted": round(wrong / n_acc, 4) if n_acc else None,
+            "calibration": {"lo": r4(cal["lo"]), "n": cal["n"].tolist(), "wrong_share": r4(cal["wrong_share"])},
+            "error_by_slot": {"group": 4, "rate": r4(grouped_rate(se["errors"], se["n"], 4)),
+                              "n": se["n"].reshape(-1, 4).sum(1).tolist()},
+            "error_by_distance": {"lo": de["lo"].tolist(), "n": de["n"].tolist(), "wrong_share": r4(de["wrong_share"])}}
 
 
 def _agent_job(args: tuple[str, list[int], int, int]) -> list[dict]:
@@ -437,9 +483,11 @@ def main(argv: list[str] | None = None) -> int:
                 bar.update()
     report = {"model": str(args.model), "n_tasks": args.tasks, "n_tasks_block_size_1": n_ar, "wall_s_total": time.perf_counter() - t0,
               "threads_per_worker": args.threads, "workers": args.workers,
-              "agent": {s: summarise_agent(rows[s]) for s in settings}}
+              "agent": {s: summarise_agent(rows[s]) for s in settings},
+              "writes": {s: w for s in settings if (w := summarise_writes(rows[s]))}}
     if open_rows:
         report["open_tools"] = {s: summarise_open(open_rows[s]) for s in settings if open_rows[s]}
+        report["open_tools_writes"] = {s: w for s in settings if (w := summarise_writes(open_rows[s]))}
         report["open_tools_tasks"] = args.open_tasks
     for mode in ("window", "state"):
         bd, ar = rows.get(f"bd32-{mode}"), rows.get(f"ar1-{mode}")
@@ -495,6 +543,7 @@ def format_table(report: dict) -> str:
         if k in report:
             mode = k.rsplit("_", 1)[1]
             lines.append(f"{k}: {report[k]:.2f}x (same {report['speedup_common_tasks_' + mode]} prompts, same run)")
+    lines += _writes_lines(report.get("writes", {}), "agent tasks")
     for key, how in (("value_probe", "blocks of 32, all values masked"),
                      ("value_probe_teacher_forced", "blocks of 1, teacher-forced")):
         for mode, accs in report.get(key, {}).items():
@@ -514,6 +563,7 @@ def format_table(report: dict) -> str:
             lines.append(f"{'  ' + g + ' exact / name':28s}" + "".join(
                 f"{v['by_group'][g]['exact_match']:>8.3f}/{v['by_group'][g]['name_correct']:.2f}" if g in v["by_group"]
                 else f"{'':>14s}" for v in ot.values()))
+        lines += _writes_lines(report.get("open_tools_writes", {}), "open-vocabulary tools")
     if "stdlib" in report:
         s = report["stdlib"]
         acc = s["masked_slot_acc_by_index"]
@@ -532,6 +582,30 @@ def format_table(report: dict) -> str:
         if "speedup_tokens_per_s_bd32_vs_ar1" in s:
             lines.append(f"  tokens/s bd32 / ar1: {s['speedup_tokens_per_s_bd32_vs_ar1']:.2f}x (same windows, same run)")
     return "\n".join(lines)
+
+
+def _writes_lines(writes: dict, what: str) -> list[str]:
+    """`format_table`'s rows for `summarise_writes` results (one column per setting)."""
+    if not writes:
+        return []
+    fmt = lambda x: f"{x:>14.3f}" if x is not None else f"{'-':>14s}"  # noqa: E731
+    first = next(iter(writes.values()))
+    lines = [f"{'wrong among written, ' + what:28s}" + "".join(f"{s:>14s}" for s in writes),
+             f"{'  accepted >= threshold':28s}" + "".join(fmt(w["wrong_share_accepted"]) for w in writes.values())]
+    for i, lo in enumerate(first["calibration"]["lo"]):
+        hi = first["calibration"]["lo"][i + 1] if i + 1 < len(first["calibration"]["lo"]) else 1.0
+        lines.append(f"{f'  confidence {lo:.2f}-{hi:.2f}':28s}"
+                     + "".join(fmt(w["calibration"]["wrong_share"][i]) for w in writes.values()))
+    for i in range(len(first["error_by_slot"]["rate"])):
+        g = first["error_by_slot"]["group"]
+        lines.append(f"{f'  answer tokens, slot {g * i}-{g * i + g - 1}':28s}"
+                     + "".join(fmt(w["error_by_slot"]["rate"][i]) for w in writes.values()))
+    los = first["error_by_distance"]["lo"]
+    for i, lo in enumerate(los):
+        name = f"{lo}" if i + 1 < len(los) and los[i + 1] == lo + 1 else f"{lo}+" if i + 1 == len(los) else f"{lo}-{los[i + 1] - 1}"
+        lines.append(f"{'  distance from clean ' + name:28s}"
+                     + "".join(fmt(w["error_by_distance"]["wrong_share"][i]) for w in writes.values()))
+    return lines
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ numbers the notebooks draw and assert:
 * `calibration` -- wrong share among written tokens by the confidence at which they were
   written;
 * `slot_errors` -- error rate of the decoded answer by slot index (absolute position mod
-  block_size); `first_forward_errors` -- the same for the argmax of each block's first
+  block_size); `distance_errors` -- of the writes by distance from the last clean token
+  (`clean_distance`); `first_forward_errors` -- the same for the argmax of each block's first
   forward (every slot masked at once);
 * `forced_fill_table` / `forced_fill_excess` / `independent_forced_fill` -- forced fills per
   iteration beside what independent slots would give, ``(1 - p) ** m``;
@@ -221,14 +222,17 @@ def _collect(run_fields: dict, threshold: float, prompt_len: int):
     return hook, finish
 
 
-def decode_task(model, tokenizer, task, config, setting: str = "", index: int = 0) -> TaskRun:
+def decode_task(model, tokenizer, task, config, setting: str = "", index: int = 0,
+                score: Callable | None = None) -> TaskRun:
     """Decode one `engine.data.agent.CallTurn` with `config` and score it.
 
     Args:
         model, tokenizer: as `engine.decoder.BlockDecoder` takes them.
-        task: a `CallTurn` (``prompt``, ``target``, scored by `score_call`).
+        task: a `CallTurn` (``prompt``, ``target``).
         config: an `engine.decoder.DecodeConfig`.
         setting, index: labels stored in the run.
+        score: ``score(text, task)`` returning ``exact_match``, ``json_valid``, ``name_correct`` and
+            ``fields`` (default `engine.data.agent.score_call`; e.g. `engine.data.open_tools.score_turn`).
 
     Returns:
         A `TaskRun`.
@@ -243,15 +247,16 @@ def decode_task(model, tokenizer, task, config, setting: str = "", index: int = 
     hit_eos = r.stop_reason == "eos"
     finish(len(r.tokens) + int(hit_eos))
     return _task_run(task, tokenizer, setting, index, config.block_size, config.threshold, len(prompt_ids),
-                     r.tokens, hit_eos, r.text, r.nfe, r.n_forced, r.wall_s, extra)
+                     r.tokens, hit_eos, r.text, r.nfe, r.n_forced, r.wall_s, extra, score)
 
 
 def _task_run(task, tokenizer, setting, index, block_size, threshold, prompt_len, tokens, hit_eos, text, nfe,
-              n_forced, wall_s, extra) -> TaskRun:
-    """A `TaskRun` from a finished decode's numbers and its `_collect` arrays, scored by `score_call`."""
+              n_forced, wall_s, extra, score: Callable | None = None) -> TaskRun:
+    """A `TaskRun` from a finished decode's numbers and its `_collect` arrays, scored by `score`
+    (default `score_call`)."""
     from engine.data.agent import score_call
 
-    s = score_call(text, task)
+    s = (score or score_call)(text, task)
     return TaskRun(
         setting=setting, task=index, block_size=int(block_size), threshold=float(threshold),
         prompt_len=int(prompt_len), target=np.asarray(tokenizer.encode(task.target).ids, np.int64),
@@ -430,6 +435,62 @@ def slot_errors(runs: Sequence[TaskRun], block_size: int = 32) -> dict:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     pairs = [((r.prompt_len + np.arange(len(r.answer))) % block_size, ~r.answer_correct) for r in runs]
     return _by_slot(pairs, block_size)
+
+
+def clean_distance(run: TaskRun) -> np.ndarray:
+    """Distance of each write from the last clean token before it when it was written.
+
+    A token is clean for a write when it was fixed before the forward that wrote it: the
+    prompt, earlier blocks, and slots of the same block written at an earlier iteration
+    (slots written by the same forward were masked when it predicted them). Distance 1 is
+    the slot right after a clean token -- every write of a block_size-1 decode; a block's
+    first forward writing slot j of an empty block has distance j + 1.
+
+    Args:
+        run: a `TaskRun` (blocks are aligned to absolute positions: a write at answer position
+            a in slot s belongs to the block starting at answer position ``a - s``).
+
+    Returns:
+        (W,) int64 distances >= 1, one per write (`TaskRun.write_pos` order).
+    """
+    pos, slot, it = run.write_pos, run.write_slot, run.write_iter
+    out = np.zeros(len(pos), np.int64)
+    start = pos - slot  # the block's first answer position (negative: the block begins in the prompt)
+    for i in range(len(pos)):
+        earlier = (start == start[i]) & (it < it[i]) & (pos < pos[i])
+        last = pos[earlier].max() if earlier.any() else max(int(start[i]), 0) - 1
+        out[i] = pos[i] - last
+    return out
+
+
+def distance_errors(runs: Sequence[TaskRun], edges: Sequence[int] = (1, 2, 3, 5, 9, 17, 33)) -> dict:
+    """Wrong share of the written tokens by their distance from the last clean token
+    (`clean_distance`); accepted and forced writes count, EOS-filled slots do not.
+
+    Args:
+        runs: `TaskRun`s (pooled); edges: increasing integer bin edges >= 1, bin i is
+            ``[edges[i], edges[i+1])`` (distances past the last edge fall in the last bin).
+
+    Returns:
+        dict of arrays of length ``len(edges) - 1``: ``lo``, ``hi``, ``n``, ``n_wrong``,
+        ``wrong_share`` (NaN for an empty bin).
+
+    Raises:
+        ValueError: fewer than two edges, not increasing, or below 1.
+    """
+    e = np.asarray(edges, np.int64)
+    if e.ndim != 1 or len(e) < 2 or np.any(np.diff(e) <= 0) or e[0] < 1:
+        raise ValueError(f"edges must be >= 2 increasing integers >= 1, got {list(edges)}")
+    keep = [r.write_kind != KIND_EOS for r in runs]
+    d = np.concatenate([clean_distance(r)[k] for r, k in zip(runs, keep)]) if runs else np.zeros(0, np.int64)
+    wrong = np.concatenate([~r.write_correct[k] for r, k in zip(runs, keep)]) if runs else np.zeros(0, bool)
+    b = np.clip(np.searchsorted(e, d, side="right") - 1, 0, len(e) - 2)
+    k = len(e) - 1
+    n = np.bincount(b, minlength=k)
+    n_wrong = np.bincount(b, weights=wrong, minlength=k).astype(np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {"lo": e[:-1], "hi": e[1:], "n": n, "n_wrong": n_wrong,
+                "wrong_share": np.where(n > 0, n_wrong / np.maximum(n, 1), np.nan)}
 
 
 def first_forward_errors(runs: Sequence[TaskRun], block_size: int = 32) -> dict:

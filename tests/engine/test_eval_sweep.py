@@ -30,6 +30,10 @@ def test_eval_agent_grid_through_sweep(tmp_path):
     assert _agent(a) == _agent(b)  # the same decodes, scored the same, per-field kinds and sources included
     assert a["agent"]["bd32-state"]["n_tasks"] == 2 and a["agent"]["ar1-window"]["n_tasks"] == 1
     assert a["exact_tasks"] == b["exact_tasks"] and a["examples"] == b["examples"]
+    # the built-in loop keeps every write: calibration, error by slot and by distance per setting
+    assert set(a["writes"]) == {"bd32-state", "ar1-window"}
+    assert a["writes"]["bd32-state"]["n_accepted"] == sum(a["writes"]["bd32-state"]["calibration"]["n"][-2:])
+    assert a["writes"]["ar1-window"]["error_by_distance"]["n"][1:] == [0] * 5  # block_size 1: every write at 1
     results = pq.read_table(sweep / "results.parquet").to_pylist()
     assert sorted((r["task_set"], r["block_size"], r["memory_mode"], r["task_id"]) for r in results) == [
         ("agent-eval:1", 1, "state+window", 0), ("agent-eval:2", 32, "state", 0), ("agent-eval:2", 32, "state", 1)]
@@ -39,6 +43,7 @@ def test_eval_agent_grid_through_sweep(tmp_path):
     assert main([*ARGS, "--out", str(read), "--from-sweep", str(sweep)]) == 0
     c = json.loads(read.read_text())
     assert c["agent"] == b["agent"]
+    assert c["writes"] == {}  # a sweep's table keeps no per-write record
     # a setting the sweep did not run, and more tasks than it holds: named, with the command that adds them
     for extra in (["--settings", "bd32-window"], ["--tasks", "3"]):
         with pytest.raises(SystemExit, match="lacks agent tasks .* python -m engine.sweep"):

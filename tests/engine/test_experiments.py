@@ -80,6 +80,30 @@ def test_slot_errors_group_answer_tokens_by_absolute_slot():
         X.grouped_rate(s["errors"], s["n"], 3)
 
 
+def test_clean_distance_counts_from_the_last_token_fixed_before_the_forward():
+    # blocks of 4 from answer position 0: iteration 0 writes positions 0 and 2, iteration 1 writes 1 and 3;
+    # the next block's first forward writes 4..7 at once (its history ends at 3)
+    writes = [(0, 5, 0.99, 0), (2, 7, 0.97, 0), (1, 6, 0.9, 1), (3, 9, 0.5, 1),
+              (4, 1, 0.99, 0), (5, 1, 0.99, 0), (6, 1, 0.99, 0), (7, 1, 0.99, 0)]
+    r = _run([5, 6, 7, 8, 1, 1, 1, 1, EOS], [5, 6, 7, 9, 1, 1, 1, 1], hit_eos=False, writes=writes,
+             write_iter=np.array([0, 0, 1, 1, 0, 0, 0, 0]))
+    assert X.clean_distance(r).tolist() == [1, 3, 1, 1, 1, 2, 3, 4]
+    d = X.distance_errors([r], edges=(1, 2, 3, 5))
+    assert d["n"].tolist() == [4, 1, 3]  # distance 4 falls in the last bin
+    assert d["n_wrong"].tolist() == [1, 0, 0]  # the 9 at position 3 (distance 1) is off the alignment
+    np.testing.assert_allclose(d["wrong_share"], [0.25, 0.0, 0.0])
+    # a block that begins inside the prompt: the prompt is clean, so answer position j has distance j + 1
+    p = _run([5, 6, EOS], [5, 6], writes=[(0, 5, 0.99, 0), (1, 6, 0.99, 0)], prompt_len=2,
+             write_slot=np.array([2, 3]))
+    assert X.clean_distance(p).tolist() == [1, 2]
+    # EOS-filled slots are not writes the model chose: left out
+    e = _run([5, EOS], [5], writes=[(0, 5, 0.99, 0), (1, EOS, float("nan"), 2)])
+    assert X.distance_errors([e])["n"].sum() == 1
+    for bad in ((1,), (0, 2), (1, 3, 3)):
+        with pytest.raises(ValueError, match="edges"):
+            X.distance_errors([r], edges=bad)
+
+
 def test_first_forward_errors_count_blocks_with_the_targets_history():
     target = [5, 6, 7, 8, EOS]
     first = {"first_pos": np.array([0, 1, 2, 3, 4, 5]), "first_token": np.array([5, 9, 7, 8, 1, 2]),
