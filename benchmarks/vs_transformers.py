@@ -22,7 +22,8 @@ median over rounds of generated tokens / seconds, by wall time and by this proce
 a loaded shared machine the CPU time drifts less: waiting for a core is not counted). Ratios are taken within each round (its
 decodes run back to back) and their median over rounds is printed: engine / transformers, and
 the hooks' overhead ``1 - hooks / no hooks`` at block 32 (tokens per forward are equal, the
-decodes being identical). Only ratios from one run mean anything on a shared machine.
+decodes being identical: checked and printed; the script exits 1 if they differ). Only ratios
+from one run mean anything on a shared machine.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         return out.shape[1] - hf_ids.shape[1], time.perf_counter() - t0, time.process_time() - c0
 
     dec = BlockDecoder(model, tok)
+    written: dict[tuple[int, bool], list[int]] = {}  # (block_size, hooks) -> tokens of the last decode
     n_events = [0]
 
     def count(ev) -> None:
@@ -128,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         res = dec.generate(ids, hooks=(count,) if hooks else (), record_trace=hooks, config=dc)
         if args.device != "cpu":
             torch.cuda.synchronize()
+        written[(block, hooks)] = res.tokens
         return len(res.tokens), time.perf_counter() - t0, time.process_time() - c0
 
     runs = {
@@ -188,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         key = "engine block_size 1, torch.compile"
         print(f"{key} / transformers: {r_wall[key]:.2f}x wall, {r_cpu[key]:.2f}x CPU time")
     print(f"hooks + trace overhead at block 32: {100 * o_wall:.1f} % wall, {100 * o_cpu:.1f} % CPU time (target <= 5 %)")
-    return 0
+    same = written[(32, True)] == written[(32, False)]
+    print(f"block 32 with and without hooks + trace wrote the same tokens: {same}")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
