@@ -108,3 +108,31 @@ def test_wrong_hash_is_refused(monkeypatch):
     monkeypatch.setattr(hf_adapter, "_VERIFIED", {})
     with pytest.raises(MissingBaseError, match="sha256"):
         locate_base("smollm2-135m-instruct")
+
+
+TOOLS = ROOT / "models" / "smollm2-bd-tools"
+
+
+@needs_base
+@pytest.mark.skipif(not (TOOLS / "config.json").is_file(), reason="models/smollm2-bd-tools not shipped")
+@pytest.mark.parametrize("block_size", [1, 32])
+def test_tools_adapter_writes_a_pinned_unseen_tool_call_exactly(block_size):
+    """Held-out open-vocabulary turn 28 (`engine.data.open_tools.eval_turns`: a tool name and an argument key
+    from the evaluation vocabulary, never in training; a natural request, "Could you fetch my podcast outer
+    lane of 12?", with a second tool offered): the adapter copies `fetch_podcast` and `outer_lane` from the
+    system turn and writes the exact call at block_size 1 and at 32 / 0.95. Found by decoding the 36 tool
+    turns of the first 40 (2026-12-02): 5 exact at block_size 1 (turns 13, 28, 31, 33, 36), 2 of them also
+    at 32 / 0.95 (28, 31)."""
+    from engine.checkpoint import load_model, load_tokenizer
+    from engine.data.open_tools import eval_turns, score_turn
+    from engine.decoder import BlockDecoder, DecodeConfig
+
+    torch.set_num_threads(1)
+    model, tok = load_model(TOOLS), load_tokenizer(TOOLS)
+    turn = eval_turns(40)[28]
+    assert turn.name == "fetch_podcast" and turn.natural
+    dec = BlockDecoder(model, None, DecodeConfig(block_size=block_size, threshold=0.95, max_new_tokens=96))
+    r = dec.generate(tok.encode(turn.prompt).ids, record_trace=False)
+    text = tok.decode(r.tokens, skip_special_tokens=False)
+    assert text == '<tool_call>{"name": "fetch_podcast", "arguments": {"outer_lane": 12}}</tool_call>'
+    assert score_turn(text, turn)["exact_match"]
