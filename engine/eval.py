@@ -593,7 +593,8 @@ def _writes_lines(writes: dict, what: str) -> list[str]:
         return []
     fmt = lambda x: f"{x:>14.3f}" if x is not None else f"{'-':>14s}"  # noqa: E731
     first = next(iter(writes.values()))
-    lines = [f"{'wrong among written, ' + what:28s}" + "".join(f"{s:>14s}" for s in writes),
+    lines = [f"wrong share of written tokens, {what}:",
+             f"{'':28s}" + "".join(f"{s:>14s}" for s in writes),
              f"{'  accepted >= threshold':28s}" + "".join(fmt(w["wrong_share_accepted"]) for w in writes.values())]
     for i, lo in enumerate(first["calibration"]["lo"]):
         hi = first["calibration"]["lo"][i + 1] if i + 1 < len(first["calibration"]["lo"]) else 1.0

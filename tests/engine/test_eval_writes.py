@@ -41,7 +41,7 @@ def test_summarise_writes_counts_wrong_accepted_tokens_by_confidence_slot_and_di
     assert summarise_writes([{"text": "read from a sweep"}]) == {}
 
     table = format_table({"agent": {}, "writes": {"bd32-window": w, "ar1-window": w}})
-    assert "wrong among written, agent tasks" in table
+    assert "wrong share of written tokens, agent tasks:" in table
     rows = {line[:28].strip(): line[28:].split() for line in table.splitlines()}
     assert rows["accepted >= threshold"] == ["0.333", "0.333"]
     assert rows["confidence 0.95-0.99"] == ["0.500", "0.500"] and rows["confidence 0.50-0.80"] == ["-", "-"]
