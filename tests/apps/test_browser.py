@@ -397,6 +397,11 @@ def test_small_things_and_offline(page, served_app, tmp_path):
     time.sleep(3)
     assert not state.running  # the decode of a closed tab stops (the session itself ends later)
     logged = [r.getMessage()[:200] for r in served_app.records[n_records:]]
-    assert len(logged) <= 2, logged[:5]  # at most a tick already in flight; it was one per tick
+    # at most the ticks already in flight when the tab closed (up to 4 seen on a loaded 2-core machine:
+    # tornado's closed-socket error and a "Failed sending message" per pending push); it was one per tick,
+    # for as long as the decode ran -- so nothing more may be logged once the decode has stopped
+    assert len(logged) <= 5, logged[:6]
+    time.sleep(2)
+    assert len(served_app.records) - n_records == len(logged), [r.getMessage()[:200] for r in served_app.records[-3:]]
     external = [u for u in pg.requests if "127.0.0.1" not in u]
     assert not external, external
