@@ -22,7 +22,8 @@ median over rounds of generated tokens / seconds, by wall time and by this proce
 a loaded shared machine the CPU time drifts less: waiting for a core is not counted). Ratios are taken within each round (its
 decodes run back to back) and their median over rounds is printed: engine / transformers, and
 the hooks' overhead ``1 - hooks / no hooks`` at block 32 (tokens per forward are equal, the
-decodes being identical: checked and printed; the script exits 1 if they differ). Only ratios
+decodes being identical: checked and printed; the script exits 1 if they differ, and likewise if
+the compiled block_size-1 decode writes other tokens than the eager one). Only ratios
 from one run mean anything on a shared machine.
 """
 
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             res = compiled.generate(ids, record_trace=False, config=dc)
             if args.device != "cpu":
                 torch.cuda.synchronize()
+            written[(1, "compiled")] = res.tokens
             return len(res.tokens), time.perf_counter() - t0, time.process_time() - c0
 
         runs["engine block_size 1, torch.compile"] = run_compiled
@@ -193,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hooks + trace overhead at block 32: {100 * o_wall:.1f} % wall, {100 * o_cpu:.1f} % CPU time (target <= 5 %)")
     same = written[(32, True)] == written[(32, False)]
     print(f"block 32 with and without hooks + trace wrote the same tokens: {same}")
+    if args.compile:
+        same_compiled = written[(1, "compiled")] == written[(1, False)]
+        print(f"block_size 1 compiled and eager wrote the same tokens: {same_compiled}")
+        same = same and same_compiled
     return 0 if same else 1
 
 

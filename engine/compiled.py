@@ -3,9 +3,10 @@
 A tiny model's forward at block_size 1 is bound by dispatch: about a thousand small torch ops
 of a few microseconds each (benchmarks/RESULTS.md). `compile_layers` hands each decoder layer's
 forward to TorchInductor, which fuses the element-wise chains between the matmuls into
-generated C++ loops. The routing's host-side grouping (`engine.clover.moe.few_token_experts`)
-stays eager (it is marked ``torch.compiler.disable``): it branches on the routed experts' ids,
-which a compiled graph would specialise on.
+generated C++ loops. The MoE of a few tokens runs inside the graph as
+`engine.clover.moe.pairwise_experts` (each routed expert id traced as a symbolic scalar, so one
+graph fits every routing; the eager decode's host-side grouping, `few_token_experts`, would make
+the graph specialise on the ids); the many-token loop of a prefill stays eager.
 
 Opt-in, for a process that decodes many times (a notebook, a sweep, a server;
 ``benchmarks/vs_transformers.py --compile``): the first decode compiles (about a minute on a
@@ -16,6 +17,7 @@ the same events.
 
 from __future__ import annotations
 
+import functools
 import shutil
 
 import torch
@@ -46,8 +48,20 @@ def compile_layers(model, dynamic: bool | None = None):
         raise RuntimeError("torch.compile needs a C++ compiler for CPU kernels (g++ / clang++ on PATH); "
                            "install one (e.g. `apt-get install g++`) or decode without --compile")
     for layer in layers:
-        layer.forward = torch.compile(layer.forward, dynamic=dynamic)
+        layer.forward = _capturing_scalars(torch.compile(layer.forward, dynamic=dynamic))
     return model
+
+
+def _capturing_scalars(fn):
+    """Run `fn` with Dynamo tracing ``Tensor.item()`` into the graph, so the few-token MoE path
+    (`engine.clover.moe.pairwise_experts`) reads each routed expert id without a graph break."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with torch._dynamo.config.patch(capture_scalar_outputs=True):
+            return fn(*args, **kwargs)
+
+    return run
 
 
 __all__ = ["compile_layers", "compiler_available"]

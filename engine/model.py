@@ -288,8 +288,12 @@ class CloverModel(nn.Module):
             x = layer(x, p, st)
         state.position = start + C
         logits = self.lm_head(self.norm(x[:, C:])).float()  # [B, L, vocab]
-        union = (torch.stack(p.expert_union) if graph_safe
-                 else torch.tensor(p.expert_union, dtype=torch.int64))  # [N], on the device when graph-safe
+        if graph_safe:  # [N], on the device
+            union = torch.stack(p.expert_union)
+        elif all(isinstance(u, int) for u in p.expert_union):
+            union = torch.tensor(p.expert_union, dtype=torch.int64)
+        else:  # compiled layers (engine.compiled) give 0-d tensors
+            union = torch.stack([torch.as_tensor(u, dtype=torch.int64) for u in p.expert_union])
         out = ModelOutput(logits=logits, expert_union=union)
         if observe:
             out.memory_share = torch.stack(p.memory_share)  # [N, B, L]

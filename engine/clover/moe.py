@@ -76,6 +76,42 @@ def few_token_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     return out, len(ys)
 
 
+def pairwise_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up_proj: torch.Tensor,
+                     down_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routed experts of a few tokens, one (token, expert) pair at a time: the form of
+    `few_token_experts` that torch.compile traces without specialising on the routed ids.
+
+    Each pair's expert id is read as a scalar (``.item()``; traced as an unbacked symbolic int
+    under ``torch._dynamo.config.capture_scalar_outputs``, see `engine.compiled`) and selects
+    that expert's weights as a view, so the compiled graph holds T*k fixed matmul pairs and
+    fits every routing. A pair that shares its expert with another runs on its own row where
+    `few_token_experts` stacks the rows, so the two agree to float rounding (a one-row and an
+    n-row product may round differently; tested), and the compiled decode writes the eager
+    tokens (tested). The expert union stays a tensor, so the graph does not break for it.
+
+    Args:
+        x: [T, D]; weights: [T, k] fp32 routing weights; ids: [T, k] int64 expert ids in [0, E);
+        gate_up_proj: [E, 2F, D]; down_proj: [E, D, F].
+
+    Returns:
+        ([T, D] in x's dtype, the expert union as a 0-d int64 tensor).
+    """
+    T, k = ids.shape
+    E = gate_up_proj.shape[0]
+    flat = ids.reshape(-1)  # pair p = t * k + j
+    ys = []
+    for pair in range(T * k):
+        e = flat[pair].item()
+        torch._check(e >= 0)
+        torch._check(e < E)
+        t = pair // k
+        gate, up = (x[t:t + 1] @ gate_up_proj[e].t()).chunk(2, -1)  # [1, F] each
+        ys.append((F.silu(gate) * up) @ down_proj[e].t())  # [1, D]
+    out = (torch.cat(ys) * weights.reshape(-1, 1).to(x.dtype)).view(T, k, -1).sum(1)
+    union = torch.zeros(E, dtype=torch.int64, device=x.device).index_fill_(0, flat, 1).sum()
+    return out, union
+
+
 class SparseMoE(nn.Module):
     """Softmax router over E experts (fp32), top-k, renormalised; SwiGLU experts;
     a shared SwiGLU expert scaled by ``sigmoid(Linear(x))`` (Qwen3.5-MoE).
@@ -127,7 +163,8 @@ class SparseMoE(nn.Module):
         elif self.expert_parallel is not None:  # this rank's experts; partial outputs summed across ranks
             out, hit = self.expert_parallel.routed(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)
         elif idx.numel() <= SMALL_PAIRS and x.device.type == "cpu" and not torch.is_grad_enabled():
-            out, hit = few_token_experts(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)
+            few = pairwise_experts if torch.compiler.is_compiling() else few_token_experts
+            out, hit = few(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)
         else:
             out, hit = routed_experts(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)  # [T, D]
         shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 
+@torch.compiler.disable  # a host-side loop over the hit experts: torch.compile runs it eagerly
 def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up_proj: torch.Tensor,
                    down_proj: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Weighted sum of each token's top-k SwiGLU experts.

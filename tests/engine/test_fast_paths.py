@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.clover.moe import SMALL_PAIRS, few_token_experts
+from engine.clover.moe import SMALL_PAIRS, few_token_experts, pairwise_experts
 from engine.clover.ops import causal_conv_step, delta_update, rope, rope_angles
 from engine.decoder import BlockDecoder, DecodeConfig
 from engine.model import random_model
@@ -25,6 +25,51 @@ def test_few_token_experts_equal_the_grouped_loop(T):
         want, hit = routed_experts(x, w, idx, gu, down, impl="torch")
         got, got_hit = few_token_experts(x, w, idx, gu, down)
         assert torch.equal(want, got) and hit == got_hit
+
+
+def _routing(g, T, E=8, k=2, D=64, Fd=48):
+    x = torch.randn(T, D, generator=g)
+    w, idx = torch.softmax(torch.randn(T, E, generator=g), -1).topk(k, -1)
+    return x, w, idx
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, SMALL_PAIRS // 2])
+def test_pairwise_experts_equal_the_grouped_loop(T):
+    """The traceable form (one pair at a time, the union as a tensor) is the same sum; a stacked
+    [n, D] product may round differently from n one-row products, so equal to float rounding."""
+    g = torch.Generator().manual_seed(10 + T)
+    gu, down = torch.randn(8, 96, 64, generator=g), torch.randn(8, 64, 48, generator=g)
+    for _ in range(30):
+        x, w, idx = _routing(g, T)
+        want, hit = routed_experts(x, w, idx, gu, down, impl="torch")
+        got, got_hit = pairwise_experts(x, w, idx, gu, down)
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max()  # float rounding of sums of ~100 terms
+        assert got_hit.dtype == torch.int64 and int(got_hit) == hit
+
+
+def test_pairwise_experts_compile_once_for_every_routing():
+    """Compiled in one graph (fullgraph: no break), the expert ids read as symbolic scalars: new
+    routings reuse the graph (a recompile raises) and give the eager result."""
+    from engine.compiled import compiler_available
+
+    if not compiler_available():
+        pytest.skip("no C++ compiler for TorchInductor's CPU kernels")
+    g = torch.Generator().manual_seed(3)
+    gu, down = torch.randn(8, 96, 64, generator=g), torch.randn(8, 64, 48, generator=g)
+    compiled = torch.compile(pairwise_experts, fullgraph=True, dynamic=False)
+    with torch.no_grad(), torch._dynamo.config.patch(capture_scalar_outputs=True):
+        x, w, idx = _routing(g, 2)
+        try:
+            compiled(x, w, idx, gu, down)
+        except torch._dynamo.exc.BackendCompilerFailed as exc:  # the toolchain (e.g. no Python headers)
+            pytest.skip(f"TorchInductor cannot build CPU kernels here: {str(exc).splitlines()[0][:200]}")
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for _ in range(6):
+                x, w, idx = _routing(g, 2)
+                got, hit = compiled(x, w, idx, gu, down)
+                want, want_hit = few_token_experts(x, w, idx, gu, down)
+                assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+                assert int(hit) == want_hit
 
 
 @pytest.mark.parametrize("Hk,H", [(4, 4), (2, 4)])
