@@ -1,12 +1,12 @@
 """`torch.compile` for the Clover decode on the CPU: fewer, fused kernels per forward.
 
 A tiny model's forward at block_size 1 is bound by dispatch: about a thousand small torch ops
-of a few microseconds each (benchmarks/RESULTS.md). `compile_layers` hands each decoder layer's
-forward to TorchInductor, which fuses the element-wise chains between the matmuls into
-generated C++ loops. The MoE of a few tokens runs inside the graph as
-`engine.clover.moe.pairwise_experts` (each routed expert id traced as a symbolic scalar, so one
-graph fits every routing; the eager decode's host-side grouping, `few_token_experts`, would make
-the graph specialise on the ids); the many-token loop of a prefill stays eager.
+of a few microseconds each (benchmarks/RESULTS.md). `compile_layers` hands the decoder layers
+to TorchInductor, which fuses the element-wise chains between the matmuls into generated C++
+loops: the whole stack as one graph for a forward of a few tokens (`CompiledLayers`; larger
+forwards stay eager). The MoE runs inside the graph as `engine.clover.moe.pairwise_experts`
+(each routed expert id traced as a symbolic scalar, so one graph fits every routing; the eager
+decode's host-side grouping, `few_token_experts`, would make the graph specialise on the ids).
 
 Opt-in, for a process that decodes many times (a notebook, a sweep, a server;
 ``benchmarks/vs_transformers.py --compile``): the first decode compiles (about a minute on a
@@ -17,7 +17,6 @@ the same events.
 
 from __future__ import annotations
 
-import functools
 import shutil
 
 import torch
@@ -29,10 +28,17 @@ def compiler_available() -> bool:
 
 
 def compile_layers(model, dynamic: bool | None = None):
-    """Compile every decoder layer's ``forward`` of a Clover model in place; returns the model.
+    """Compile a Clover model's decoder stack in place for forwards of a few tokens; returns the model.
+
+    A forward of at most ``engine.clover.moe.SMALL_PAIRS`` (token, expert) pairs without
+    autograd on the CPU (an autoregressive step: the committed token and the next masked
+    slot; a first small block) runs the whole layer stack as one compiled graph, its MoE as
+    `engine.clover.moe.pairwise_experts`. Any other forward (a prompt's prefill, a block of
+    32 with its commit) runs eagerly: its expert loop branches on the routing on the host,
+    and compiling the layers around it cost minutes of compile for what it saved.
 
     Args:
-        model: an `engine.model.CloverModel` (its ``layers``).
+        model: an `engine.model.CloverModel` (its ``layers`` and ``run_layers``).
         dynamic: `torch.compile`'s ``dynamic`` (None: specialise first, generalise a shape
             that changes).
 
@@ -42,26 +48,44 @@ def compile_layers(model, dynamic: bool | None = None):
         RuntimeError: no C++ compiler for TorchInductor's CPU kernels.
     """
     layers = getattr(model, "layers", None)
-    if layers is None or not hasattr(model, "setup_state"):
+    if layers is None or not hasattr(model, "setup_state") or not hasattr(model, "run_layers"):
         raise TypeError(f"compile_layers takes a Clover model (engine.model.CloverModel), got {type(model).__name__}")
     if not compiler_available():
         raise RuntimeError("torch.compile needs a C++ compiler for CPU kernels (g++ / clang++ on PATH); "
                            "install one (e.g. `apt-get install g++`) or decode without --compile")
-    for layer in layers:
-        layer.forward = _capturing_scalars(torch.compile(layer.forward, dynamic=dynamic))
+    model.run_layers = CompiledLayers(model.run_layers, layers[0].mlp.top_k, dynamic)
     return model
 
 
-def _capturing_scalars(fn):
-    """Run `fn` with Dynamo tracing ``Tensor.item()`` into the graph, so the few-token MoE path
-    (`engine.clover.moe.pairwise_experts`) reads each routed expert id without a graph break."""
+class CompiledLayers:
+    """``run_layers`` of a compiled model: ``(x [B, T, hidden], Pass, layer states) -> [B, T, hidden]``.
 
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        with torch._dynamo.config.patch(capture_scalar_outputs=True):
-            return fn(*args, **kwargs)
+    The stack as one compiled graph where every layer's MoE can trace (B * T * top_k <=
+    ``SMALL_PAIRS``, no autograd, CPU), the eager stack otherwise. The graph is traced with
+    Dynamo capturing ``Tensor.item()`` (``capture_scalar_outputs``), which is how
+    `engine.clover.moe.pairwise_experts` reads a routed expert id without a graph break.
+    One graph for the stack, not one per layer: on clover-tiny at block_size 1 it decoded
+    ~1.2x faster than four per-layer graphs (one Dynamo cache lookup a forward instead of
+    four; benchmarks/RESULTS.md).
+    """
 
-    return run
+    def __init__(self, eager_stack, top_k: int, dynamic: bool | None = None):
+        self.eager_stack, self.top_k = eager_stack, top_k
+        self.graph = torch.compile(eager_stack, dynamic=dynamic)
+
+    def __call__(self, x: torch.Tensor, p, states) -> torch.Tensor:
+        from engine.clover.moe import SMALL_PAIRS
+
+        if (x.shape[0] * x.shape[1] * self.top_k > SMALL_PAIRS or x.device.type != "cpu"
+                or torch.is_grad_enabled()):
+            return self.eager_stack(x, p, states)
+        config = torch._dynamo.config
+        before = config.capture_scalar_outputs  # set by hand: config.patch costs ~150 us a call
+        config.capture_scalar_outputs = True
+        try:
+            return self.graph(x, p, states)
+        finally:
+            config.capture_scalar_outputs = before
 
 
-__all__ = ["compile_layers", "compiler_available"]
+__all__ = ["CompiledLayers", "compile_layers", "compiler_available"]

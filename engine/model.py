@@ -257,6 +257,13 @@ class CloverModel(nn.Module):
         aux = torch.stack([layer.mlp.aux_loss for layer in self.layers]).mean() if self.training else x.new_zeros(())
         return self.norm(x[:, T:]), aux
 
+    def run_layers(self, x: torch.Tensor, p: Pass, states: list[LayerState]) -> torch.Tensor:
+        """The decoder layers in order, each with its own state: [B, T, hidden] -> [B, T, hidden].
+        One method, so `engine.compiled` can compile the stack as one graph."""
+        for layer, st in zip(self.layers, states):
+            x = layer(x, p, st)
+        return x
+
     def _run(self, block_ids: torch.Tensor, state: CloverState, commit_ids: torch.Tensor | None,
              block_size: int | None, observe: bool, reference: bool, pos: torch.Tensor | None = None,
              graph_safe: bool = False) -> ModelOutput:
@@ -283,9 +290,7 @@ class CloverModel(nn.Module):
         kind = "reference" if reference else "prefill" if start == 0 and C > L else "decode"
         p = Pass(kind, n_commit=C, block_size=L, pos=pos, start=start, window=state.window, observe=observe,
                  graph_safe=graph_safe)
-        x = self.embed_tokens(ids)  # [B, T, D]
-        for layer, st in zip(self.layers, state.layers):
-            x = layer(x, p, st)
+        x = self.run_layers(self.embed_tokens(ids), p, state.layers)  # [B, T, D]
         state.position = start + C
         logits = self.lm_head(self.norm(x[:, C:])).float()  # [B, L, vocab]
         if graph_safe:  # [N], on the device

@@ -15,8 +15,9 @@ def test_refuses_a_model_without_clover_layers():
 
 @pytest.mark.skipif(not compiler_available(), reason="no C++ compiler for TorchInductor's CPU kernels")
 def test_compiled_decode_writes_the_eager_tokens():
-    """The bundled model, compiled layer by layer: block_size 1 and block 8 decode the eager tokens
-    (compiling takes about a minute on a small CPU)."""
+    """The bundled model, its few-token forwards compiled as one graph of the layer stack:
+    block_size 1 and block 8 decode the eager tokens, and the graph really ran (Dynamo compiled
+    it, and the step forwards went through it rather than the eager stack)."""
     import engine
     from engine.decoder import BlockDecoder, DecodeConfig
 
@@ -27,8 +28,23 @@ def test_compiled_decode_writes_the_eager_tokens():
     configs = [DecodeConfig(block_size=b, threshold=0.9, max_new_tokens=12, memory_mode="state") for b in (1, 8)]
     eager = [BlockDecoder(model, None, dc).generate(prompt, record_trace=False).tokens for dc in configs]
     compile_layers(model)
+    calls = {"graph": 0, "eager": 0}
+    graph, eager_stack = model.run_layers.graph, model.run_layers.eager_stack
+
+    def counting(name, fn):
+        def run(*args):
+            calls[name] += 1
+            return fn(*args)
+        return run
+
+    model.run_layers.graph, model.run_layers.eager_stack = counting("graph", graph), counting("eager", eager_stack)
+    torch._dynamo.utils.counters.clear()
     try:
         compiled = [BlockDecoder(model, None, dc).generate(prompt, record_trace=False).tokens for dc in configs]
     except torch._dynamo.exc.BackendCompilerFailed as exc:  # the toolchain, not the decode (e.g. no Python headers)
         pytest.skip(f"TorchInductor cannot build CPU kernels here: {str(exc).splitlines()[0][:200]}")
     assert compiled == eager
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    # block_size 1: 12 steps of 2 tokens through the graph (the prompt's prefill is eager); block 8:
+    # its commit forwards (16 tokens, 32 pairs) are eager
+    assert calls["graph"] >= 12 and calls["eager"] >= 2
