@@ -16,7 +16,7 @@ def test_refuses_a_model_without_clover_layers():
 @pytest.mark.skipif(not compiler_available(), reason="no C++ compiler for TorchInductor's CPU kernels")
 def test_compiled_decode_writes_the_eager_tokens():
     """The bundled model, its few-token forwards compiled as one graph of the layer stack:
-    block_size 1 and block 8 decode the eager tokens, and the graph really ran (Dynamo compiled
+    block_size 1 and block 8 decode the eager tokens with the same expert unions, and the graph really ran (Dynamo compiled
     it, and the step forwards went through it rather than the eager stack)."""
     import engine
     from engine.decoder import BlockDecoder, DecodeConfig
@@ -26,7 +26,16 @@ def test_compiled_decode_writes_the_eager_tokens():
     tok = engine.load_tokenizer("models/clover-tiny")
     prompt = tok.encode("def fibonacci(n):\n    ").ids
     configs = [DecodeConfig(block_size=b, threshold=0.9, max_new_tokens=12, memory_mode="state") for b in (1, 8)]
-    eager = [BlockDecoder(model, None, dc).generate(prompt, record_trace=False).tokens for dc in configs]
+
+    def decode(dc):  # the tokens, and the expert union per layer of every step (a tensor in the graph)
+        unions = []
+        res = BlockDecoder(model, None, dc).generate(prompt, record_trace=False,
+                                                     hooks=(lambda ev: unions.append(getattr(ev, "expert_union", None)),))
+        unions = [u.tolist() for u in unions if u is not None]
+        return res.tokens, unions
+
+    eager = [decode(dc) for dc in configs]
+    assert all(len(unions) >= 2 for _, unions in eager)  # steps with unions to compare
     compile_layers(model)
     calls = {"graph": 0, "eager": 0}
     graph, eager_stack = model.run_layers.graph, model.run_layers.eager_stack
@@ -40,7 +49,7 @@ def test_compiled_decode_writes_the_eager_tokens():
     model.run_layers.graph, model.run_layers.eager_stack = counting("graph", graph), counting("eager", eager_stack)
     torch._dynamo.utils.counters.clear()
     try:
-        compiled = [BlockDecoder(model, None, dc).generate(prompt, record_trace=False).tokens for dc in configs]
+        compiled = [decode(dc) for dc in configs]
     except torch._dynamo.exc.BackendCompilerFailed as exc:  # the toolchain, not the decode (e.g. no Python headers)
         pytest.skip(f"TorchInductor cannot build CPU kernels here: {str(exc).splitlines()[0][:200]}")
     assert compiled == eager
