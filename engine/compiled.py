@@ -9,7 +9,7 @@ forwards stay eager). The MoE runs inside the graph as `engine.clover.moe.pairwi
 decode's host-side grouping, `few_token_experts`, would make the graph specialise on the ids).
 
 Opt-in, for a process that decodes many times (a notebook, a sweep, a server;
-``benchmarks/vs_transformers.py --compile``): the first decode compiles (about a minute on a
+``benchmarks/vs_transformers.py --compile``): the first decode compiles (10-60 s on a
 small CPU; a new shape may compile again), which a single command-line decode would never win
 back, and it needs a C++ compiler. Decoding is unchanged: the same tokens as eager (tested),
 the same events.
@@ -53,7 +53,8 @@ def compile_layers(model, dynamic: bool | None = None):
     if not compiler_available():
         raise RuntimeError("torch.compile needs a C++ compiler for CPU kernels (g++ / clang++ on PATH); "
                            "install one (e.g. `apt-get install g++`) or decode without --compile")
-    model.run_layers = CompiledLayers(model.run_layers, layers[0].mlp.top_k, dynamic)
+    if not isinstance(model.run_layers, CompiledLayers):  # compiling twice keeps the first
+        model.run_layers = CompiledLayers(model.run_layers, layers[0].mlp.top_k, dynamic)
     return model
 
 

@@ -37,6 +37,8 @@ def test_compiled_decode_writes_the_eager_tokens():
     eager = [decode(dc) for dc in configs]
     assert all(len(unions) >= 2 for _, unions in eager)  # steps with unions to compare
     compile_layers(model)
+    first = model.run_layers
+    assert compile_layers(model).run_layers is first  # a second call keeps the compiled stack
     calls = {"graph": 0, "eager": 0}
     graph, eager_stack = model.run_layers.graph, model.run_layers.eager_stack
 
