@@ -183,6 +183,11 @@ class DecodeResult:
         n_forced: slots written by forced fill (incl. max_steps exhaustion).
         wall_s: wall time of the decode, seconds.
         tokens_per_s: len(tokens) / wall_s (prompt tokens not counted).
+        observer_s: of `wall_s`, the seconds spent on hooks and the trace: building the events,
+            their cost estimates, and the hooks' own work (0.0 without hooks or trace). The
+            forward's observed quantities (memory share, state norm) are not in it. So
+            ``len(tokens) / (wall_s - observer_s)`` is the decode's speed without its observers,
+            which `engine.eval` reports.
         stop_reason: ``eos``, ``max_new_tokens``, ``context`` or ``cancelled``.
         trace: the `engine.trace.Trace` (None when ``record_trace=False``).
         bytes_read, flops: summed `engine.cost.forward_cost` estimates over the
@@ -201,6 +206,7 @@ class DecodeResult:
     trace: object | None = None
     bytes_read: float | None = None
     flops: float | None = None
+    observer_s: float = 0.0
 
 
 class HookHandle:
@@ -396,13 +402,16 @@ class BlockDecoder(HookRegistry):
         stop_reason = "max_new_tokens" if budget == dc.max_new_tokens else "context"
         generated: list[int] = []
         nfe = n_forced = block_index = 0
+        observer_s = 0.0  # seconds in the `if observers:` blocks below (DecodeResult.observer_s)
         t_start = time.perf_counter()
         while budget > 0:
             n_gen = min(block_size - len(head), budget)
             blk = _Block(block_index, len(seq), head, n_gen, cfg.mask_token_id, self.model.device)
             if observers:
+                t_obs = time.perf_counter()
                 emit(BlockStart(block_index, blk.pos0, block_size, blk.L, blk.prefilled.cpu().numpy().copy(),
                                 blk.ids[0].cpu().numpy().copy()))  # copies: the block is filled in place
+                observer_s += time.perf_counter() - t_obs
             cancelled = False
             while bool(blk.masked.any()):
                 t0 = time.perf_counter()
@@ -414,17 +423,20 @@ class BlockDecoder(HookRegistry):
                 nfe += 1
                 n_forced += step.n_forced
                 if observers:
+                    t_obs = time.perf_counter()
                     cost = meter.forward(n_commit, blk.L, None if out.expert_union is None else
                                          out.expert_union.tolist(), context_len=blk.pos0 - n_commit)
-                    emit(self._step_event(blk, step, out, n_commit + blk.L, time.perf_counter() - t0,
-                                          dc.top_candidates, cost))
+                    emit(self._step_event(blk, step, out, n_commit + blk.L, t_obs - t0, dc.top_candidates, cost))
+                    observer_s += time.perf_counter() - t_obs
                 blk.step += 1
                 if is_cancelled():
                     cancelled = True
                     break
             if observers:
+                t_obs = time.perf_counter()
                 emit(BlockEnd(block_index, blk.pos0, blk.ids[0].cpu().numpy().copy(), blk.step,
                               cfg.eos_token_id in blk.ids[0, len(head):].tolist()))
+                observer_s += time.perf_counter() - t_obs
             tokens, hit_eos = finished_tokens(blk.ids[0].tolist()[len(head):], cfg.eos_token_id,
                                               cfg.mask_token_id, cancelled)
             generated += tokens
@@ -447,7 +459,7 @@ class BlockDecoder(HookRegistry):
         return DecodeResult(
             text=text, tokens=generated, prompt_ids=ids, nfe=nfe, tokens_per_forward=tpf,
             n_forced=n_forced, wall_s=wall_s, tokens_per_s=len(generated) / wall_s if wall_s > 0 else 0.0,
-            stop_reason=stop_reason, trace=trace, bytes_read=bytes_read, flops=flops,
+            stop_reason=stop_reason, trace=trace, bytes_read=bytes_read, flops=flops, observer_s=observer_s,
         )
 
     def _check_config(self, config: DecodeConfig | None) -> DecodeConfig:

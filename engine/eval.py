@@ -23,9 +23,10 @@ Reported: the wrong share among tokens accepted at >= the threshold (calibration
 confidence bin, the error of the answer tokens by slot index (absolute position mod 32, so the
 block_size-1 control is counted on the same slots), and the error by distance from the last clean
 token (`engine.experiments.clean_distance`). Rows read from a sweep (below) carry no writes.
-The recording hook runs inside the timed decode: its host work (~0.25 ms per forward on a
-2-core CPU) weighs more on block_size 1, which makes more forwards per token, so it lifts
-the block-32 / block_size-1 tokens/s ratio by a few percent against hook-free decodes.
+The recording hook runs inside the decode, and its host work (~0.25-0.5 ms per forward on a
+2-core CPU) would weigh more on block_size 1, which makes more forwards per token; the tokens/s
+reported leave it out (`engine.decoder.DecodeResult.observer_s` is subtracted). The forward's own
+observed quantities (memory share, state norm per layer) stay in.
 
 Open-vocabulary tool calls (`engine.data.open_tools.eval_turns`, ``--open-tasks``): tool
 names, argument keys and enum values from a vocabulary disjoint from training, requests in

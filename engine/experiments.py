@@ -98,7 +98,9 @@ class TaskRun:
         target: (A,) int64 -- the ground-truth answer ids, ending with EOS.
         tokens: (G,) int64 -- generated ids up to and excluding the first EOS.
         hit_eos: the decode stopped at an EOS (which is then answer position G).
-        text: the decoded text; nfe, n_forced: forwards and forced slots; wall_s: seconds.
+        text: the decoded text; nfe, n_forced: forwards and forced slots; wall_s: seconds of the
+            decode without the recording hook's own time (`engine.decoder.DecodeResult.observer_s`;
+            from a trace: its ``DecodeEnd.wall_s``).
         exact_match, json_valid, name_correct: `engine.data.agent.score_call`'s verdicts.
         fields: ``score_call(...)["fields"]`` (one dict per ground-truth argument).
         write_pos: (W,) int64 -- answer position of each write (only writes at or before the
@@ -247,7 +249,7 @@ def decode_task(model, tokenizer, task, config, setting: str = "", index: int = 
     hit_eos = r.stop_reason == "eos"
     finish(len(r.tokens) + int(hit_eos))
     return _task_run(task, tokenizer, setting, index, config.block_size, config.threshold, len(prompt_ids),
-                     r.tokens, hit_eos, r.text, r.nfe, r.n_forced, r.wall_s, extra, score)
+                     r.tokens, hit_eos, r.text, r.nfe, r.n_forced, r.wall_s - r.observer_s, extra, score)
 
 
 def _task_run(task, tokenizer, setting, index, block_size, threshold, prompt_len, tokens, hit_eos, text, nfe,

@@ -405,3 +405,24 @@ def test_events_own_their_arrays():
     assert start.tokens.tolist() == [MASK] * 4
     s = steps_of(ev)
     assert [int((st.tokens != MASK).sum()) for st in s] == [1, 2, 3, 4]
+
+
+def test_observer_time_is_reported_apart_from_the_decode():
+    """`DecodeResult.observer_s` holds the hooks' and events' time (a hook that sleeps 20 ms per
+    step puts at least that much in it), none without observers; the steps' own times (forward +
+    selection) fit in what is left of the wall time."""
+    import time
+
+    dec = BlockDecoder(loud_model(seed=5), None, DecodeConfig(block_size=4, threshold=0.9, max_new_tokens=8))
+    assert dec.generate([5, 6, 7], record_trace=False).observer_s == 0.0
+    steps = []
+
+    def slow(ev):
+        if isinstance(ev, StepEvent):
+            steps.append(ev)
+            time.sleep(0.02)
+
+    r = dec.generate([5, 6, 7], hooks=(slow,), record_trace=True)
+    assert len(steps) >= 2
+    assert 0.02 * len(steps) <= r.observer_s < r.wall_s
+    assert sum(ev.wall_s for ev in steps) <= r.wall_s - r.observer_s
