@@ -13,9 +13,9 @@ Four decodes of ``--new-tokens`` tokens after the same ``--prompt-tokens``-token
   no hooks, no trace;
 * **engine b32**: block 32 / threshold 0.95 without hooks and without a trace;
 * **engine b32 + hooks**: the same with a counting hook and the full trace recorded;
-* with ``--compile``, also **engine bs1, torch.compile**: a second copy of the model with each
-  decoder layer compiled by TorchInductor (`engine.compiled`; compiled during the warm-up round,
-  which is not counted).
+* with ``--compile`` (CPU only), also **engine bs1, torch.compile**: a second copy of the model
+  whose few-token forwards run the layer stack as one TorchInductor graph (`engine.compiled`;
+  compiled during the warm-up round, which is not counted).
 
 The rounds interleave the four decodes (one warm-up round first, not counted); tokens/s is the
 median over rounds of generated tokens / seconds, by wall time and by this process's CPU time (on
@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         "engine block 32, hooks + trace": lambda: run_engine(32, True),
     }
     if args.compile:
+        if args.device != "cpu":
+            ap.error("--compile compiles the CPU decode; on CUDA use engine.cuda_graphs (gpu_forward.py)")
         from engine.compiled import compile_layers
 
         compiled = BlockDecoder(compile_layers(load_model(args.model, device=args.device)), tok)

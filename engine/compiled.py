@@ -45,16 +45,21 @@ def compile_layers(model, dynamic: bool | None = None):
     Raises:
         TypeError: a model without Clover decoder layers (the transformers backbones run
             transformers' own modules).
+        ValueError: a model that is not on the CPU.
         RuntimeError: no C++ compiler for TorchInductor's CPU kernels.
     """
     layers = getattr(model, "layers", None)
     if layers is None or not hasattr(model, "setup_state") or not hasattr(model, "run_layers"):
         raise TypeError(f"compile_layers takes a Clover model (engine.model.CloverModel), got {type(model).__name__}")
+    device = torch.device(getattr(model, "device", "cpu"))
+    if device.type != "cpu":
+        raise ValueError(f"compile_layers compiles the CPU decode; this model is on {device}. On CUDA, "
+                         "replay the forward from CUDA graphs instead (engine.cuda_graphs, --cuda-graphs)")
     if not compiler_available():
         raise RuntimeError("torch.compile needs a C++ compiler for CPU kernels (g++ / clang++ on PATH); "
                            "install one (e.g. `apt-get install g++`) or decode without --compile")
     if not isinstance(model.run_layers, CompiledLayers):  # compiling twice keeps the first
-        model.run_layers = CompiledLayers(model.run_layers, layers[0].mlp.top_k, dynamic)
+        model.run_layers = CompiledLayers(model.run_layers, layers, dynamic)
     return model
 
 
@@ -70,18 +75,24 @@ class CompiledLayers:
     four; benchmarks/RESULTS.md).
     """
 
-    def __init__(self, eager_stack, top_k: int, dynamic: bool | None = None):
-        self.eager_stack, self.top_k = eager_stack, top_k
+    def __init__(self, eager_stack, layers, dynamic: bool | None = None):
+        self.eager_stack, self.layers = eager_stack, layers
+        self.top_k = layers[0].mlp.top_k
         self.graph = torch.compile(eager_stack, dynamic=dynamic)
 
     def __call__(self, x: torch.Tensor, p, states) -> torch.Tensor:
         from engine.clover.moe import SMALL_PAIRS
 
         if (x.shape[0] * x.shape[1] * self.top_k > SMALL_PAIRS or x.device.type != "cpu"
-                or torch.is_grad_enabled()):
+                or torch.is_grad_enabled() or p.kind == "reference" or p.graph_safe
+                or any(layer.mlp.expert_parallel is not None for layer in self.layers)):
+            # many pairs: a host-driven expert loop; the reference stays the eager definition;
+            # expert parallel is host-driven collectives
             return self.eager_stack(x, p, states)
         config = torch._dynamo.config
-        before = config.capture_scalar_outputs  # set by hand: config.patch costs ~150 us a call
+        # set by hand: config.patch costs ~150 us a call. Dynamo's config overrides are per thread
+        # in recent torch, so a decode in the explorer's worker thread does not leak it.
+        before = config.capture_scalar_outputs
         config.capture_scalar_outputs = True
         try:
             return self.graph(x, p, states)

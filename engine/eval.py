@@ -26,7 +26,8 @@ token (`engine.experiments.clean_distance`). Rows read from a sweep (below) carr
 The recording hook runs inside the decode, and its host work (~0.25-0.5 ms per forward on a
 2-core CPU) would weigh more on block_size 1, which makes more forwards per token; the tokens/s
 reported leave it out (`engine.decoder.DecodeResult.observer_s` is subtracted). The forward's own
-observed quantities (memory share, state norm per layer) stay in.
+observed quantities (memory share, state norm per layer) stay in, and rows read from a sweep
+(``--from-sweep``) carry the sweep's wall times, observers included.
 
 Open-vocabulary tool calls (`engine.data.open_tools.eval_turns`, ``--open-tasks``): tool
 names, argument keys and enum values from a vocabulary disjoint from training, requests in

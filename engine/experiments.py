@@ -100,7 +100,7 @@ class TaskRun:
         hit_eos: the decode stopped at an EOS (which is then answer position G).
         text: the decoded text; nfe, n_forced: forwards and forced slots; wall_s: seconds of the
             decode without the recording hook's own time (`engine.decoder.DecodeResult.observer_s`;
-            from a trace: its ``DecodeEnd.wall_s``).
+            from a trace: its ``DecodeEnd.wall_s``, which includes them).
         exact_match, json_valid, name_correct: `engine.data.agent.score_call`'s verdicts.
         fields: ``score_call(...)["fields"]`` (one dict per ground-truth argument).
         write_pos: (W,) int64 -- answer position of each write (only writes at or before the

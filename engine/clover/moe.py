@@ -35,7 +35,9 @@ class SharedExpert(nn.Module):
 
 
 SMALL_PAIRS = 16
-"""At most this many (token, expert) pairs in a CPU inference forward: `few_token_experts`."""
+"""At most this many (token, expert) pairs in a CPU inference forward take the few-token path:
+`few_token_experts` eagerly, `pairwise_experts` in a compiled graph (`engine.compiled`, which
+compiles only forwards this small)."""
 
 
 @torch.compiler.disable  # host-side grouping on the routing's values: torch.compile would specialise on them
@@ -123,7 +125,8 @@ class SparseMoE(nn.Module):
 
     Returns the output and the expert union (distinct routed experts over all
     tokens of the forward) as a Python int -- the host sync is needed anyway to
-    loop over the hit experts.
+    loop over the hit experts -- or as a 0-d int64 tensor where the forward must
+    not sync or break a graph (`graph_safe`; a compiled few-token forward).
     """
 
     def __init__(self, cfg: CloverConfig):
@@ -143,7 +146,8 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor, graph_safe: bool = False) -> tuple[torch.Tensor, int | torch.Tensor]:
         """x: [..., D] -> ([..., D], expert union). With `graph_safe` (CUDA-graph capture,
         `engine.cuda_graphs`) the routed experts take a sync-free path and the union is a 0-d
-        int64 tensor; otherwise a Python int."""
+        int64 tensor; likewise inside a compiled graph that traces ``Tensor.item()``
+        (`engine.compiled`: `pairwise_experts`); otherwise a Python int."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])  # [T, D]
         probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E]
@@ -163,7 +167,9 @@ class SparseMoE(nn.Module):
         elif self.expert_parallel is not None:  # this rank's experts; partial outputs summed across ranks
             out, hit = self.expert_parallel.routed(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)
         elif idx.numel() <= SMALL_PAIRS and x.device.type == "cpu" and not torch.is_grad_enabled():
-            few = pairwise_experts if torch.compiler.is_compiling() else few_token_experts
+            # traced by engine.compiled, which captures .item(); any other compile runs few_token_experts eagerly
+            traced = torch.compiler.is_compiling() and torch._dynamo.config.capture_scalar_outputs
+            few = pairwise_experts if traced else few_token_experts
             out, hit = few(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)
         else:
             out, hit = routed_experts(x, w, idx, self.experts.gate_up_proj, self.experts.down_proj)  # [T, D]

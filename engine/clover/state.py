@@ -75,7 +75,8 @@ class Pass:
         graph_safe: no host sync anywhere in the forward (`engine.cuda_graphs`): the MoE takes a
             sync-free path and `expert_union` holds 0-d device tensors instead of ints.
         memory_share: per layer [B, L] head-mean memory share; state_norm: per layer scalar;
-            expert_union: per layer int (0-d int64 tensor when `graph_safe`).
+            expert_union: per layer int (0-d int64 tensor when `graph_safe`, and in a compiled
+            few-token forward, `engine.compiled`).
     """
 
     kind: str

@@ -13,8 +13,22 @@ def test_refuses_a_model_without_clover_layers():
         compile_layers(torch.nn.Linear(2, 2))
 
 
+def test_refuses_a_model_off_the_cpu():
+    class OnMeta:  # what compile_layers reads of a Clover model, on another device
+        layers, device = [object()], torch.device("meta")
+
+        def setup_state(self):
+            pass
+
+        def run_layers(self, x, p, states):
+            return x
+
+    with pytest.raises(ValueError, match="CPU decode"):
+        compile_layers(OnMeta())
+
+
 @pytest.mark.skipif(not compiler_available(), reason="no C++ compiler for TorchInductor's CPU kernels")
-def test_compiled_decode_writes_the_eager_tokens():
+def test_compiled_decode_writes_the_eager_tokens(monkeypatch):
     """The bundled model, its few-token forwards compiled as one graph of the layer stack:
     block_size 1 and block 8 decode the eager tokens with the same expert unions, and the graph really ran (Dynamo compiled
     it, and the step forwards went through it rather than the eager stack)."""
@@ -49,6 +63,13 @@ def test_compiled_decode_writes_the_eager_tokens():
         return run
 
     model.run_layers.graph, model.run_layers.eager_stack = counting("graph", graph), counting("eager", eager_stack)
+    # the eager few-token path must not run: a forward the graph takes runs pairwise_experts inside
+    # it, and one it leaves eager has more pairs (the grouped loop); were Dynamo to give up on the
+    # graph (a recompile limit, a skipped frame), the wrapper would run the stack eagerly, here
+    import engine.clover.moe as moe
+
+    monkeypatch.setattr(moe, "few_token_experts", counting("few_token_experts", moe.few_token_experts))
+    calls["few_token_experts"] = 0
     torch._dynamo.utils.counters.clear()
     try:
         compiled = [decode(dc) for dc in configs]
@@ -59,3 +80,4 @@ def test_compiled_decode_writes_the_eager_tokens():
     # block_size 1: 12 steps of 2 tokens through the graph (the prompt's prefill is eager); block 8:
     # its commit forwards (16 tokens, 32 pairs) are eager
     assert calls["graph"] >= 12 and calls["eager"] >= 2
+    assert calls["few_token_experts"] == 0
