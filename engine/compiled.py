@@ -37,6 +37,12 @@ def compile_layers(model, dynamic: bool | None = None):
     32 with its commit) runs eagerly: its expert loop branches on the routing on the host,
     and compiling the layers around it cost minutes of compile for what it saved.
 
+    Each new forward shape compiles once (B*T: at block_size 1 the two-token step; a small
+    block and its commit are two more; ~10-60 s each on a small CPU, state+window included).
+    Dynamo keeps at most ``torch._dynamo.config.recompile_limit`` (8) graphs of the stack per
+    process, over all shapes and compiled models; past that it warns and runs the stack
+    eagerly: the same tokens, the eager speed.
+
     Args:
         model: an `engine.model.CloverModel` (its ``layers`` and ``run_layers``).
         dynamic: `torch.compile`'s ``dynamic`` (None: specialise first, generalise a shape
