@@ -454,7 +454,7 @@ class BlockDecoder(HookRegistry):
         flops = None if meter is None else meter.flops
         if observers:
             emit(DecodeEnd(np.asarray(generated, dtype=np.int64), nfe, tpf, n_forced, wall_s, stop_reason,
-                           bytes_read, flops))
+                           bytes_read, flops, observer_s=observer_s))
         text = self.tokenizer.decode(generated) if self.tokenizer is not None else ""
         return DecodeResult(
             text=text, tokens=generated, prompt_ids=ids, nfe=nfe, tokens_per_forward=tpf,

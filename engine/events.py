@@ -204,6 +204,8 @@ class DecodeEnd(_Repr):
         wall_s: total wall time in seconds.
         stop_reason: ``"eos"``, ``"max_new_tokens"``, ``"context"`` or ``"cancelled"``.
         bytes_read, flops: sums over forwards (None until the cost model fills them).
+        observer_s: of `wall_s`, the seconds the decoder spent on its observers (events, cost
+            estimates, hooks, this trace); 0.0 in traces saved before it was recorded.
     """
 
     tokens: np.ndarray
@@ -214,6 +216,7 @@ class DecodeEnd(_Repr):
     stop_reason: str
     bytes_read: float | None = None
     flops: float | None = None
+    observer_s: float = 0.0
 
 
 Event = BlockStart | StepEvent | BlockEnd | DecodeEnd

@@ -100,7 +100,7 @@ class TaskRun:
         hit_eos: the decode stopped at an EOS (which is then answer position G).
         text: the decoded text; nfe, n_forced: forwards and forced slots; wall_s: seconds of the
             decode without the recording hook's own time (`engine.decoder.DecodeResult.observer_s`;
-            from a trace: its ``DecodeEnd.wall_s``, which includes them).
+            from a trace: its ``DecodeEnd.wall_s`` less its ``observer_s``).
         exact_match, json_valid, name_correct: `engine.data.agent.score_call`'s verdicts.
         fields: ``score_call(...)["fields"]`` (one dict per ground-truth argument).
         write_pos: (W,) int64 -- answer position of each write (only writes at or before the
@@ -273,7 +273,7 @@ def task_run_from_trace(trace, task, tokenizer, setting: str = "", index: int = 
 
     The trace's `StepEvent`s are replayed through the same collector `decode_task` hooks into a
     live decode, so a trace of the same decode gives the same `TaskRun` (wall time aside: the
-    trace's ``DecodeEnd.wall_s``); the text is ``tokenizer.decode`` of the generated tokens (what
+    trace's ``DecodeEnd.wall_s`` less its ``observer_s``); the text is ``tokenizer.decode`` of the generated tokens (what
     the decoder returns), scored again by `engine.data.agent.score_call`.
 
     Args:
@@ -302,7 +302,8 @@ def task_run_from_trace(trace, task, tokenizer, setting: str = "", index: int = 
     hit_eos = end.stop_reason == "eos"
     finish(len(tokens) + int(hit_eos))
     return _task_run(task, tokenizer, setting, index, cfg["block_size"], cfg["threshold"], len(trace.prompt_ids),
-                     tokens, hit_eos, tokenizer.decode(tokens), end.nfe, end.n_forced, end.wall_s, extra)
+                     tokens, hit_eos, tokenizer.decode(tokens), end.nfe, end.n_forced, end.wall_s - end.observer_s,
+                     extra)
 
 
 def decode_tasks(model, tokenizer, tasks: Sequence, settings: Mapping[str, object],

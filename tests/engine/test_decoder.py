@@ -407,7 +407,7 @@ def test_events_own_their_arrays():
     assert [int((st.tokens != MASK).sum()) for st in s] == [1, 2, 3, 4]
 
 
-def test_observer_time_is_reported_apart_from_the_decode():
+def test_observer_time_is_reported_apart_from_the_decode(tmp_path):
     """`DecodeResult.observer_s` holds the hooks' and events' time (a hook that sleeps 20 ms per
     step puts at least that much in it), none without observers; the steps' own times (forward +
     selection) fit in what is left of the wall time."""
@@ -426,3 +426,15 @@ def test_observer_time_is_reported_apart_from_the_decode():
     assert len(steps) >= 2
     assert 0.02 * len(steps) <= r.observer_s < r.wall_s
     assert sum(ev.wall_s for ev in steps) <= r.wall_s - r.observer_s
+    # the trace keeps it, through a save and load
+    assert r.trace.decode_end.observer_s == r.observer_s
+    from engine.trace import Trace
+
+    path = tmp_path / "t.parquet"
+    r.trace.save(path)
+    assert Trace.load(path).decode_end.observer_s == r.observer_s
+    # a trace saved before the field existed (tests/data/small_trace.parquet) loads with 0.0
+    from pathlib import Path
+
+    old = Trace.load(Path(__file__).resolve().parents[1] / "data" / "small_trace.parquet")
+    assert old.decode_end.observer_s == 0.0 and old.decode_end.wall_s > 0
