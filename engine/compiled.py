@@ -76,9 +76,11 @@ class CompiledLayers:
     ``SMALL_PAIRS``, no autograd, CPU), the eager stack otherwise. The graph is traced with
     Dynamo capturing ``Tensor.item()`` (``capture_scalar_outputs``), which is how
     `engine.clover.moe.pairwise_experts` reads a routed expert id without a graph break.
-    One graph for the stack, not one per layer: on clover-tiny at block_size 1 it decoded
-    ~1.2x faster than four per-layer graphs (one Dynamo cache lookup a forward instead of
-    four; benchmarks/RESULTS.md).
+    One graph for the stack, not one per layer: a forward pays one Dynamo cache lookup
+    (75-82 us each were measured with four per-layer graphs, whose lookups walk each other's
+    entries) and one switch of that setting (``config.patch`` costs ~150 us, so it is set by
+    hand). On clover-tiny at block_size 1 the stack decoded 1.23x faster than per-layer graphs
+    that paid four lookups and four ``config.patch`` calls (benchmarks/RESULTS.md).
     """
 
     def __init__(self, eager_stack, layers, dynamic: bool | None = None):
