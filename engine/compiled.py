@@ -84,14 +84,14 @@ class CompiledLayers:
     """
 
     def __init__(self, eager_stack, layers, dynamic: bool | None = None):
+        from engine.clover.moe import SMALL_PAIRS
+
         self.eager_stack, self.layers = eager_stack, layers
-        self.top_k = layers[0].mlp.top_k
+        self.max_rows = SMALL_PAIRS // layers[0].mlp.top_k  # B * T of a forward the graph takes
         self.graph = torch.compile(eager_stack, dynamic=dynamic)
 
     def __call__(self, x: torch.Tensor, p, states) -> torch.Tensor:
-        from engine.clover.moe import SMALL_PAIRS
-
-        if (x.shape[0] * x.shape[1] * self.top_k > SMALL_PAIRS or x.device.type != "cpu"
+        if (x.shape[0] * x.shape[1] > self.max_rows or x.device.type != "cpu"
                 or torch.is_grad_enabled() or p.kind == "reference" or p.graph_safe
                 or any(layer.mlp.expert_parallel is not None for layer in self.layers)):
             # many pairs: a host-driven expert loop; the reference stays the eager definition;

@@ -293,11 +293,9 @@ class CloverModel(nn.Module):
         x = self.run_layers(self.embed_tokens(ids), p, state.layers)  # [B, T, D]
         state.position = start + C
         logits = self.lm_head(self.norm(x[:, C:])).float()  # [B, L, vocab]
-        if graph_safe:  # [N], on the device
-            union = torch.stack(p.expert_union)
-        elif all(isinstance(u, int) for u in p.expert_union):
+        if all(isinstance(u, int) for u in p.expert_union):
             union = torch.tensor(p.expert_union, dtype=torch.int64)
-        else:  # compiled layers (engine.compiled) give 0-d tensors
+        else:  # 0-d tensors, on the device: graph-safe (no sync) or compiled (engine.compiled) layers
             union = torch.stack([torch.as_tensor(u, dtype=torch.int64) for u in p.expert_union])
         out = ModelOutput(logits=logits, expert_union=union)
         if observe:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from engine.clover.moe import SMALL_PAIRS, few_token_experts, pairwise_experts
 from engine.clover.ops import causal_conv_step, delta_update, rope, rope_angles
+from engine.compiled import compiler_available
 from engine.decoder import BlockDecoder, DecodeConfig
 from engine.model import random_model
 from kernels.moe import routed_experts
@@ -47,13 +48,10 @@ def test_pairwise_experts_equal_the_grouped_loop(T):
         assert got_hit.dtype == torch.int64 and int(got_hit) == hit
 
 
+@pytest.mark.skipif(not compiler_available(), reason="no C++ compiler for TorchInductor's CPU kernels")
 def test_pairwise_experts_compile_once_for_every_routing():
     """Compiled in one graph (fullgraph: no break), the expert ids read as symbolic scalars: new
     routings reuse the graph (a recompile raises) and give the eager result."""
-    from engine.compiled import compiler_available
-
-    if not compiler_available():
-        pytest.skip("no C++ compiler for TorchInductor's CPU kernels")
     g = torch.Generator().manual_seed(3)
     gu, down = torch.randn(8, 96, 64, generator=g), torch.randn(8, 64, 48, generator=g)
     compiled = torch.compile(pairwise_experts, fullgraph=True, dynamic=False)
