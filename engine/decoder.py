@@ -47,7 +47,7 @@ from engine.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
 from engine.model import MEMORY_MODES, CloverModel
 from engine.policies import POLICIES, make_policy
 from engine.processors import ProgressiveEOSBias, RepetitionControl
-from kernels.confidence import confidence_step
+from kernels.confidence import confidence_step, top_candidates
 
 Hook = Callable[[object], None]
 
@@ -488,19 +488,20 @@ class BlockDecoder(HookRegistry):
     @staticmethod
     def _step_event(blk: "_Block", st: "_Step", out, n_fwd: int, wall_s: float, top_k: int, cost) -> StepEvent:
         """Copy one iteration's tensors to the host (only called when a hook is registered)."""
-        # one host copy per dtype: the four [L] masks, then the block's ids with the candidates
+        # three host copies (masks, ids, fp32 values): each torch op costs microseconds on the CPU and
+        # each copy a sync on a GPU, so the [L] vectors and the top-K columns travel together
+        k = min(top_k, st.probs.shape[-1])
+        tp, tt = top_candidates(st.probs, k)  # [L, k] over every slot; masked rows kept below
         mb, accepted, forced, eos_filled = torch.stack(
             [st.masked_before, st.accepted, st.forced, st.eos_filled]).cpu().numpy()
-        tokens, cand = torch.stack([blk.ids[0], st.cand.to(blk.ids.dtype)]).cpu().numpy().astype(np.int64, copy=False)
-        k = min(top_k, st.probs.shape[-1])
-        rows = mb.nonzero()[0]  # top candidates of the masked slots only (the others are -1 / NaN)
-        tp, tt = (st.probs if len(rows) == len(mb) else st.probs[torch.from_numpy(rows).to(st.probs.device)]).topk(k, dim=-1)
-        confidence = np.where(mb, st.conf.float().cpu().numpy(), np.nan).astype(np.float32)
-        candidate = np.where(mb, cand, -1)
-        top_tokens = np.full((len(mb), k), -1, dtype=np.int64)
-        top_tokens[rows] = tt.cpu().numpy()
-        top_probs = np.full((len(mb), k), np.nan, dtype=np.float32)
-        top_probs[rows] = tp.float().cpu().numpy()
+        ints = torch.cat([blk.ids[0, :, None], st.cand[:, None].to(blk.ids.dtype), tt.to(blk.ids.dtype)], 1)
+        ints = ints.cpu().numpy().astype(np.int64, copy=False)  # [L, 2 + k]: ids, candidate, top-K ids
+        vals = torch.cat([st.conf[:, None].float(), tp.float()], 1).cpu().numpy()  # [L, 1 + k]
+        tokens, m2 = ints[:, 0].copy(), mb[:, None]  # unmasked slots have no candidates: -1 / NaN
+        confidence = np.where(mb, vals[:, 0], np.float32(np.nan))
+        candidate = np.where(mb, ints[:, 1], -1)
+        top_tokens = np.where(m2, ints[:, 2:], -1)
+        top_probs = np.where(m2, vals[:, 1:], np.float32(np.nan))
         return StepEvent(
             block_index=blk.index, step_index=blk.step, position_start=blk.pos0,
             tokens=tokens, masked_before=mb, confidence=confidence, candidate=candidate,
@@ -615,7 +616,7 @@ class _Selector:
                 firings += self.rep(logits, cur, blk.pos0, mlist, self.mask_id, prompt_len)
             if self.eos_bias is not None:
                 firings += self.eos_bias(logits, cur, blk.pos0, mlist, self.mask_id, prompt_len, self.eos_id)
-        conf, cand, probs = confidence_step(logits, self.never)  # [L], [L], [L, V]; torch on CPU, Triton on CUDA
+        conf, cand, probs = confidence_step(logits, self.never)  # [L], [L], [L, V]; host path on CPU, Triton on CUDA
         masked = blk.masked
         accepted = self.policy.select(conf, masked, probs) & masked
         forced = torch.zeros_like(masked)

@@ -1,8 +1,10 @@
 """Per-slot confidence: one dispatcher over the implementations.
 
-``torch`` (`naive.confidence_step`, the definition and the CPU path) and ``triton``
+``torch`` (`naive.confidence_step`, the definition), ``host`` (`host.confidence_step`, the
+CPU path: the same results with vectorised row maxima) and ``triton``
 (`triton_confidence.confidence_step`, one fused pass over the vocabulary). With
-``impl=None`` CUDA tensors take Triton when it is installed, everything else torch.
+``impl=None`` CUDA tensors take Triton when it is installed, everything else host (which
+falls back to torch for what numpy cannot hold).
 """
 
 from __future__ import annotations
@@ -10,10 +12,13 @@ from __future__ import annotations
 import torch
 
 from kernels._triton import HAS_TRITON, require_triton
+from kernels.confidence.host import confidence_step as _host_step
+from kernels.confidence.host import top_candidates as _host_top
 from kernels.confidence.naive import confidence_step as _torch_step
 from kernels.confidence.naive import never_mask
+from kernels.confidence.naive import top_candidates as _torch_top
 
-IMPLS = ("torch", "triton")
+IMPLS = ("torch", "host", "triton")
 
 
 def confidence_step(logits: torch.Tensor, never: torch.Tensor, with_probs: bool = True,
@@ -21,15 +26,18 @@ def confidence_step(logits: torch.Tensor, never: torch.Tensor, with_probs: bool 
     """Dispatch; arguments and results as in `kernels.confidence.naive.confidence_step`.
 
     Args:
-        impl: ``"torch"``, ``"triton"`` or None (Triton on CUDA when installed, else torch).
+        impl: ``"torch"``, ``"host"``, ``"triton"`` or None (Triton on CUDA when installed,
+            else host).
 
     Raises:
         ValueError: unknown impl. RuntimeError: impl="triton" where Triton cannot run.
     """
     if impl is None:
-        impl = "triton" if logits.is_cuda and HAS_TRITON else "torch"
+        impl = "triton" if logits.is_cuda and HAS_TRITON else "host"
     if impl == "torch":
         return _torch_step(logits, never, with_probs)
+    if impl == "host":
+        return _host_step(logits, never, with_probs)
     if impl == "triton":
         require_triton("confidence_step", logits)
         from kernels.confidence import triton_confidence  # lazy: see kernels/_triton.py
@@ -38,4 +46,10 @@ def confidence_step(logits: torch.Tensor, never: torch.Tensor, with_probs: bool 
     raise ValueError(f"unknown confidence_step impl {impl!r}; choose one of {IMPLS}")
 
 
-__all__ = ["IMPLS", "confidence_step", "never_mask"]
+def top_candidates(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K most probable ids per slot (`kernels.confidence.naive.top_candidates`): the chunked
+    host path (`host.top_candidates`) for CPU tensors, ``torch.topk`` elsewhere."""
+    return (_host_top if probs.device.type == "cpu" else _torch_top)(probs, k)
+
+
+__all__ = ["IMPLS", "confidence_step", "never_mask", "top_candidates"]

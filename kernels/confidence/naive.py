@@ -45,3 +45,16 @@ def confidence_step(logits: torch.Tensor, never: torch.Tensor, with_probs: bool 
     probs = torch.softmax(logits.masked_fill(never, float("-inf")), dim=-1)
     conf, cand = probs.max(-1)
     return conf, cand, (probs if with_probs else None)
+
+
+def top_candidates(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K most probable ids per slot, the definition: ``probs.topk(k, dim=-1)``.
+
+    Args:
+        probs: [L, V] probabilities (any float dtype). k: 1 <= k <= V.
+
+    Returns:
+        values [L, k] (probs' dtype, descending), ids [L, k] int64. Among tied values the
+        order of ids is unspecified (as in ``torch.topk``).
+    """
+    return probs.topk(k, dim=-1)

@@ -82,8 +82,31 @@ def test_dispatcher_cpu_is_the_definition():
     ref = naive.confidence_step(logits, never)
     for a, b in zip(got, ref):
         assert torch.equal(a, b)
+    for impl in ("torch", "host"):
+        for a, b in zip(confidence.confidence_step(logits, never, impl=impl), ref):
+            assert torch.equal(a, b)
     with pytest.raises(ValueError, match="impl"):
         confidence.confidence_step(logits, never, impl="cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.bfloat16],
+                         ids=lambda d: str(d)[6:])
+def test_host_equals_torch_bit_for_bit(dtype):
+    """The CPU path (amax + numpy argmax) returns the definition's tensors exactly, ties and NaN
+    included: the first of tied maxima, the first NaN; bfloat16 (no numpy dtype) falls back."""
+    from kernels.confidence import host
+
+    logits, never = _case(33, 300, dtype, seed=3, tokenizer_vocab=290)
+    logits[0, 10] = logits[0, 20] = 50.0  # a tie at the top: the first index wins
+    logits[1, 7] = logits[1, 9] = logits[1, 40] = 0.0
+    logits[1] = logits[1].masked_fill(torch.arange(300) != 7, -1e4)  # ties after the softmax too
+    logits[2, 33] = logits[2, 44] = float("nan")  # a NaN row: max and argmax point at the first NaN
+    got = host.confidence_step(logits, never)
+    ref = naive.confidence_step(logits, never)
+    assert got[1].tolist()[:2] == [10, 7] and got[1].dtype == torch.int64
+    for a, b in zip(got, ref):
+        assert a.dtype == b.dtype and torch.equal(a.nan_to_num(-1.0), b.nan_to_num(-1.0))
+    assert host.confidence_step(logits, never, with_probs=False)[2] is None
 
 
 def test_never_mask():
@@ -91,3 +114,36 @@ def test_never_mask():
     assert m.tolist() == [False, False, True] + [False] * 5 + [True, True]
     with pytest.raises(ValueError, match="mask_id"):
         naive.never_mask(10, 10)
+
+
+@pytest.mark.parametrize("L, V, k", [(1, 4096, 5), (33, 4096, 1), (7, 640, 5), (32, 49152, 8), (5, 1000, 3)])
+def test_host_top_candidates_equal_topk(L, V, k):
+    """The chunked top-K equals ``torch.topk``: the same values, and the same ids wherever the
+    values are distinct (several maxima in one chunk and near-ties across chunks included);
+    vocabularies that are not a multiple of the chunk take the definition."""
+    from kernels.confidence import host
+
+    gen = torch.Generator().manual_seed(L * V + k)
+    logits = torch.randn(L, V, generator=gen) * 3
+    logits[0, :8] = 20.0 + torch.arange(8.0) * 1e-3  # one chunk holds the whole top-K of row 0
+    probs = torch.softmax(logits, -1)
+    values, ids = host.top_candidates(probs, k)
+    ref_values, ref_ids = naive.top_candidates(probs, k)
+    assert ids.dtype == torch.int64 and values.shape == ref_values.shape == (L, k)
+    assert torch.equal(values, ref_values)
+    assert torch.equal(probs.gather(1, ids), values)  # each id carries its value
+    distinct = torch.cat([values[:, :-1] != values[:, 1:], torch.ones(L, 1, dtype=torch.bool)], 1)
+    distinct[:, 1:] &= values[:, 1:] != values[:, :-1]
+    assert torch.equal(ids[distinct], ref_ids[distinct])
+    assert ids[0].tolist()[:min(k, 8)] == list(range(7, 7 - min(k, 8), -1))
+
+
+def test_host_top_candidates_ties():
+    """Tied values: the same multiset of values, every id one of the tied ones."""
+    from kernels.confidence import host
+
+    probs = torch.zeros(2, 1024)
+    probs[:, [3, 200, 640, 1000]] = 0.25
+    values, ids = host.top_candidates(probs, 3)
+    assert torch.equal(values, torch.full((2, 3), 0.25))
+    assert set(ids.flatten().tolist()) <= {3, 200, 640, 1000} and len(set(ids[0].tolist())) == 3
