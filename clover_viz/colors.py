@@ -96,7 +96,10 @@ def _mix(a: str, b: str, t: float) -> str:
     )
 
 
-_SPECIAL_SHORT = {"<|endoftext|>": "EOS", "<|mask|>": "MASK"}
+_SPECIAL_SHORT = {"<|endoftext|>": "EOS", "<|mask|>": "MASK", "<|im_start|>": "START", "<|im_end|>": "END"}
+# the block view's cells: 8 to a row in a ~400 px figure, ~48 px each; a 12 px monospace
+# character is ~7 px wide, so 6 characters fit (8 ran into the next cell)
+CELL_CHARS = 6
 
 
 def token_label(text: str, max_chars: int = 8) -> str:
@@ -104,10 +107,15 @@ def token_label(text: str, max_chars: int = 8) -> str:
 
     Spaces become ``␣``, newlines ``⏎``, tabs ``⇥``, other control or
     unprintable characters ``\\xNN``; an empty string ``∅``; long tokens are
-    cut with ``…``; ``<|endoftext|>`` is ``EOS``.
+    cut with ``…``; ``<|endoftext|>`` is ``EOS``, ChatML's ``<|im_start|>`` / ``<|im_end|>``
+    are ``START`` / ``END`` and any other ``<|name|>`` special token is its name in capitals
+    (``<|fim_middle|>``: ``FIM_MIDDLE``, then cut to `max_chars`).
     """
     if text in _SPECIAL_SHORT:
         return _SPECIAL_SHORT[text]
+    if len(text) > 4 and text.startswith("<|") and text.endswith("|>") and "<|" not in text[2:]:
+        name = text[2:-2].upper()
+        return name if len(name) <= max_chars else name[: max_chars - 1] + "…"
     if text == "":
         return "∅"
     out = []

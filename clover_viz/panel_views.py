@@ -238,7 +238,8 @@ class SettingsPanel(pn.viewable.Viewer):
         self.generate.on_click(lambda _e: s.generate())
         self.stop.on_click(lambda _e: s.stop())
         self.open.param.watch(self._open, "value")
-        s.param.watch(self._sync, ["running", "model_label", "window_available", "memory_advice", "trace", "n_steps"])
+        s.param.watch(self._sync, ["running", "model_label", "model_ok", "window_available", "memory_advice", "trace",
+                                   "n_steps"])
         self._sync()
 
     def _save(self) -> Any:
@@ -264,11 +265,12 @@ class SettingsPanel(pn.viewable.Viewer):
         label = s.model_label or "(not loaded yet)"
         warn = " ⚠" if "random" in label else ""
         self.model_label.object = f"**Model:** {html.escape(label)}{warn}"
-        self.memory_mode.disabled = not s.window_available
+        self.memory_mode.disabled = not (s.window_available and s.model_ok)
         self.memory_note.object = (
+            "no model loaded" if not s.model_ok else
             "`state+window`: the last W tokens' K/V beside the state; `state` is Clover's own. "
             + (s.memory_advice or "") if s.window_available else
-            "this model has no attention window: only `state` (Clover's mode) runs")
+            f"only `state` runs: {s.memory_advice or 'this model has no attention window'}")
 
     def _bundled_name(self) -> str:
         return Path((self.state.model_dir or "").rstrip("/")).name
@@ -377,6 +379,13 @@ class RunSummary(pn.viewable.Viewer):
         return pn.Column(self.error, self.numbers, self.progress, sizing_mode="stretch_width")
 
 
+def scrub_label(position: int, n_steps: int) -> str:
+    """The playback slider's label: ``"step: k of n"`` (1-based), ``"step: no run yet"`` for none."""
+    if n_steps < 1:
+        return "step: no run yet"
+    return f"step: {min(position, n_steps - 1) + 1} of {n_steps}"
+
+
 class PlaybackBar(pn.viewable.Viewer):
     """Play / pause, step back / forward, speed and a scrub slider over every step of the run."""
 
@@ -392,9 +401,11 @@ class PlaybackBar(pn.viewable.Viewer):
         self.forward = pn.widgets.Button(label="step ▶", description="step forward", width=70, **b)
         self.last = pn.widgets.Button(label="▶|", description="last step", width=48, **b)
         # 1-based like every other step count on the page ("step 3/40" in the block view), shown
-        # as "step: k of n"
-        self.scrub = pn.widgets.IntSlider(label="step", start=1, end=2, value=1, disabled=True,
-                                          sizing_mode="stretch_width", margin=(5, 15))
+        # as "step: k of n" above the slider. Not the slider's own title: bokeh redraws that on a
+        # new value, not on a new tick formatter, so "of n" lagged a run ("14 of 13").
+        self.scrub = pn.widgets.IntSlider(name="", start=1, end=2, value=1, disabled=True, show_value=False,
+                                          sizing_mode="stretch_width", margin=(0, 15, 5, 15))
+        self.scrub_text = pn.pane.HTML(scrub_label(0, 0), margin=(0, 15), css_classes=["clover-scrub-label"])
         self.speed = pn.widgets.FloatSlider.from_param(s.param.speed, label="speed (steps/s)", width=170)
         self.first.on_click(lambda _e: s.seek(0) or s.pause())
         self.back.on_click(lambda _e: s.step(-1))
@@ -411,19 +422,12 @@ class PlaybackBar(pn.viewable.Viewer):
         self.scrub.disabled = n < 2
         self.scrub.end = max(n, 2)
         self.scrub.value = min(s.position + 1, self.scrub.end)
-        self._of_n(n)
+        self.scrub_text.object = scrub_label(s.position, n)
         self.play.label = "▮▮ pause" if s.playing else "▶ play"  # geometric shapes: in every font
 
-    def _of_n(self, n: int) -> None:
-        """The slider's value format: ``"k of n"`` (a new formatter only when n changes)."""
-        if getattr(self, "_n_shown", None) != n:
-            from bokeh.models import PrintfTickFormatter
-
-            self.scrub.format = PrintfTickFormatter(format=f"%d of {n}")
-            self._n_shown = n
-
     def __panel__(self) -> Any:
-        return pn.Row(self.first, self.back, self.play, self.forward, self.last, self.scrub, self.speed,
+        return pn.Row(self.first, self.back, self.play, self.forward, self.last,
+                      pn.Column(self.scrub_text, self.scrub, sizing_mode="stretch_width"), self.speed,
                       sizing_mode="stretch_width", align="center")
 
 
@@ -546,7 +550,9 @@ class CompareView(pn.viewable.Viewer):
             self.pane.object = ('<div style="color:#64748b">No previous run yet. Generate again, or drag threshold '
                                 'or block size: the run before stays here for comparison.</div>')
             return
-        self.table.show(F.compare_table(cmp["previous"], cmp["current"], labels=RUN_LABELS))
+        table = F.compare_table(cmp["previous"], cmp["current"], labels=RUN_LABELS)
+        table.update_layout(title_text="", margin_t=10)  # the card's header names it
+        self.table.show(table)
         self.pane.object = (
             "<p style='font-size:13px;margin:8px 0 4px'>text difference "
             f"(<del style='background:#fee2e2'>{RUN_LABELS[0]} only</del> <ins style='background:#dcfce7;"

@@ -197,6 +197,7 @@ class ExplorerState(param.Parameterized):
     status = param.String(default="", doc="One line on what the session is doing.")
     error = param.String(default="", doc="The last error (empty when none).")
     model_label = param.String(default="", doc="What model is loaded, said plainly.")
+    model_ok = param.Boolean(default=False, doc="The last load of `model_dir` succeeded (Generate can decode).")
     window_available = param.Boolean(default=True, doc="The model supports 'state+window'.")
     memory_advice = param.String(default="", doc=(
         "Which memory mode the loaded model does best in, and the measurement that says so "
@@ -251,9 +252,16 @@ class ExplorerState(param.Parameterized):
                 self.error = f"Model not loaded: {exc}"
                 # Generate refuses until the directory loads: do not keep naming the previous model
                 self.model_label = f"none loaded from {self.model_dir!r}"
+                self.memory_advice = ""
+                self.model_ok = False
+                if not self.running:
+                    self.status = "no model loaded: fix the model directory, or pick a bundled model"
                 return None
         self._loaded = loaded
         self.model_label = loaded.label
+        if not self.model_ok and self.status.startswith("no model loaded"):
+            self.status = ""
+        self.model_ok = True
         self._use_examples(loaded)
         self.window_available = loaded.window_available
         self.memory_advice = ""
@@ -261,7 +269,8 @@ class ExplorerState(param.Parameterized):
             from engine.checkpoint import best_memory_mode
 
             mode, why = best_memory_mode(self.model_dir)
-            self.memory_advice = f"`{mode}` is the {why}" if loaded.window_available else ""
+            # with a window: which mode to start in and why; without: why `state` is the only one
+            self.memory_advice = f"`{mode}` is the {why}" if loaded.window_available else why
         if adjust_mode and not loaded.window_available and self.memory_mode == "state+window":
             self.memory_mode = "state"
         return loaded

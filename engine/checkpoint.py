@@ -277,6 +277,25 @@ CONVERT_FIRST: dict[str, str] = {"qwen3_5_moe": "qwen3_5_moe", "qwen3_5_moe_text
 """``model_type`` -> ``engine.convert --from`` value, for formats that load after conversion to Clover."""
 
 
+def largest_trained_block(model_dir: str | Path) -> int | None:
+    """The largest block_size a block-diffusion adapter (``models/smollm2-bd``) was trained on,
+    from its ``config.json`` recipe (``--block-sizes``, default `engine.hf_train.DEFAULT_BLOCK_WEIGHTS`);
+    None where the directory does not say (Clover checkpoints, whose training mixes sizes up to
+    64 but whose config keeps no recipe). Larger blocks are outside the model's training: the
+    CLI says so.
+    """
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+        recipe = cfg.get("recipe") if cfg.get("model_type") == "hf-block-diffusion" else None
+        if not isinstance(recipe, dict) or recipe.get("objective", "block-diffusion") != "block-diffusion":
+            return None
+        from engine.hf_train import parse_block_weights
+
+        return max(b for b, w in parse_block_weights(recipe.get("block_sizes")).items() if w > 0)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
 def best_memory_mode(model_dir: str | Path) -> tuple[str, str]:
     """The memory mode to decode `model_dir` in by default, and why.
 
@@ -299,11 +318,14 @@ def best_memory_mode(model_dir: str | Path) -> tuple[str, str]:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     try:
-        window = json.loads((d / "config.json").read_text(encoding="utf-8")).get("attention_window", 0)
+        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
+        window, model_type = cfg.get("attention_window", 0), cfg.get("model_type")
     except (OSError, ValueError, AttributeError):
-        window = 0
+        window, model_type = 0, None
     if window:
         return "state+window", f"{d.name} has an attention window (W={window}) and no eval.json"
+    if model_type not in (None, "clover"):  # a transformers backbone: its decoder runs `state` only
+        return "state", f"{d.name} keeps its history in a KV cache; Clover's memory modes do not apply"
     return "state", f"{d.name} has no attention window"
 
 
@@ -445,7 +467,8 @@ def load_weights(model: torch.nn.Module, path_or_dir: str | Path) -> torch.nn.Mo
         ValueError: naming the file or tensor, when the directory is missing;
             there is no weights file (or both a single file and an index);
             the index is invalid or lists a shard that is missing; a file is
-            truncated, padded or has a corrupt header; a tensor is missing,
+            truncated, padded or has a corrupt header; a floating tensor holds NaN
+            or inf (bytes overwritten in place); a tensor is missing,
             unexpected, has the wrong shape or a dtype of another kind.
     """
     directory = _checkpoint_dir(path_or_dir)
@@ -457,9 +480,14 @@ def load_weights(model: torch.nn.Module, path_or_dir: str | Path) -> torch.nn.Mo
         header = _read_header(path)
         try:  # safetensors' own checks (offsets vs shapes), before any weight is copied
             with safe_open(str(path), framework="pt", device="cpu") as f:
-                f.keys()
+                bad = _first_non_finite(f, header)
         except SafetensorError as e:
             raise ValueError(f"cannot read {path}: {e}; re-save or re-download it") from e
+        if bad is not None:
+            raise ValueError(
+                f"tensor {bad!r} in {path.name} holds NaN or infinite values: the file is corrupt (overwritten "
+                f"bytes keep its size and header) or was saved from a diverged run -- re-save or re-download it"
+            )
         if listed is not None:
             absent = sorted(set(listed) - set(header))
             if absent:
@@ -531,6 +559,19 @@ def load_weights(model: torch.nn.Module, path_or_dir: str | Path) -> torch.nn.Mo
             result = model.load_state_dict(tensors, strict=False)
             assert not result.unexpected_keys, result.unexpected_keys
     return model
+
+
+def _first_non_finite(f, header: dict[str, tuple[str, tuple[int, ...]]]) -> str | None:
+    """The first floating tensor of an open safetensors file holding NaN or inf (None if none):
+    bytes overwritten in place keep the header valid, so only the values tell. One tensor in
+    memory at a time; clover-tiny's 25 MB take ~20 ms."""
+    for name, (dt, _) in header.items():
+        if _dtype_kind(dt) != "floating":
+            continue
+        t = f.get_tensor(name)
+        if not bool(torch.isfinite(t.float() if t.element_size() == 1 else t).all()):  # fp8: isfinite via fp32
+            return name
+    return None
 
 
 def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:

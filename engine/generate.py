@@ -25,6 +25,8 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from engine.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_MODEL  # noqa: E402
 
 
@@ -82,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         dc = _decode_config(args)
+        if Path(args.model).is_file():
+            raise ValueError(f"--model {args.model!r} is a file; pass the model's directory (the folder that "
+                             "holds config.json), e.g. --model models/clover-tiny")
         if not Path(args.model).is_dir():
             raise ValueError(
                 f"no model directory at {args.model!r}; pass --model DIR, or make a random test model "
@@ -102,9 +107,20 @@ def main(argv: list[str] | None = None) -> int:
             enable_cuda_graphs(model)  # ValueError off CUDA
         tokenizer = load_tokenizer(args.model)
         if getattr(model, "chat_format", None) == "chatml" and not args.raw_prompt:
-            from engine.hf_adapter import chat_prompt
+            if args.prompt.lstrip().startswith("<|im_start|>"):  # already a conversation: wrapping it nests it
+                print("note: the prompt is already ChatML (it starts with <|im_start|>): decoded as given, "
+                      "as with --raw-prompt", file=sys.stderr)
+            else:
+                from engine.hf_adapter import chat_prompt
 
-            args.prompt = chat_prompt(args.prompt)  # a chat model (models/smollm2-bd): one user turn
+                args.prompt = chat_prompt(args.prompt)  # a chat model (models/smollm2-bd): one user turn
+        from engine.checkpoint import largest_trained_block
+
+        trained = largest_trained_block(args.model)
+        if trained is not None and dc.block_size > trained:
+            print(f"note: block_size {dc.block_size} is larger than any block {Path(args.model).name} was trained "
+                  f"on (at most {trained}): expect worse text; --block-size {trained} or less stays in "
+                  "distribution", file=sys.stderr)
         # the trace's events carry the cost model's bytes and FLOPs printed below (saved only with --trace)
         result = BlockDecoder(model, tokenizer, dc).generate(args.prompt, record_trace=True)
     except (ValueError, TypeError, FileNotFoundError) as e:
@@ -119,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         f"read {result.bytes_read / 1e6:.1f} MB, {result.flops / 1e9:.2f} GFLOP (cost model) | "
         f"device={result.trace.meta.get('device', args.device)} threads={threads}"
     )
+    past = forced_past_answer(result.trace, len(result.prompt_ids) + len(result.tokens))
+    if past:  # forced fills that wrote end-of-text slots after the kept answer: not tokens, but forwards
+        print(f"note: {past} of the {result.n_forced} forced fills wrote end-of-text slots at or after the answer's "
+              "end; they cost forwards but are not tokens", file=sys.stderr)
     if result.stop_reason == "context":  # the budget was cut: say by what, not only stop=context
         print(f"note: --max-new-tokens {dc.max_new_tokens} did not fit: the model's context is "
               f"{model.config.max_position_embeddings} positions and the prompt took "
@@ -166,6 +186,23 @@ def _decode_config(args):
                         max_steps=args.max_steps, policy=args.policy, tokens_per_step=args.tokens_per_step,
                         max_entropy=args.max_entropy, factor=args.factor, memory_mode=args.memory_mode,
                         repetition_penalty=args.repetition_penalty, eos_bias_soft_limit=args.eos_bias_soft_limit)
+
+
+def forced_past_answer(trace, end_position: int) -> int:
+    """Forced slots written at absolute positions >= ``end_position`` (the kept answer's end:
+    prompt length + kept tokens) -- end-of-text slots and anything after the first EOS.
+
+    Args:
+        trace: the decode's `engine.trace.Trace` (None: 0).
+        end_position: the first position after the kept answer.
+    """
+    if trace is None:
+        return 0
+    n = 0
+    for ev in trace.steps:
+        slots = np.flatnonzero(ev.forced)
+        n += int(np.sum(ev.position_start + slots >= end_position))
+    return n
 
 
 def _mode_note(args) -> str:
@@ -228,6 +265,9 @@ def _main_parallel(args, threads: int) -> int:
                 raise ValueError(f"--parallel {key}={n} needs {n} processes, torchrun started {world} "
                                  f"(torchrun --nproc-per-node {n} ...; ep and tp split over the same ranks)")
         dc = _decode_config(args)
+        if Path(args.model).is_file():
+            raise ValueError(f"--model {args.model!r} is a file; pass the model's directory (the folder that "
+                             "holds config.json), e.g. --model models/clover-tiny")
         if not Path(args.model).is_dir():
             raise ValueError(f"no model directory at {args.model!r}; pass --model DIR")
         model = load_model(args.model, device=device)

@@ -30,9 +30,11 @@ the base's own meaning of the token does not matter.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,6 +155,24 @@ def _require(*mods: str) -> None:
         )
 
 
+@contextlib.contextmanager
+def quiet_loading():
+    """Load without transformers' per-load noise: its "Loading weights" progress bar and peft's
+    ``is_gradient_checkpointing`` FutureWarning (printed on every CLI run and in the app's log,
+    about nothing the user can change). Restores the progress bar setting after."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def load_base(name: str = "smollm2-135m-instruct", dtype: torch.dtype = torch.float32):
     """The base as a transformers causal LM (eval mode) and its transformers tokenizer.
 
@@ -187,7 +207,8 @@ def load_base(name: str = "smollm2-135m-instruct", dtype: torch.dtype = torch.fl
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             os.replace(tmp, cdir)
-    lm = AutoModelForCausalLM.from_pretrained(str(cdir), dtype=dtype).eval()
+    with quiet_loading():
+        lm = AutoModelForCausalLM.from_pretrained(str(cdir), dtype=dtype).eval()
     try:
         tok = PreTrainedTokenizerFast.from_pretrained(str(cdir))
     except Exception:  # noqa: BLE001 -- fall back to the auto class
@@ -265,9 +286,10 @@ def load_adapter_model(directory: str | Path, device: str | torch.device = "cpu"
         _require("peft")
         from peft import PeftModel
 
-        lm = PeftModel.from_pretrained(lm, str(directory), is_trainable=not merge)
-        if merge:
-            lm = lm.merge_and_unload()
+        with quiet_loading():
+            lm = PeftModel.from_pretrained(lm, str(directory), is_trainable=not merge)
+            if merge:
+                lm = lm.merge_and_unload()
     mask_emb = None
     if adapter and (directory / MASK_EMBEDDING).is_file():
         from safetensors.torch import load_file

@@ -117,7 +117,7 @@ def _block_view(trace: Any, step: int | None) -> tuple[dict[str, Any], dict[str,
         pos = ev.position_start + s
         if st == "masked":
             cand = int(ev.candidate[s])
-            label = _tok(trace, cand) if cand >= 0 else "·"
+            label = _tok(trace, cand, C.CELL_CHARS) if cand >= 0 else "·"
             text[r][c] = f"<span style='color:#94a3b8'><i>{C.plotly_text(label)}</i></span>"
             head = f"slot {s} · pos {pos} · <b>masked</b>"
             if cand >= 0 and conf_now[s] == conf_now[s]:
@@ -130,8 +130,8 @@ def _block_view(trace: Any, step: int | None) -> tuple[dict[str, Any], dict[str,
             z[r][c] = C.STATE_CODES["masked"]
         else:
             token = int(ev.tokens[s])
-            label = C.plotly_text(_tok(trace, token))
-            text[r][c] = label
+            label = C.plotly_text(_tok(trace, token, 12))
+            text[r][c] = C.plotly_text(_tok(trace, token, C.CELL_CHARS))
             head = f"slot {s} · pos {pos} · <b>{C.STATE_LABELS[st]}</b><br>token {label} (id {token})"
             if st == "prompt":
                 detail = "prompt token (pre-filled, never masked)"
@@ -232,7 +232,7 @@ def block_figure(trace: Any, step: int | None = None) -> go.Figure:
             xgap=3,
             ygap=3,
             texttemplate="%{text}",
-            textfont=dict(family=C.MONO, size=13),
+            textfont=dict(family=C.MONO, size=12),
             hovertemplate="%{customdata[1]}<extra></extra>",
             hoverongaps=False,
             **heat,

@@ -88,8 +88,8 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
     m_last = measured[np.isfinite(measured)]
     # over the forwards' own wall times (the curve); the app's headline divides by the whole decode's,
     # which adds the explorer's own per-step work (events, cost meter)
-    summ = (f"measured over the forwards {format_si(float(m_last[-1]) if m_last.size else None, digits=3, missing='n/a')}"
-            " tok/s")
+    summ = (f"measured {format_si(float(m_last[-1]) if m_last.size else None, digits=3, missing='n/a')} tok/s over "
+            "the forwards' own time (the run's headline divides by the whole decode's)")
     if proj is not None:
         summ += (f" · projected {config} on {proj.device}: {format_si(proj.target.tokens_per_s, digits=3, missing='n/a')}"
                  f" tok/s ({proj.union_assumption} union)")

@@ -239,8 +239,9 @@ def _wait_block_matches(pg, state, timeout_s: float = 10.0) -> dict:
 
 def test_block_view_equals_the_trace_after_live_runs(page, served_app):
     """Issue 15, item 7: after every live decode (block sizes 8 / 32 / 64), the plot in the
-    browser equals `block_figure(trace, position)` -- cells, states and title -- and the
-    server logged no write-back error ("Trace index 0 out of range")."""
+    browser equals `block_figure(trace, position)` -- cells, states and title --, the playback
+    label reads "step: n of n", and the server logged no write-back error ("Trace index 0 out
+    of range")."""
     pg, sessions = page
     pg.get_by_text("press Generate to decode a prompt").first.wait_for(timeout=TIMEOUT_MS)
     prompt = pg.locator("textarea").first
@@ -275,6 +276,10 @@ def test_block_view_equals_the_trace_after_live_runs(page, served_app):
             assert state.trace.decode_config["block_size"] == size, state.trace.decode_config
             assert state.position == len(state.trace) - 1
             _wait_block_matches(pg, state)
+            # the playback label names this run's step count (a per-run tick formatter lagged a run)
+            n = len(state.trace)
+            expect(pg.get_by_text(re.compile(r"^step: \d+ of \d+$")).first).to_have_text(f"step: {n} of {n}",
+                                                                                     timeout=TIMEOUT_MS)
             runs += 1
         # step back and forward: still the fresh figure
         pg.get_by_role("button", name="◀ step").first.click()

@@ -293,9 +293,9 @@ def test_views_follow_the_state():
         assert app.block._fig is fig  # not rebuilt per step
         assert "step 1/" in app.block.pane.object.layout["title"]["text"]
         assert app.playback.scrub.value == 1 and app.playback.scrub.end == nfe  # 1-based, as the block view's title
-        assert app.playback.scrub.format.format == f"%d of {nfe}"  # shown as "step: 1 of <nfe>"
+        assert app.playback.scrub_text.object == f"step: 1 of {nfe}"
         app.playback.scrub.value = 3
-        assert s.position == 2
+        assert s.position == 2 and app.playback.scrub_text.object == f"step: 3 of {nfe}"
         for tab in range(len(app.tabs.TABS)):
             app.tabs.tabs.active = tab
             app.tabs.refresh(force=True)

@@ -79,7 +79,8 @@ def test_block_figure_cells_and_colours_match_the_trace(trace):
         texts = [t for row in heat.text for t in row][: len(ev.tokens)]
         for s, state in enumerate(states):
             if state != "masked":
-                assert texts[s] == C.plotly_text(C.token_label(trace.token_str(int(ev.tokens[s]))))
+                label = C.token_label(trace.token_str(int(ev.tokens[s])), C.CELL_CHARS)
+                assert texts[s] == C.plotly_text(label) and len(label) <= C.CELL_CHARS
 
 
 def test_colorscale_maps_state_codes_to_state_colours():
@@ -199,6 +200,10 @@ def test_token_labels_are_visible_and_escaped():
     assert C.token_label(" ") == "␣" and C.token_label("\n") == "⏎" and C.token_label("") == "∅"
     assert C.token_label("\x08") == "\\x08"
     assert C.token_label("<|endoftext|>") == "EOS"
+    # ChatML's turn markers fit a block cell; other <|name|> specials are their name in capitals
+    assert C.token_label("<|im_start|>", C.CELL_CHARS) == "START" and C.token_label("<|im_end|>") == "END"
+    assert C.token_label("<|fim_middle|>", C.CELL_CHARS) == "FIM_M…" and C.token_label("<|a|>") == "A"
+    assert C.token_label("<|a|><|b|>", 12) == "<|a|><|b|>"  # two specials glued: not one name
     assert C.plotly_text("<tool_call>") == "&lt;tool_call&gt;"
     assert len(C.token_label("abcdefghijkl", 8)) == 8
 

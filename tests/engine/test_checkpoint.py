@@ -196,6 +196,22 @@ def test_corrupt_header(kind, tmp_path, where):
         _load(kind, tmp_path)
 
 
+def test_overwritten_values_are_refused(tmp_path):
+    """Bytes overwritten in place (size and header intact) that make weights NaN are refused by
+    name before anything is copied, in the last shard too."""
+    save_model(StandIn(seed=0), tmp_path, max_shard_bytes=64)
+    last = _shards(tmp_path)[-1]
+    data = bytearray(last.read_bytes())
+    data[-4:] = b"\xff\xff\xff\xff"  # the last fp32 value: a NaN
+    last.write_bytes(bytes(data))
+    target = StandIn(seed=1)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(ValueError, match=rf"in {last.name} holds NaN or infinite values"):
+        load_weights(target, tmp_path)
+    for name, t in target.state_dict().items():
+        assert torch.equal(t, before[name]), name
+
+
 def test_missing_tensor(kind, tmp_path):
     save_model(_make(kind), tmp_path)
     path = tmp_path / WEIGHTS_NAME

@@ -117,3 +117,21 @@ def test_default_memory_mode_is_the_models_best_measured_one(tmp_path):
     assert out.returncode == 0 and "memory_mode=state |" in out.stdout
     assert best_memory_mode("models/clover-tiny")[0] == "state+window"  # 29 % vs 4 % exact on its card
     assert best_memory_mode("models/smollm2-bd")[0] == "state"  # an adapter: no window, one mode
+
+
+def test_cli_refuses_a_file_as_model_and_counts_forced_fills_past_the_answer(tmp_path):
+    """``--model README.md`` says it is a file, not that no directory exists; `forced_past_answer`
+    counts forced slots at or after the kept answer's end (the end-of-text fills the summary's
+    forced count includes), none before it."""
+    from types import SimpleNamespace
+
+    from engine.generate import forced_past_answer
+
+    out = subprocess.run([sys.executable, "-m", "engine.generate", "--model", "README.md", "--prompt", "x"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "'README.md' is a file; pass the model's directory" in out.stderr
+    step = lambda start, forced: SimpleNamespace(position_start=start, forced=np.array(forced, bool))  # noqa: E731
+    # prompt 10 + answer 5 = position 15: forced slots at 12 (kept) and 15, 17 (past it)
+    trace = SimpleNamespace(steps=[step(10, [0, 0, 1, 0]), step(14, [0, 1, 0, 0]), step(14, [0, 0, 0, 1])])
+    assert forced_past_answer(trace, 15) == 2
+    assert forced_past_answer(trace, 100) == 0 and forced_past_answer(None, 0) == 0

@@ -136,3 +136,21 @@ def test_tools_adapter_writes_a_pinned_unseen_tool_call_exactly(block_size):
     text = tok.decode(r.tokens, skip_special_tokens=False)
     assert text == '<tool_call>{"name": "fetch_podcast", "arguments": {"outer_lane": 12}}</tool_call>'
     assert score_turn(text, turn)["exact_match"]
+
+
+@needs_base
+def test_cli_notes_a_chatml_prompt_a_block_past_training_and_stays_quiet(capsys):
+    """A prompt that is already ChatML is decoded as given (not nested in another user turn), a
+    block_size above the adapter's largest trained block gets a note, and transformers' loading
+    progress bar and peft's FutureWarning stay out of the output."""
+    from engine import generate
+    from engine.hf_adapter import chat_prompt
+
+    prompt = chat_prompt("Name three primary colours.")
+    assert generate.main(["--model", "models/smollm2-bd", "--prompt", prompt, "--block-size", "64",
+                          "--max-new-tokens", "2", "--threads", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert "note: the prompt is already ChatML" in err
+    assert "note: block_size 64 is larger than any block smollm2-bd was trained on (at most 32)" in err
+    assert "Loading weights" not in err and "FutureWarning" not in err and "Traceback" not in err
+    assert "memory_mode=state (default: smollm2-bd keeps its history in a KV cache" in out
