@@ -8,7 +8,8 @@ compared with the first), steps back a few forwards so the last block is caught
 mid-fill, and saves a full-page PNG (and the cost tab, with the break-even measured on this
 machine, as ``<out>-cost.png``). Without a trained model it uses the random clover-test
 stand-in with the dev weight sharpening (labelled so in the page).
-Needs ``/usr/bin/chromium`` (Debian package) and Playwright's Python client.
+Needs ``/usr/bin/chromium`` (Debian: ``apt install chromium``) and Playwright's Python client
+(in the ``test`` extra: ``bash .ci/install test``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chromium", default="/usr/bin/chromium")
     p.add_argument("--width", type=int, default=1440)
     p.add_argument("--height", type=int, default=1700)
+    p.add_argument("--cost-extra-height", type=int, default=650, help="pixels added for the cost tab's shot")
     args = p.parse_args(argv)
 
     import panel as pn
@@ -81,17 +83,20 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1.5)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(args.out), full_page=True)
+            # taller for the cost tab: its roofline chart sits below the cost charts
+            page.set_viewport_size({"width": args.width, "height": args.height + args.cost_extra_height})
             page.get_by_text("Cost", exact=True).first.click()
             page.get_by_text(re.compile(r"projected = roofline")).first.wait_for()
             page.get_by_role("button", name="Measure break-even here").first.click()
             page.get_by_text(re.compile(r"to match autoregressive decoding")).first.wait_for()
             page.mouse.move(5, args.height - 5)  # no tooltip over the break-even line
             time.sleep(2.0)
-            page.screenshot(path=str(args.out.with_name(args.out.stem + "-cost.png")), full_page=True)
+            cost_out = args.out.with_name(args.out.stem + "-cost.png")
+            page.screenshot(path=str(cost_out), full_page=True)
             browser.close()
     finally:
         server.stop()
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} and {cost_out}")
     return 0
 
 

@@ -12,9 +12,14 @@ given none.
 
 from __future__ import annotations
 
-# The two agent prompts are held-out conversations of engine.data.agent (seeds
-# EVAL_SEED_START + 3 and + 0) in the chat layout the bundled model is trained on; each
-# ends at "<|im_start|>assistant\n", where the tool call starts.
+# The agent prompts are in the chat layout the bundled model is trained on (engine.data.agent); each
+# ends at "<|im_start|>assistant\n", where the tool call starts. "agent tool call" is the held-out
+# task `engine.data.agent.eval_tasks()[3]` (conversation seed EVAL_SEED_START + 3, never trained on),
+# kept verbatim here (a test checks it still equals the generator's): clover-tiny writes its call
+# exactly at block 32 / threshold 0.95, 6.4 tokens per forward in state+window, and breaks it at 0.60
+# (`"city": "Nap",`) -- the threshold's trade-off in one picture. Most held-out tasks it gets wrong
+# (29 % exact, its card): this one is chosen to show what block diffusion does when the model is right.
+# "long tool chain" is a longer conversation of the same kind, from an earlier version of the generator.
 _TOOLS_REFUND = (
     '{"name": "refund_order", "description": "Refund an order; confirm_order_id must repeat order_id.", '
     '"parameters": {"type": "object", "properties": {"order_id": {"type": "string"}, "amount": '
@@ -24,12 +29,15 @@ _TOOLS_REFUND = (
 EXAMPLE_PROMPTS: dict[str, str] = {
     "agent tool call": (
         "<|im_start|>system\nYou are a helpful assistant with tools:\n"
+        '{"name": "get_weather", "description": "Weather forecast for a city and date.", "parameters": {"type": '
+        '"object", "properties": {"city": {"type": "string"}, "date": {"type": "string"}}, "required": ["city", '
+        '"date"]}}\n'
         + _TOOLS_REFUND
-        + '{"name": "track_package", "description": "Track a package.", "parameters": {"type": "object", '
-        '"properties": {"tracking_id": {"type": "string"}}, "required": ["tracking_id"]}}\n'
-        '{"name": "find_customer", "description": "Find a customer by name.", "parameters": {"type": '
-        '"object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}<|im_end|>\n'
-        "<|im_start|>user\nGood morning. Please find a customer (name Zara Eriksen).<|im_end|>\n"
+        + '{"name": "update_address", "description": "Move a customer to a city; confirm_customer_id must repeat '
+        'customer_id.", "parameters": {"type": "object", "properties": {"customer_id": {"type": "string"}, "city": '
+        '{"type": "string"}, "confirm_customer_id": {"type": "string", "description": "repeat customer_id"}}, '
+        '"required": ["customer_id", "city", "confirm_customer_id"]}}<|im_end|>\n'
+        '<|im_start|>user\nHey. Please update an address (customer_id="USR-38475", city="Naples").<|im_end|>\n'
         "<|im_start|>assistant\n"
     ),
     "code completion": (

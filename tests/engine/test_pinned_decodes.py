@@ -46,3 +46,21 @@ def test_bundled_model_decodes_the_pinned_tokens(bundled, prompt, block_size, mo
     res = BlockDecoder(model, tok, cfg).generate(text, record_trace=False)
     assert [int(t) for t in res.tokens] == tokens
     assert res.nfe == nfe
+
+
+def test_the_explorer_default_example_is_a_held_out_task_written_exactly(bundled):
+    """The app's default "agent tool call" is held-out task 3 verbatim (a stale copy once showed a
+    newcomer a wrong call), and the bundled model writes its exact call at the app's defaults --
+    block 32 / threshold 0.95, state+window -- in several tokens per forward, and breaks it at
+    0.60, the picture the README's screenshot shows."""
+    from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS
+    from engine.data.agent import score_call
+
+    task = eval_tasks(n=4)[3]
+    assert DEFAULT_EXAMPLE == "agent tool call" and EXAMPLE_PROMPTS[DEFAULT_EXAMPLE] == task.prompt
+    model, tok = bundled
+    dec = BlockDecoder(model, tok)
+    res = {thr: dec.generate(task.prompt, record_trace=False, config=DecodeConfig(
+        block_size=32, threshold=thr, max_new_tokens=128, memory_mode="state+window")) for thr in (0.95, 0.6)}
+    assert score_call(res[0.95].text, task)["exact_match"] and res[0.95].tokens_per_forward > 5
+    assert not score_call(res[0.6].text, task)["exact_match"]
