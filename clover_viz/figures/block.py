@@ -140,7 +140,7 @@ def _block_view(trace: Any, step: int | None) -> tuple[dict[str, Any], dict[str,
                 wev = idx.steps[j]
                 k_in = int(witer[s])
                 conf = wconf[s]
-                detail = f"written at iteration {k_in} of this block (step {j})"
+                detail = f"written at iteration {k_in + 1} of this block (step {j + 1})"
                 if conf == conf:
                     detail += f", conf {conf:.3f}"
                 if rewritten[s] and j == i:
@@ -299,7 +299,7 @@ def _confidence_payload(trace: Any, block_index: int | None, step: int | None) -
     for r, i in enumerate(rows):
         cand = idx.steps[i].candidate
         for s in np.flatnonzero(z[r] == z[r]).tolist():
-            hover[r, s] = (f"iteration {r} (step {i}) · slot {s}<br>candidate "
+            hover[r, s] = (f"iteration {r + 1} (step {i + 1}) · slot {s}<br>candidate "
                            f"{C.plotly_text(_tok(trace, int(cand[s]), 12))} conf {z[r, s]:.3f}")
     marks = idx.writes(block_index)
     thr = _threshold(trace)
@@ -317,6 +317,8 @@ def _confidence_payload(trace: Any, block_index: int | None, step: int | None) -
             r = rows.index(i)
             cursor.update(y0=r - 0.5, y1=r + 0.5, visible=True)
     height = 130 + max(len(rows), 3) * (22 if L <= 32 else 16)
+    # rows are 0-based in the data, labelled 1-based like the block view's "iteration k of n"
+    ticks = list(range(0, len(rows), max(1, math.ceil(len(rows) / 20))))
     layout = dict(
         title_text=(f"Confidence, block {block_index}: {len(rows)} iterations x {L} slots"
                     + (f" (threshold {thr:g})" if thr is not None else "")),
@@ -324,7 +326,7 @@ def _confidence_payload(trace: Any, block_index: int | None, step: int | None) -
         xaxis=dict(title=dict(text="slot"), range=[-0.5, L - 0.5], showgrid=False, zeroline=False,
                    dtick=1 if L <= 16 else 4),
         yaxis=dict(title=dict(text="iteration"), range=[len(rows) - 0.5, -0.5], showgrid=False, zeroline=False,
-                   dtick=1 if len(rows) <= 20 else None),
+                   tickmode="array", tickvals=ticks, ticktext=[str(r + 1) for r in ticks]),
         shapes=[cursor],
     )
     return data, layout

@@ -90,7 +90,7 @@ def text_figure(trace: Any, step: int | None = None, color_by: str = "step") -> 
                 zg[r, s] = it if color_by == "step" else (conf if conf == conf else np.nan)
                 text[r, s] = C.plotly_text(_tok(trace, tok, 4))
                 hover[r, s] = (f"pos {pos} · block {c['block']} slot {s}<br>token {text[r, s]} (id {tok})<br>"
-                               f"{c['kind'][s]} at iteration {it}" + (f", conf {conf:.3f}" if conf == conf else ""))
+                               f"{c['kind'][s]} at iteration {it + 1}" + (f", conf {conf:.3f}" if conf == conf else ""))
                 if c["kind"][s] == "forced":
                     fx.append(s + 0.32)
                     fy.append(r - 0.28)
@@ -215,7 +215,7 @@ def _block_html(trace: Any, idx: SlotIndex, b: int, last: int, color_by: str, sh
         else:
             bg = _viridis(it / max(n_iter - 1, 1))
         fg = "#ffffff" if _dark(bg) else "#111827"
-        tip = f"{kind} at iteration {it} of block {b}" + (f", conf {conf:.3f}" if conf == conf else "")
+        tip = f"{kind} at iteration {it + 1} of block {b}" + (f", conf {conf:.3f}" if conf == conf else "")
         parts.append(f'<span title="{html.escape(tip)}" style="background:{bg};color:{fg};'
                      f'border-radius:2px">{_esc_text(trace.token_str(tok)) or "∅"}</span>')
     return "".join(parts), ended
