@@ -107,6 +107,9 @@ def test_host_equals_torch_bit_for_bit(dtype):
     for a, b in zip(got, ref):
         assert a.dtype == b.dtype and torch.equal(a.nan_to_num(-1.0), b.nan_to_num(-1.0))
     assert host.confidence_step(logits, never, with_probs=False)[2] is None
+    none = torch.zeros_like(never)  # nothing excluded: the logits are not copied, results still equal
+    for a, b in zip(host.confidence_step(logits, none), naive.confidence_step(logits, none)):
+        assert torch.equal(a.nan_to_num(-1.0), b.nan_to_num(-1.0))
 
 
 def test_never_mask():
