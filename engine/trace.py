@@ -171,7 +171,11 @@ class Trace:
                     f"got {exc}. Pass plain numbers, strings, lists and dicts."
                 ) from None
         self._token_text = token_text
-        self.vocab: dict[int, str] = {}
+        self._vocab: dict[int, str] = {}
+        # token-id arrays seen but not yet looked up: `vocab` reads them when it is first read after
+        # them (the texts are needed to draw or save, not per event: ~40 us a forward saved)
+        self._seen_ids: list[np.ndarray] = []
+        self._seen_learned = 0
         self._columns: dict[str, list[Any]] = {name: [] for name in _STEP_FIELDS}
         self._block_starts: list[BlockStart] = []
         self._block_ends: list[BlockEnd] = []
@@ -228,13 +232,33 @@ class Trace:
             trace(event)
         return trace
 
+    @property
+    def vocab(self) -> dict[int, str]:
+        """``{token id: text}`` of every token id the trace holds (prompt, block contents,
+        candidates, top-K, firings) when `token_text` was given, or as loaded from a file.
+
+        Texts are looked up here, when the vocabulary is read, for the ids recorded since the
+        last read -- not at every event. Safe while another thread records: ids appended during
+        a read are looked up at the next one.
+        """
+        n = len(self._seen_ids)
+        if self._seen_learned < n and self._token_text is not None:
+            arrays = self._seen_ids[self._seen_learned:n]
+            ids = np.concatenate([np.asarray(a, dtype=np.int64).ravel() for a in arrays]).tolist()
+            for token_id in sorted(set(ids).difference(self._vocab)):  # new ids, in increasing order
+                if token_id >= 0:
+                    self._vocab[token_id] = str(self._token_text(token_id))
+            self._seen_learned = n
+        return self._vocab
+
+    @vocab.setter
+    def vocab(self, value: Mapping[int, str]) -> None:
+        self._vocab = dict(value)
+
     def _learn_tokens(self, *arrays: np.ndarray) -> None:
-        if self._token_text is None:
-            return
-        ids = np.concatenate([np.asarray(a, dtype=np.int64).ravel() for a in arrays]).tolist()
-        for token_id in sorted(set(ids).difference(self.vocab)):  # new ids, in increasing order
-            if token_id >= 0:
-                self.vocab[token_id] = str(self._token_text(token_id))
+        """Note token-id arrays whose texts `vocab` looks up when next read (arrays not mutated later)."""
+        if self._token_text is not None:
+            self._seen_ids.extend(arrays)
 
     def token_str(self, token_id: int) -> str:
         """Text of one token id: the stored vocabulary, else ``token_text``, else ``"<id>"``.
@@ -244,9 +268,9 @@ class Trace:
         token_id = int(token_id)
         if token_id < 0:
             return ""
-        text = self.vocab.get(token_id)
+        text = self._vocab.get(token_id)
         if text is None and self._token_text is not None:
-            text = self.vocab[token_id] = str(self._token_text(token_id))
+            text = self._vocab[token_id] = str(self._token_text(token_id))
         return f"<{token_id}>" if text is None else text
 
     # ------------------------------------------------------------------ accessors
