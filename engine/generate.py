@@ -84,14 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         dc = _decode_config(args)
-        if Path(args.model).is_file():
-            raise ValueError(f"--model {args.model!r} is a file; pass the model's directory (the folder that "
-                             "holds config.json), e.g. --model models/clover-tiny")
-        if not Path(args.model).is_dir():
-            raise ValueError(
-                f"no model directory at {args.model!r}; pass --model DIR, or make a random test model "
-                "with: python -m engine.checkpoint --init clover-test --out runs/clover-test"
-            )
+        _check_model_dir(args.model)
         import torch
 
         if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
@@ -172,6 +165,16 @@ def _check_inputs(args) -> None:
         if not folder.is_dir():
             raise ValueError(f"--trace {str(args.trace)!r}: there is no folder {str(folder)!r}; "
                              "create it first or save the trace elsewhere")
+
+
+def _check_model_dir(model: str) -> None:
+    """Raise ValueError unless ``model`` is a directory (saying so for a file or a missing path)."""
+    if Path(model).is_file():
+        raise ValueError(f"--model {model!r} is a file; pass the model's directory (the folder that holds "
+                         "config.json), e.g. --model models/clover-tiny")
+    if not Path(model).is_dir():
+        raise ValueError(f"no model directory at {model!r}; pass --model DIR, or make a random test model "
+                         "with: python -m engine.checkpoint --init clover-test --out runs/clover-test")
 
 
 def _decode_config(args):
@@ -265,11 +268,7 @@ def _main_parallel(args, threads: int) -> int:
                 raise ValueError(f"--parallel {key}={n} needs {n} processes, torchrun started {world} "
                                  f"(torchrun --nproc-per-node {n} ...; ep and tp split over the same ranks)")
         dc = _decode_config(args)
-        if Path(args.model).is_file():
-            raise ValueError(f"--model {args.model!r} is a file; pass the model's directory (the folder that "
-                             "holds config.json), e.g. --model models/clover-tiny")
-        if not Path(args.model).is_dir():
-            raise ValueError(f"no model directory at {args.model!r}; pass --model DIR")
+        _check_model_dir(args.model)
         model = load_model(args.model, device=device)
         if split.get("ep", 1) > 1:
             parallel.shard_experts(model)
@@ -292,7 +291,8 @@ def _main_parallel(args, threads: int) -> int:
         else:  # one process: nothing split
             read = f"read {result.bytes_read / 1e6:.1f} MB (cost model)"
         print(
-            f"[{Path(args.model).name}] {label} block_size={dc.block_size} threshold={dc.threshold} | "
+            f"[{Path(args.model).name}] {label} block_size={dc.block_size} threshold={dc.threshold} "
+            f"memory_mode={dc.memory_mode}{_mode_note(args)} | "
             f"tokens={len(result.tokens)} NFE={result.nfe} tokens/forward={result.tokens_per_forward:.2f} "
             f"forced={result.n_forced} tokens/s={result.tokens_per_s:.1f} stop={result.stop_reason} | "
             f"{read} | threads={threads}"
