@@ -43,12 +43,16 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 DEFAULT_SETTINGS = "1,8/0.90,8/0.95,8/0.99,32/0.90,32/0.95,32/0.99"
 
 _W: dict = {}
+
+
+BASE_GENERATE = "base"  # --open-settings entry: the unadapted base's greedy generate on the open turns
 
 
 def parse_settings(spec: str) -> list[tuple[int, float]]:
@@ -62,6 +66,20 @@ def parse_settings(spec: str) -> list[tuple[int, float]]:
     if not out:
         raise ValueError(f"--settings {spec!r}: give e.g. 1,8/0.95,32/0.95")
     return out
+
+
+def parse_open_settings(spec: str) -> list[tuple[str, int, float]]:
+    """``--open-settings`` -> ``(kind, block_size, threshold)`` jobs: `BASE_GENERATE` is the
+    unadapted base's greedy generate (``("base-generate", 0, 0.0)``, first), every other entry
+    a block setting of the adapted model as in `parse_settings`.
+
+    Raises:
+        ValueError: for an entry that is neither.
+    """
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    jobs = [("base-generate", 0, 0.0)] if BASE_GENERATE in parts else []
+    rest = ",".join(p for p in parts if p != BASE_GENERATE)
+    return jobs + [("adapted", B, t) for B, t in (parse_settings(rest) if rest else [])]
 
 
 def _load(kind: str, model_dir: str):
@@ -247,16 +265,25 @@ def _open_job(args: tuple[str, int, float, list[int], int, int]) -> list[dict]:
     from engine.decoder import BlockDecoder, DecodeConfig
 
     kind, B, thr, idx, n_tasks, max_new = args
-    m, tok = _W["models"][kind], _W["tok"]
+    tok = _W["tok"]
     turns = eval_turns(n_tasks)
-    dec = BlockDecoder(m, None, DecodeConfig(block_size=B, threshold=thr, max_new_tokens=max_new))
+    if kind == "base-generate":  # B == 0: the unadapted base's own greedy generate, the reference
+        m, dec, setting = _W["models"]["base"], None, BASE_GENERATE
+    else:
+        m, setting = _W["models"][kind], f"{B}/{thr:.2f}"
+        dec = BlockDecoder(m, None, DecodeConfig(block_size=B, threshold=thr, max_new_tokens=max_new))
     out = []
     for i in idx:
         ids = tok.encode(turns[i].prompt).ids  # the turn's own ChatML (system turn with the tools), as is
-        r = dec.generate(ids, record_trace=False)
+        if dec is None:
+            t0 = time.perf_counter()
+            gen = m.greedy_generate(ids, max_new)
+            r = SimpleNamespace(tokens=gen, nfe=len(gen), n_forced=0, wall_s=time.perf_counter() - t0)
+        else:
+            r = dec.generate(ids, record_trace=False)
         text = tok.decode(r.tokens, skip_special_tokens=False)
         sc = score_turn(text, turns[i])
-        out.append(dict(setting=f"{B}/{thr:.2f}", task=i, text=text, nfe=r.nfe, n_tokens=len(r.tokens),
+        out.append(dict(setting=setting, task=i, text=text, nfe=r.nfe, n_tokens=len(r.tokens),
                         n_forced=r.n_forced, wall_s=r.wall_s, exact_match=bool(sc["exact_match"]),
                         json_valid=bool(sc["json_valid"]), name_correct=bool(sc["name_correct"]),
                         fields=sc["fields"], category=turns[i].category, natural=turns[i].natural))
@@ -285,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speed-threshold", type=float, default=0.95)
     ap.add_argument("--open-tasks", type=int, default=0,
                     help="open-vocabulary tool-call turns (engine.data.open_tools: unseen tools; 0 = skip)")
-    ap.add_argument("--open-settings", default="1,32/0.95", help="settings for --open-tasks")
+    ap.add_argument("--open-settings", default="1,32/0.95",
+                    help=f"settings for --open-tasks; '{BASE_GENERATE}' adds the unadapted base's own greedy "
+                         "generate (the reference: what adaptation started from)")
     ap.add_argument("--open-max-new-tokens", type=int, default=96)
     args = ap.parse_args(argv)
     from tqdm import tqdm
@@ -335,9 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.open_tasks:
             from engine.eval import summarise_open
 
-            oj = [("adapted", B, t, list(range(i, min(i + 5, args.open_tasks))), args.open_tasks,
-                   args.open_max_new_tokens)
-                  for (B, t) in parse_settings(args.open_settings) for i in range(0, args.open_tasks, 5)]
+            oj = [(kind, B, t, list(range(i, min(i + 5, args.open_tasks))), args.open_tasks, args.open_max_new_tokens)
+                  for (kind, B, t) in parse_open_settings(args.open_settings) for i in range(0, args.open_tasks, 5)]
             orows: dict[str, list] = {}
             for res in tqdm(pool.map(_open_job, oj), total=len(oj), desc="open-vocabulary tool calls"):
                 for r in res:

@@ -154,3 +154,22 @@ def test_cli_notes_a_chatml_prompt_a_block_past_training_and_stays_quiet(capsys)
     assert "note: block_size 64 is larger than any block smollm2-bd was trained on (at most 32)" in err
     assert "Loading weights" not in err and "FutureWarning" not in err and "Traceback" not in err
     assert "memory_mode=state (default: smollm2-bd keeps its history in a KV cache" in out
+
+
+@needs_base
+def test_open_turns_scored_for_the_base_generate_reference(monkeypatch):
+    """`engine.hf_eval --open-settings base,...` adds the unadapted base's own greedy generate on the
+    open-vocabulary turns (what adaptation started from), scored like the block settings."""
+    from engine import hf_eval
+    from engine.checkpoint import load_model, load_tokenizer
+
+    assert hf_eval.parse_open_settings("base,1,32/0.9") == [("base-generate", 0, 0.0), ("adapted", 1, 0.95),
+                                                           ("adapted", 32, 0.9)]
+    assert hf_eval.parse_open_settings("1") == [("adapted", 1, 0.95)]
+    with pytest.raises(ValueError):
+        hf_eval.parse_open_settings("basis")
+    model = load_model("models/smollm2-bd")
+    monkeypatch.setattr(hf_eval, "_W", {"tok": load_tokenizer("models/smollm2-bd"), "models": {"base": model}})
+    (row,) = hf_eval._open_job(("base-generate", 0, 0.0, [1], 2, 6))
+    assert row["setting"] == "base" and row["n_forced"] == 0 and row["nfe"] == row["n_tokens"] <= 6
+    assert row["text"] and isinstance(row["exact_match"], bool)
