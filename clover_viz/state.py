@@ -137,6 +137,15 @@ def _cancel_live_decodes(timeout_s: float = 10.0) -> None:
 
 
 # ----------------------------------------------------------------------------- the state
+def past_training_note(block_size: int | None, trained: int | None) -> str:
+    """`` · block 64 is past the model's training (blocks <= 32): expect worse text`` when a run's
+    block_size exceeds the largest block the model was trained on (`engine.checkpoint.largest_trained_block`;
+    None: unknown), else ``""``. Appended to the done line, as the CLI prints its note."""
+    if block_size is None or trained is None or block_size <= trained:
+        return ""
+    return f" · block {block_size} is past the model's training (blocks <= {trained}): expect worse text"
+
+
 class ExplorerState(param.Parameterized):
     """Everything one explorer session holds. No UI imports; drive it from any front end.
 
@@ -220,6 +229,7 @@ class ExplorerState(param.Parameterized):
         super().__init__(**params)
         self._loader = loader or load_model_cached
         self._loaded: LoadedModel | None = None
+        self._trained_block: int | None = None  # set by load_model
         self._given: LoadedModel | None = None  # set by use_model: decode with it, not model_dir
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._run: _Run | None = None
@@ -259,6 +269,11 @@ class ExplorerState(param.Parameterized):
                 return None
         self._loaded = loaded
         self.model_label = loaded.label
+        from engine.checkpoint import largest_trained_block
+
+        # an adapter's largest trained block (None for Clover checkpoints and in-memory models)
+        self._trained_block = (largest_trained_block(self.model_dir)
+                               if self._given is None and Path(self.model_dir or "").is_dir() else None)
         if not self.model_ok and self.status.startswith("no model loaded"):
             self.status = ""
         self.model_ok = True
@@ -537,7 +552,8 @@ class ExplorerState(param.Parameterized):
             dc = (self.trace.decode_config if self.trace is not None else None) or {}
             mode = dc.get("memory_mode", self.memory_mode)
             self.status = (f"done: {len(end.tokens)} tokens in {end.nfe} forwards ({tpf} tokens/forward), "
-                           f"{end.n_forced} forced, memory {mode}, stop: {end.stop_reason}")
+                           f"{end.n_forced} forced, memory {mode}, stop: {end.stop_reason}"
+                           + past_training_note(dc.get("block_size"), self._trained_block))
         assert run is not None and not run.superseded, run
 
     def _fail(self, exc: BaseException) -> None:

@@ -421,6 +421,26 @@ def test_bundled_models_are_one_click_away():
     assert panel.bundled.value is None
 
 
+def test_a_block_past_the_adapters_training_is_noted_in_the_done_line():
+    """An adapter directory names its largest trained block (32 for smollm2-bd): a run at a larger
+    block_size says so in the done line (the CLI prints the same note); within it, nothing."""
+    from clover_viz.state import past_training_note
+
+    assert past_training_note(64, 32) == " · block 64 is past the model's training (blocks <= 32): expect worse text"
+    assert past_training_note(32, 32) == "" and past_training_note(64, None) == ""
+    s = ExplorerState(loader=lambda spec: load_model_cached(resolve_model("clover-test")),
+                      model_dir="models/smollm2-bd", prompt="Hi", max_new_tokens=4, block_size=64)
+    try:
+        for block, noted in ((64, True), (32, False)):
+            s.block_size = block
+            assert s.generate()
+            assert s.wait(60) and s.status.startswith("done")
+            assert ("past the model's training (blocks <= 32)" in s.status) is noted, s.status
+    finally:
+        s.close()
+        s.wait(5)
+
+
 def test_cost_tab_measures_the_break_even_here():
     """The Cost tab's 'Measure break-even here' times the loaded model on this machine at the run's
     block_size and says what the run's tokens per forward are worth against AR decoding."""
