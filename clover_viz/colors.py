@@ -114,8 +114,7 @@ def token_label(text: str, max_chars: int = 8) -> str:
     if text in _SPECIAL_SHORT:
         return _SPECIAL_SHORT[text]
     if len(text) > 4 and text.startswith("<|") and text.endswith("|>") and "<|" not in text[2:]:
-        name = text[2:-2].upper()
-        return name if len(name) <= max_chars else name[: max_chars - 1] + "…"
+        text = text[2:-2].upper()  # then shown and cut like any token
     if text == "":
         return "∅"
     out = []
