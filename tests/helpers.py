@@ -89,3 +89,7 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+BROWSER_TIMEOUT_MS = 45_000
+"""Per-wait timeout of the browser tests (each test is bounded by its waits)."""
