@@ -402,8 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.eval", description=__doc__.splitlines()[0])
     from engine.checkpoint import DEFAULT_MODEL_DIR
 
-    ap.add_argument("--model", default=DEFAULT_MODEL_DIR)
-    ap.add_argument("--tasks", type=int, default=300)
+    ap.add_argument("--model", default=DEFAULT_MODEL_DIR, help=f"checkpoint directory (default {DEFAULT_MODEL_DIR})")
+    ap.add_argument("--tasks", type=int, default=300,
+                    help="held-out agent tasks (engine.data.agent, never trained on) per setting (default %(default)s)")
     ap.add_argument("--ar-tasks", type=int, default=None,
                     help="tasks for the block_size-1 settings (default: --tasks); the speed ratio uses the common ones")
     ap.add_argument("--settings", default=",".join(SETTINGS), help=f"comma list of {list(SETTINGS)}")
@@ -411,11 +412,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--package-files", type=int, default=0,
                     help="files of held-out packages (engine.data.packages: never trained on) for the code metrics, "
                          "with 64-token continuations at 32 / 0.95 and block_size 1 (0 = skip)")
-    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--max-new-tokens", type=int, default=96, help="tokens decoded per agent task (default %(default)s)")
     ap.add_argument("--probe-tasks", type=int, default=100, help="tasks for the value-copy probe (0 = skip)")
     ap.add_argument("--open-tasks", type=int, default=100,
                     help="open-vocabulary tool-call turns (unseen tool names and keys, natural phrasing; 0 = skip)")
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=2, help="decode processes (default %(default)s)")
     from engine.threads import add_threads_argument, configure_threads, default_threads
 
     add_threads_argument(ap)  # per worker process; without --threads / OMP_NUM_THREADS: the default / workers

@@ -292,13 +292,14 @@ def _open_job(args: tuple[str, int, float, list[int], int, int]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.eval", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", required=True, help="adapter directory of a transformers chat model, e.g. "
+                                                   "models/smollm2-bd")
     ap.add_argument("--prompts", type=int, default=60, help="first N of the fixed eval prompts")
-    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--max-new-tokens", type=int, default=48, help="tokens decoded per prompt (default %(default)s)")
     ap.add_argument("--settings", default=DEFAULT_SETTINGS, help="block/threshold list; '1' = block_size 1")
     ap.add_argument("--compare-base", action="store_true", help="also decode the unadapted base block-wise")
     ap.add_argument("--base-settings", default=None, help="settings for --compare-base (default: --settings)")
-    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=1, help="decode processes (default %(default)s)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (fp32 either way: agreement is measured exactly)")
     ap.add_argument("--out", type=Path, default=None, help="JSON output (default MODEL/eval.json)")
@@ -308,14 +309,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--refs-only", action="store_true", help="compute (and cache) the references, then stop")
     ap.add_argument("--speed-prompts", type=int, default=0,
                     help="first N prompts: base generate and block decoding timed back to back (tokens/s ratio)")
-    ap.add_argument("--speed-block-sizes", default="4,8,16,32")
-    ap.add_argument("--speed-threshold", type=float, default=0.95)
+    ap.add_argument("--speed-block-sizes", default="4,8,16,32",
+                    help="comma list of block sizes timed by --speed-prompts (default %(default)s)")
+    ap.add_argument("--speed-threshold", type=float, default=0.95,
+                    help="confidence threshold (0-1) of the --speed-prompts decodes (default %(default)s)")
     ap.add_argument("--open-tasks", type=int, default=0,
                     help="open-vocabulary tool-call turns (engine.data.open_tools: unseen tools; 0 = skip)")
     ap.add_argument("--open-settings", default="1,32/0.95",
                     help=f"settings for --open-tasks; '{BASE_GENERATE}' adds the unadapted base's own greedy "
                          "generate (the reference: what adaptation started from)")
-    ap.add_argument("--open-max-new-tokens", type=int, default=96)
+    ap.add_argument("--open-max-new-tokens", type=int, default=96,
+                    help="tokens decoded per --open-tasks turn (default %(default)s)")
     args = ap.parse_args(argv)
     from tqdm import tqdm
 

@@ -589,8 +589,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m engine.train --objective block-diffusion",
                                  description="Adapt a pretrained chat model to block diffusion (LoRA).")
     ap.add_argument("--init-from", default="smollm2-135m-instruct", help=f"pinned base: {', '.join(BASES)}")
-    ap.add_argument("--objective", default="block-diffusion", choices=["block-diffusion"])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--objective", default="block-diffusion", choices=["block-diffusion"],
+                    help="training objective (only block-diffusion: masked blocks plus an AR term)")
+    ap.add_argument("--out", type=Path, required=True, help="adapter directory to write (LoRA, MASK embedding, log)")
     ap.add_argument("--data", type=Path, default=None,
                     help=f"distill JSONL (default {DEFAULT_DISTILL}; with --tiny: synthetic rows unless given)")
     ap.add_argument("--agent-share", type=float, default=0.0, help="share of tool-call chats (engine.data.agent)")
@@ -600,24 +601,27 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start from this adapter directory's LoRA and MASK embedding (a new stage)")
     ap.add_argument("--minutes", type=float, default=70.0, help="total time budget (all resumes; lr schedule)")
     ap.add_argument("--stop-after-min", type=float, default=None, help="stop this invocation early")
-    ap.add_argument("--max-steps", type=int, default=None)
-    ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--lora-r", type=int, default=8)
-    ap.add_argument("--lora-alpha", type=int, default=16)
-    ap.add_argument("--ar-weight", type=float, default=0.5)
+    ap.add_argument("--max-steps", type=int, default=None,
+                    help="stop after this many optimizer steps (default: only --minutes limits the run)")
+    ap.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default %(default)s)")
+    ap.add_argument("--lora-r", type=int, default=8, help="LoRA rank (default %(default)s)")
+    ap.add_argument("--lora-alpha", type=int, default=16, help="LoRA alpha; the update is scaled by alpha / r (default %(default)s)")
+    ap.add_argument("--ar-weight", type=float, default=0.5,
+                    help="weight of the autoregressive next-token loss added to the masked-slot loss (default %(default)s)")
     ap.add_argument("--block-sizes", default=None, help="b:weight,... (default 4:1,8:2,16:2,32:3)")
     ap.add_argument("--suffix-share", type=float, default=0.0,
                     help="share of blocks with decode-aligned masking (clean block prefix, masked suffix)")
     ap.add_argument("--accum", type=int, default=4, help="forwards (of --batch examples) per optimizer step")
     ap.add_argument("--batch", type=int, default=1, help="examples per forward (padded; GPU: 32-128)")
-    ap.add_argument("--max-len", type=int, default=256)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-len", type=int, default=256, help="tokens per training example, longer ones cut (default %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the data order and masking (default %(default)s)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core CPU)")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default="cpu", help="torch device to train on: cpu, cuda, cuda:1 ... (default %(default)s)")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="bf16 = autocast (GPU only)")
-    ap.add_argument("--save-every-min", type=float, default=10.0)
+    ap.add_argument("--save-every-min", type=float, default=10.0, help="minutes between adapter saves to --out (default %(default)s)")
     ap.add_argument("--snapshot", action="store_true", help="keep a copy of each saved adapter under OUT/snapshots")
-    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run in --out from its train_state.pt (adapter, optimizer, elapsed time)")
     ap.add_argument("--heldout-rows", type=int, default=0,
                     help="keep the distill file's last N rows out of training and log their masked-slot and AR "
                          "loss (same noise every time) at the start and at every save")
@@ -625,23 +629,27 @@ def build_parser() -> argparse.ArgumentParser:
                     help="train every weight instead of a LoRA (a measurement of the LoRA choice at equal CPU time: "
                          "logs losses, writes no weights)")
     ap.add_argument("--tiny", action="store_true", help="tiny random Llama + synthetic rows (tests)")
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (the log only)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "distill":
-        ap = argparse.ArgumentParser(prog="python -m engine.hf_train distill")
-        ap.add_argument("--out", type=Path, default=Path("runs/smollm2/distill.jsonl"))
-        ap.add_argument("--n", type=int, default=600)
-        ap.add_argument("--batch", type=int, default=8)
-        ap.add_argument("--max-new-tokens", type=int, default=96)
-        ap.add_argument("--seed", type=int, default=0)
-        ap.add_argument("--threads", type=int, default=1)
-        ap.add_argument("--base", default="smollm2-135m-instruct")
-        ap.add_argument("--device", default="cpu")
-        ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+        ap = argparse.ArgumentParser(prog="python -m engine.hf_train distill",
+                                     description="Write the base model's greedy answers to training prompts (JSONL).")
+        ap.add_argument("--out", type=Path, default=Path("runs/smollm2/distill.jsonl"),
+                        help="JSONL file to append to; a re-run resumes where it stopped (default %(default)s)")
+        ap.add_argument("--n", type=int, default=600, help="training prompts to answer (default %(default)s)")
+        ap.add_argument("--batch", type=int, default=8, help="prompts answered per generate call (default %(default)s)")
+        ap.add_argument("--max-new-tokens", type=int, default=96, help="tokens per answer at most (default %(default)s)")
+        ap.add_argument("--seed", type=int, default=0, help="seed of the prompt draw (default %(default)s)")
+        ap.add_argument("--threads", type=int, default=1, help="torch threads (default %(default)s)")
+        ap.add_argument("--base", default="smollm2-135m-instruct",
+                        help=f"pinned base: {', '.join(BASES)} (default %(default)s)")
+        ap.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1 ... (default %(default)s)")
+        ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                        help="weights' dtype while generating (bf16 for --device cuda) (default %(default)s)")
         a = ap.parse_args(argv[1:])
         torch.set_num_threads(a.threads)
         distill(a.out, a.n, a.batch, a.max_new_tokens, a.seed, a.base, a.device, a.dtype)

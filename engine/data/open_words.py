@@ -147,7 +147,7 @@ def load_words() -> dict:
 def main(argv=None) -> None:
     """CLI: harvest the training packages' function names into ``open_words.json``."""
     ap = argparse.ArgumentParser(prog="python -m engine.data.open_words", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(WORDS_PATH))
+    ap.add_argument("--out", default=str(WORDS_PATH), help="JSON file to write (default %(default)s)")
     args = ap.parse_args(argv)
     if not WORDS_PATH.is_file():  # open_tools reads the list at import: start from an empty one
         WORDS_PATH.write_text(json.dumps({"verbs": [], "nouns": []}), encoding="utf-8")

@@ -148,10 +148,10 @@ def build_default_tokenizer(out_path: str | Path, vocab_size: int = 4096, seed: 
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m engine.data.tokenizer", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="path of the tokenizer.json to write")
-    ap.add_argument("--vocab-size", type=int, default=4096)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size in tokens (default %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the training texts drawn (default %(default)s)")
     ap.add_argument("--isolate-spaces", action="store_true",
                     help="a single space before a word is its own token (the word's tokens do not depend on it)")
     ap.add_argument("--from", dest="from_", type=Path, default=None,

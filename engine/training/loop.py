@@ -90,15 +90,20 @@ def build_parser() -> argparse.ArgumentParser:
                          "an existing checkpoint there is refused unless --resume or --overwrite)")
     ap.add_argument("--overwrite", action="store_true",
                     help="allow --out to be a directory that already holds a checkpoint (it is replaced)")
-    ap.add_argument("--tokenizer", type=Path, default=Path("models/clover-tiny/tokenizer.json"))
+    ap.add_argument("--tokenizer", type=Path, default=Path("models/clover-tiny/tokenizer.json"),
+                    help="tokenizer.json to train with (default %(default)s; build one with "
+                         "python -m engine.data.tokenizer --out PATH)")
     ap.add_argument("--minutes", type=float, default=100.0, help="total training time budget (all resumes)")
     ap.add_argument("--stop-after-min", type=float, default=None, help="stop this invocation early (resume later)")
-    ap.add_argument("--lr", type=float, default=1.5e-3)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate (default %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the data (default %(default)s)")
     add_threads_argument(ap)  # default 1 on a 2-core machine: fastest when other processes share the cores
-    ap.add_argument("--save-every-min", type=float, default=10.0)
-    ap.add_argument("--eval-every-min", type=float, default=15.0)
-    ap.add_argument("--eval-tasks", type=int, default=24)
+    ap.add_argument("--save-every-min", type=float, default=10.0,
+                    help="minutes between checkpoints written to --out (default %(default)s)")
+    ap.add_argument("--eval-every-min", type=float, default=15.0,
+                    help="minutes between held-out evaluations in the log (default %(default)s)")
+    ap.add_argument("--eval-tasks", type=int, default=24,
+                    help="held-out tool-call tasks decoded at each evaluation (0 = skip; default %(default)s)")
     ap.add_argument("--easy-share", type=float, default=0.0,
                     help="share of agent rows drawn from the short curriculum conversations (0..1)")
     ap.add_argument("--recall-share", type=float, default=0.0,
@@ -152,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="rows per batch = ROW_SHAPE's rows x this (a GPU takes 32-64x the CPU batches)")
     ap.add_argument("--size", default="tiny", choices=["tiny", "small"],
                     help="fresh run: tiny_config (~6M parameters, CPU) or small_config (~70M, GPU)")
-    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run in --out from its train_state.pt (weights, optimizer, elapsed time)")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="start from this checkpoint's weights with a fresh optimizer and schedule "
                          "(a second stage of training)")
