@@ -240,9 +240,10 @@ def decode_task(model, tokenizer, task, config, setting: str = "", index: int = 
         A `TaskRun`.
     """
     from engine.decoder import BlockDecoder
+    from engine.prompting import model_input
 
     dec = BlockDecoder(model, tokenizer, config)
-    prompt_ids = dec.encode_prompt(task.prompt)
+    prompt_ids = dec.encode_prompt(model_input(task.prompt, model).text)  # the one prompt rule
     extra: dict = {}
     hook, finish = _collect(extra, config.threshold, len(prompt_ids))
     r = dec.generate(prompt_ids, hooks=[hook], record_trace=False)

@@ -234,9 +234,13 @@ def _write_base_cache(lm, tok, spec: BaseSpec, tmp: Path) -> None:
 
 
 def chat_prompt(user: str, system: str | None = SMOLLM2_SYSTEM) -> str:
-    """ChatML text of one user turn plus the assistant header (SmolLM2's template; its default system turn)."""
-    sys_part = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
-    return f"{sys_part}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+    """ChatML text of one user turn plus the assistant header (SmolLM2's template; its default system turn).
+
+    For a prompt a user typed, use `engine.prompting.model_input`: it also leaves a conversation
+    already in chat layout as it is."""
+    from engine.prompting import chatml_prompt
+
+    return chatml_prompt(user, system)
 
 
 def read_adapter_config(directory: str | Path) -> dict[str, Any] | None:
@@ -304,6 +308,7 @@ def load_adapter_model(directory: str | Path, device: str | torch.device = "cpu"
     model.to(device)
     model.model_id = directory.name if adapter else f"{spec.name} (unadapted)"
     model.chat_format = cfg.get("chat_format", "chatml")
+    model.chat_system = cfg.get("chat_system", SMOLLM2_SYSTEM)  # the default system turn of engine.prompting
     return model.eval()
 
 
@@ -343,4 +348,5 @@ def base_block_model(name: str = "smollm2-135m-instruct", dtype: torch.dtype = t
                                  num_parameters=count_parameters(lm))
     m = HFBlockDiffusionModel(lm, hcfg)
     m.chat_format = "chatml"
+    m.chat_system = SMOLLM2_SYSTEM
     return m.eval()

@@ -302,10 +302,10 @@ def run_cell(cell: Cell, model, tokenizer, traces: bool = True) -> tuple[dict, b
 
     cfg = DecodeConfig(**cell.config)
     prompt = cell.task.prompt
-    if cell.task.kind == "chat" and getattr(model, "chat_format", None) == "chatml":
-        from engine.hf_adapter import chat_prompt
+    if cell.task.kind == "chat":  # a user request: the chat template where the model has one
+        from engine.prompting import model_input
 
-        prompt = chat_prompt(prompt)
+        prompt = model_input(prompt, model).text
     torch.manual_seed(int(cell.cell_id, 16) % (2 ** 63))
     r = BlockDecoder(model, tokenizer, cfg).generate(prompt, record_trace=traces)
     score: dict = {}

@@ -1,0 +1,105 @@
+"""One rule for how a prompt becomes model input (`engine.prompting.model_input`), used by every
+front end: the explorer's session state (the Panel app and the notebook `Explorer`), the CLI,
+`engine.sweep` and `engine.eval` (through `engine.experiments.decode_task`).
+
+A chat model is stood in for by the random ``clover-test`` with ``chat_format = "chatml"``: its
+byte tokenizer knows the ChatML special tokens, so the exact ids of the wrapped prompt can be
+checked, in seconds.
+
+Run: .venv/bin/python -m pytest tests/engine/test_prompting.py -q
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from engine.model import random_model
+from engine.prompting import chatml_prompt, in_chat_layout, model_input
+from engine.tokenizer import byte_tokenizer
+
+SYSTEM = "You are a test assistant"
+QUESTION = "What is the boiling point of water in Celsius?"
+
+
+@pytest.fixture(scope="module")
+def chat_model():
+    m = random_model("clover-test", seed=3, weight_scale=15.0)
+    m.chat_format = "chatml"
+    m.chat_system = SYSTEM
+    return m
+
+
+def test_the_rule():
+    chat = types.SimpleNamespace(chat_format="chatml", chat_system=SYSTEM)
+    plain = types.SimpleNamespace()
+    wrapped = model_input(QUESTION, chat)
+    assert wrapped.wrapped and wrapped.template == "chatml" and wrapped.prompt == QUESTION
+    assert wrapped.text == (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{QUESTION}<|im_end|>\n"
+                            "<|im_start|>assistant\n")
+    # already a conversation: as given (wrapping would nest it); leading blank lines do not hide it
+    convo = "\n " + chatml_prompt(QUESTION)
+    assert in_chat_layout(convo) and model_input(convo, chat).text == convo and not model_input(convo, chat).wrapped
+    assert "already a conversation" in model_input(convo, chat).note
+    # no chat template (Clover checkpoints): as given; raw: as given
+    assert model_input(QUESTION, plain).text == QUESTION and "no chat template" in model_input(QUESTION, plain).note
+    assert model_input(QUESTION, chat, raw=True).text == QUESTION
+    # a decoder holding the model is looked through
+    assert model_input(QUESTION, types.SimpleNamespace(model=chat)).text == wrapped.text
+    with pytest.raises(TypeError, match="must be text"):
+        model_input([1, 2], chat)
+
+
+def test_the_adapter_template_is_the_same_text():
+    from engine.hf_adapter import SMOLLM2_SYSTEM, chat_prompt
+
+    chat = types.SimpleNamespace(chat_format="chatml", chat_system=SMOLLM2_SYSTEM)
+    assert chat_prompt(QUESTION) == model_input(QUESTION, chat).text
+
+
+def test_the_explorer_decodes_a_plain_question_in_the_chat_template(chat_model):
+    """The app and the notebook `Explorer` drive `ExplorerState.generate`: a plain question to a
+    chat model is decoded inside the chat template (it used to be decoded bare: a chat model then
+    wrote end-of-text at once -- '0 tokens in 15 forwards'), the trace records the exact input,
+    and the done line says so. A conversation already in chat layout is decoded as given."""
+    from clover_viz.models import LoadedModel
+    from clover_viz.state import ExplorerState
+
+    tok = byte_tokenizer()
+    s = ExplorerState(max_new_tokens=8, block_size=8)
+    s.use_model(LoadedModel.in_memory(chat_model, tok))
+    try:
+        for prompt, text in ((QUESTION, chatml_prompt(QUESTION, SYSTEM)),
+                             (chatml_prompt("Hi", None), chatml_prompt("Hi", None))):
+            s.prompt = prompt
+            assert s.generate(), s.error
+            assert s.wait(60) and s.status.startswith("done"), s.status
+            assert s.trace.prompt_ids == tok.encode(text).ids
+            assert s.trace.meta["model_input"] == text and s.trace.meta["prompt"] == prompt
+            assert ("ChatML chat template" in s.status) is (prompt == QUESTION), s.status
+    finally:
+        s.close()
+        s.wait(5)
+
+
+def test_sweep_and_eval_use_the_same_rule(chat_model, tmp_path):
+    """`engine.sweep` (chat tasks) decodes the same ids as the explorer; `engine.eval`'s
+    `decode_task` decodes an agent prompt (already a conversation) as given, for a chat model too."""
+    from engine import sweep
+    from engine.data.agent import eval_tasks
+    from engine.decoder import DecodeConfig
+    from engine.experiments import decode_task
+    from engine.trace import Trace
+
+    tok = byte_tokenizer()
+    task = sweep.SweepTask("chat-eval:1", 0, QUESTION, "chat")
+    cell = sweep.Cell(0, "0" * 16, "in-memory", "b8", {"block_size": 8, "max_new_tokens": 4}, task)
+    _row, trace_bytes = sweep.run_cell(cell, chat_model, tok, traces=True)
+    (tmp_path / "t.parquet").write_bytes(trace_bytes)
+    assert Trace.load(tmp_path / "t.parquet").prompt_ids == tok.encode(chatml_prompt(QUESTION, SYSTEM)).ids
+
+    turn = eval_tasks()[0]
+    assert in_chat_layout(turn.prompt)
+    run = decode_task(chat_model, tok, turn, DecodeConfig(block_size=8, max_new_tokens=4))
+    assert run.prompt_len == len(tok.encode(turn.prompt).ids)
