@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.checkpoint import DEFAULT_MODEL_DIR  # one place for the default
+from engine.checkpoint import DEFAULT_MODEL_DIR, file_as_model_dir  # one place for the default and the message
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RANDOM_MODEL_NAME = "clover-test"
@@ -129,8 +129,9 @@ def resolve_model(model_dir: str, dev_sharpen_random: bool = False) -> ModelSpec
     name also as a bundled model, ``models/<name>`` (``clover-tiny``, ``smollm2-bd``).
 
     Raises:
-        ValueError: for a directory that does not exist (other than the default one) or
-            one without ``config.json``, saying what to pass instead.
+        ValueError: for a directory that does not exist (other than the default one), a file
+            (`engine.checkpoint.file_as_model_dir`, the command line's message) or a directory
+            without ``config.json``, saying what to pass instead.
     """
     text = (model_dir or "").strip()
     scale = DEV_WEIGHT_SCALE if dev_sharpen_random else 1.0
@@ -147,6 +148,9 @@ def resolve_model(model_dir: str, dev_sharpen_random: bool = False) -> ModelSpec
         candidates.append(REPO_ROOT / "models" / path)
     found = next((p for p in candidates if p.is_dir()), None)
     if found is None:
+        a_file = next((p for p in candidates if p.is_file()), None)
+        if a_file is not None:  # the command line's message for the same mistake (engine.checkpoint)
+            raise ValueError(file_as_model_dir(text, a_file))
         if text.rstrip("/") == DEFAULT_MODEL_DIR:
             return ModelSpec("random", dev_scale=scale, fallback=True)
         raise ValueError(

@@ -628,12 +628,33 @@ def _load_hf_model(directory: Path, kind: str, device, dtype) -> torch.nn.Module
     return model.eval()
 
 
+def file_as_model_dir(given: str | Path, found: str | Path | None = None) -> str:
+    """The one message for a file given where a model directory belongs: ``--model`` of the command
+    lines, the explorer's model field, `load_model`. It names what was typed and what to pass
+    instead: the file's own folder when that holds a ``config.json`` (``models/clover-tiny/config.json``
+    -> ``models/clover-tiny``), else the bundled model's directory as an example.
+
+    Args:
+        given: the path as the user typed it (shown as typed).
+        found: where that path was found, when it was resolved against another folder (the app
+            tries the working directory, then the repository root); default ``given``.
+
+    Returns:
+        One sentence, without a leading ``error:``.
+    """
+    parent = Path(found if found is not None else given).expanduser().parent
+    if (parent / CONFIG_NAME).is_file():
+        instead = str(Path(given).parent) if Path(given).parent != Path(".") else str(parent)
+    else:
+        instead = DEFAULT_MODEL_DIR
+    return f"{str(given)!r} is a file; pass the model's directory (the folder that holds config.json), e.g. {instead}"
+
+
 def _checkpoint_dir(path_or_dir: str | Path) -> Path:
     path = Path(path_or_dir)
     if path.is_file():
         if not (path.parent / "config.json").is_file():
-            raise ValueError(f"{path} is a file, not a checkpoint directory; pass the directory that holds "
-                             "config.json and the weights")
+            raise ValueError(file_as_model_dir(path_or_dir))
         path = path.parent  # a file inside a checkpoint (e.g. its config.json): the checkpoint
     if not path.is_dir():
         parent = path.parent

@@ -433,6 +433,10 @@ def main(argv: list[str] | None = None) -> int:
         args.threads = configure_threads(args.threads)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
+    if Path(args.model).is_file():
+        from engine.checkpoint import file_as_model_dir
+
+        raise SystemExit(f"error: {file_as_model_dir(args.model)}")
     if not Path(args.model).is_dir():
         raise SystemExit(f"error: no model directory {args.model!r}")
     settings = [s for s in args.settings.split(",") if s]

@@ -170,8 +170,7 @@ def _check_inputs(args) -> None:
 def _check_model_dir(model: str) -> None:
     """Raise ValueError unless ``model`` is a directory (saying so for a file or a missing path)."""
     if Path(model).is_file():
-        raise ValueError(f"--model {model!r} is a file; pass the model's directory (the folder that holds "
-                         "config.json), e.g. --model models/clover-tiny")
+        raise ValueError(file_as_model_dir(model))  # the same message as the explorer's model field
     if not Path(model).is_dir():
         raise ValueError(f"no model directory at {model!r}; pass --model DIR, or make a random test model "
                          "with: python -m engine.checkpoint --init clover-test --out runs/clover-test")
@@ -190,6 +189,8 @@ def _decode_config(args):
                         max_entropy=args.max_entropy, factor=args.factor, memory_mode=args.memory_mode,
                         repetition_penalty=args.repetition_penalty, eos_bias_soft_limit=args.eos_bias_soft_limit)
 
+
+    from engine.checkpoint import file_as_model_dir
 
 def forced_past_answer(trace, end_position: int) -> int:
     """Forced slots written at absolute positions >= ``end_position`` (the kept answer's end:

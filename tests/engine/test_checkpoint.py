@@ -386,5 +386,5 @@ def test_path_errors_name_what_was_typed(tmp_path):
         load_model(tmp_path / "models" / "clovr-tiny")
     f = tmp_path / "notes.txt"
     f.write_text("x")
-    with pytest.raises(ValueError, match="notes.txt is a file, not a checkpoint directory"):
+    with pytest.raises(ValueError, match="notes.txt' is a file; pass the model's directory"):
         load_model(f)
