@@ -84,20 +84,30 @@ def load_model(spec: ModelSpec) -> LoadedModel:
 
 # ------------------------------------------------------------------------------ views + template
 def create_app(model_dir: str | None = None, dev_sharpen_random: bool | None = None,
-               start_callbacks: bool = True, **settings: Any) -> pn.template.FastListTemplate:
+               start_callbacks: bool = True, loader: Any = None, **settings: Any) -> pn.template.FastListTemplate:
     """Build one session: state, views, template; start its periodic callback when served.
+
+    Served, the session's models load in a background thread (`ExplorerState.start_load`): a
+    first load (SmolLM2: about a minute) shows its progress and never stalls the server's other
+    sessions. Unserved (tests, scripts), the model loads before this returns.
 
     Args:
         model_dir: model directory (default `MODEL_DIR`).
         dev_sharpen_random: the dev option of `ExplorerState` (default from ``CLOVER_DEV_SHARPEN``).
         start_callbacks: start the per-session periodic callback (needs a server session).
+        loader: ``ModelSpec -> LoadedModel`` (default `load_model`: the process-wide cache).
         **settings: other `ExplorerState` parameters (``max_new_tokens=32`` ...).
     """
     state = ExplorerState(
-        loader=load_model, model_dir=model_dir or MODEL_DIR,
+        loader=loader or load_model, model_dir=model_dir or MODEL_DIR,
         dev_sharpen_random=DEV_SHARPEN if dev_sharpen_random is None else dev_sharpen_random, **settings,
     )
-    state.load_model()
+    served = start_callbacks and pn.state.curdoc is not None and pn.state.curdoc.session_context is not None
+    if served:
+        state.background_loads = True
+        state.start_load()
+    else:
+        state.load_model()
     app = ExplorerApp(state=state)
     template = pn.template.FastListTemplate(
         title=TITLE, sidebar=[app.sidebar], main=[app.main], sidebar_width=360, accent=ACCENT,
@@ -105,7 +115,7 @@ def create_app(model_dir: str | None = None, dev_sharpen_random: bool | None = N
         busy_indicator=None,  # the periodic drain would keep it spinning; the app shows its own progress
     )
     template.explorer = app  # for tests and scripting
-    if start_callbacks and pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
+    if served:
         context = pn.state.curdoc.session_context
         seen = {"connected": False, "lost_at": None}
 

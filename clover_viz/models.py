@@ -266,20 +266,35 @@ DEVICE = os.environ.get("CLOVER_DEVICE", "").strip() or "cpu"
 """Torch device the explorer's models decode on (``CLOVER_DEVICE``: ``cpu``, ``cuda``, ``cuda:1`` ...)."""
 
 _MODEL_CACHE: dict[ModelSpec, LoadedModel] = {}
-_MODEL_CACHE_LOCK = threading.Lock()
+_MODEL_CACHE_LOCK = threading.Lock()  # guards the two dicts only; never held while a model builds
+_BUILD_LOCKS: dict[ModelSpec, threading.Lock] = {}  # one per spec: a second caller waits for the same build
 
 
 def load_model_cached(spec: ModelSpec) -> LoadedModel:
     """`build_model` once per process and spec (sessions share models; decoding never mutates them).
 
-    Keeps the last `MODEL_CACHE_SIZE` specs loaded (the oldest is dropped first).
+    Keeps the last `MODEL_CACHE_SIZE` specs loaded (the oldest is dropped first). Thread-safe: a
+    model being built (SmolLM2's first load takes ~1 min) holds only its own spec's lock, so a
+    model already cached is returned at once to every other caller (another browser session),
+    and two callers asking for the same new spec share one build.
     """
     with _MODEL_CACHE_LOCK:
-        if spec not in _MODEL_CACHE:
-            if len(_MODEL_CACHE) >= MODEL_CACHE_SIZE:
+        hit = _MODEL_CACHE.get(spec)
+        if hit is not None:
+            return hit
+        build_lock = _BUILD_LOCKS.setdefault(spec, threading.Lock())
+    with build_lock:
+        with _MODEL_CACHE_LOCK:
+            hit = _MODEL_CACHE.get(spec)
+        if hit is not None:  # built by the caller this one waited for
+            return hit
+        loaded = build_model(spec)
+        with _MODEL_CACHE_LOCK:
+            while len(_MODEL_CACHE) >= MODEL_CACHE_SIZE:
                 _MODEL_CACHE.pop(next(iter(_MODEL_CACHE)))
-            _MODEL_CACHE[spec] = build_model(spec)
-        return _MODEL_CACHE[spec]
+            _MODEL_CACHE[spec] = loaded
+            _BUILD_LOCKS.pop(spec, None)
+        return loaded
 
 
 def load_demo_model(model_dir: str | Path = DEFAULT_MODEL_DIR, allow_fallback: bool = True) -> LoadedModel:

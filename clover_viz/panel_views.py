@@ -46,6 +46,7 @@ LIVE_REDRAW_S = 5.0  # heavy charts (a Plotly render of 150-500 ms in the browse
 # machine); at every tick it fell behind and a click on Stop waited seconds in its queue.
 LIVE_VIEW_S = 0.5
 MONO = "JetBrains Mono, Menlo, Consolas, monospace"
+MAX_PROMPT_CHARS = 2_000_000  # the prompt box's limit: > 30x the largest bundled context (see SettingsPanel)
 
 
 def _placeholder(title: str, message: str) -> Any:
@@ -203,9 +204,13 @@ class SettingsPanel(pn.viewable.Viewer):
         self.dev = pn.widgets.Checkbox.from_param(
             s.param.dev_sharpen_random, label="dev: sharpen random model (weights x15)")
         self.example = pn.widgets.Select.from_param(s.param.example, label="Example prompt")
+        # max_length: Panel's default (5,000 characters) cut longer prompts silently in the browser. The
+        # limit here is far above any bundled model's context (65,536 tokens for clover-tiny, whose
+        # tokens are bytes; 8,192 for SmolLM2), so the model's own check refuses an over-long prompt
+        # with the numbers, and nothing a user types within a context is dropped.
         self.prompt = pn.widgets.TextAreaInput.from_param(
             s.param.prompt, label="Prompt", height=170, sizing_mode="stretch_width",
-            styles={"font-family": MONO})
+            styles={"font-family": MONO}, max_length=MAX_PROMPT_CHARS)
         self.threshold = pn.widgets.FloatSlider.from_param(
             s.param.threshold, label="Threshold", step=0.01, throttled=True, sizing_mode="stretch_width",
             format="0.00")  # "1.00", not "1" 
@@ -322,7 +327,8 @@ class RunSummary(pn.viewable.Viewer):
         self._last_error = ""
         s = self.state
         s.param.watch(self._on_error, "error")
-        s.param.watch(self._refresh, ["trace", "trace_version", "running", "progress", "status", "previous"])
+        s.param.watch(self._refresh, ["trace", "trace_version", "running", "progress", "status", "previous",
+                                      "loading"])
         self._refresh()
 
     def _on_error(self, event: Any) -> None:
@@ -335,8 +341,10 @@ class RunSummary(pn.viewable.Viewer):
 
     def _refresh(self, *_: Any) -> None:
         s = self.state
-        self.progress.visible = s.running
-        self.progress.value = s.progress
+        self.progress.visible = s.running or s.loading
+        # a model loading: indeterminate (-1, animated) -- its length is not known; a decode: tokens / budget
+        self.progress.value = s.progress if s.running else -1
+        self.progress.active = s.loading and not s.running
         st = run_stats(s.trace)
         prev = run_stats(s.previous)
 
@@ -365,7 +373,7 @@ class RunSummary(pn.viewable.Viewer):
                       else None)),
             ])
         status = html.escape(s.status or "ready")
-        running = ' data-running="1"' if s.running else ' data-running="0"'
+        running = (' data-running="1"' if s.running else ' data-running="0"') + f' data-loading="{int(s.loading)}"'
         self.numbers.object = (
             "<style>.clover-stats{display:flex;flex-wrap:wrap;gap:8px;font-family:Inter,Helvetica,Arial,sans-serif}"
             ".clover-stats .stat{background:#f8fafc;border:1px solid #e2e8f0;border-radius:6px;padding:4px 10px;"
@@ -566,7 +574,8 @@ class CompareView(pn.viewable.Viewer):
 
 
 class CostView(pn.viewable.Viewer):
-    """Bytes per forward, tokens/s measured here vs projected on a device, and the roofline."""
+    """Bytes per forward as run vs projected, tokens/s measured here vs projected on a device for
+    the whole run and its decode phase (`figures.cost_summary_html`), and the roofline."""
 
     state = param.ClassSelector(class_=ExplorerState)
 
@@ -607,22 +616,7 @@ class CostView(pn.viewable.Viewer):
         except (ValueError, TypeError) as exc:
             proj = None
             s.error = f"No cost projection: {exc}"
-        step = s.trace.step(min(s.position, len(s.trace) - 1))
-        parts = [f"bytes read by this forward: <b>{format_si(step.bytes_read, 'B', digits=3)}</b>"]
-        if proj is not None:
-            parts.append(f"measured here (whole decode): "
-                         f"<b>{format_si(proj.measured_tokens_per_s, digits=3)} tok/s</b>")
-            if proj.source is not None:
-                parts.append(f"projected {html.escape(proj.source.config_name)} on {proj.device}: "
-                             f"<b>{format_si(proj.source.tokens_per_s, digits=3)} tok/s</b>")
-            parts.append(f"projected {html.escape(proj.target.config_name)} on {proj.device} at the same "
-                         f"tokens/forward ({proj.tokens_per_forward:.2f}, {proj.union_assumption} union): "
-                         f"<b>{format_si(proj.target.tokens_per_s, digits=3)} tok/s</b>")
-            mean = proj.source.bytes_read / proj.n_forwards if proj.source else None
-            parts.append(f"mean bytes per forward: {format_si(mean, 'B', digits=3)}")
-        self.headline.object = ("<div class='clover-cost' style='font-size:13px;line-height:1.6'>"
-                                + " · ".join(parts) + "<br><span style='color:#64748b'>projected = roofline "
-                                "max(bytes / bandwidth, FLOPs / peak) from engine.cost, not measured</span></div>")
+        self.headline.object = F.cost_summary_html(s.trace, proj, step=min(s.position, len(s.trace) - 1))
         self.cost.show(F.cost_figure(s.trace, device=s.device, union_assumption=s.union_assumption))
         self.roofline.show(F.roofline_figure(s.trace, device=s.device, union_assumption=s.union_assumption))
 
