@@ -28,9 +28,20 @@ Callbacks are registered once per `Explorer`, in its constructor; calling
 nothing. A new ``Explorer`` in a re-run cell owns new widgets; `close()`
 releases the old ones.
 
+One set of settings: the ``DecodeConfig`` the next decode uses is `Explorer.config`, and the
+threshold / block_size widgets always show it. A widget change, ``decode(**overrides)`` and
+the constructor's ``decode_config`` all set it (an override stays the setting for later
+decodes; a block_size outside the dropdown's choices is added to them, a threshold below the
+slider's range widens it); settings without a widget (memory mode, max_new_tokens, policy ...)
+are kept in it and named in the status line after each run. Made from a checkpoint directory
+(or with no argument: the bundled default model, as the app opens), its defaults are the app's
+(`ExplorerState.decode_config` after `ExplorerState.load_model`): block 32, threshold 0.95, and
+the model's best measured memory mode (`engine.checkpoint.best_memory_mode`, the CLI's default).
+
 Usage::
 
     from clover_viz import Explorer
+    ex = Explorer()                                       # the bundled model, the app's defaults
     ex = Explorer(Trace.load("runs/example.parquet"))     # replay, no model needed
     ex.show()
     ex = Explorer(model, tokenizer, DecodeConfig(block_size=32, threshold=0.95))
@@ -52,13 +63,17 @@ from typing import Any
 import plotly.graph_objects as go
 
 from clover_viz import figures as F
-from clover_viz.examples import WEATHER_PROMPT as DEFAULT_PROMPT
-from clover_viz.models import LoadedModel, load_model_cached, resolve_model
+from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS
+from clover_viz.models import DEFAULT_MODEL_DIR, LoadedModel, resolve_model
 from clover_viz.runs import RUN_LABELS
 from clover_viz.state import BLOCK_SIZES, ExplorerState
 
 _LIVE_MIN_INTERVAL_S = 0.05  # redraw at most ~20 times a second while decoding
 _POLL_S = 0.005  # wait between drains when the decode has queued nothing new
+THRESHOLD_MIN, THRESHOLD_MAX = 0.5, 1.0  # the threshold slider's range (it widens to show a lower setting)
+# The app's default prompt (for a Clover model); an Explorer without a prompt starts, as the app does,
+# with the default example of the model it decodes (`clover_viz.examples.examples_for`).
+DEFAULT_PROMPT = EXAMPLE_PROMPTS[DEFAULT_EXAMPLE]
 
 
 def _live_widgets() -> dict:
@@ -195,6 +210,29 @@ def _figure_classes() -> tuple[type, type]:
 _CarrierFigure, _StubFigure = _figure_classes()
 
 
+def _block_size_options(block_size: int) -> list[int]:
+    """The block_size dropdown's choices: `BLOCK_SIZES` plus ``block_size`` when it is not one of them."""
+    return sorted(set(BLOCK_SIZES) | {int(block_size)})
+
+
+def _threshold_format(threshold: float) -> str:
+    """The threshold slider's readout format: two decimals, or as many as ``threshold`` needs (up to 4
+    significant digits) when it is off the slider's 0.01 grid, so the readout shows the value that runs."""
+    return ".2f" if abs(round(threshold, 2) - threshold) < 1e-9 else ".4g"
+
+
+def _settings_line(dc: dict | None) -> str:
+    """``block_size 7 · threshold 0.95 · memory state+window · max_new_tokens 16`` (plus the policy when it is
+    not low_confidence): the settings a run's decode config (``Trace.decode_config``) ran with, for the
+    status line -- the memory mode and budget have no widget."""
+    dc = dc or {}
+    parts = [f"block_size {dc.get('block_size')}", f"threshold {float(dc.get('threshold', 0.0)):g}",
+             f"memory {dc.get('memory_mode')}", f"max_new_tokens {dc.get('max_new_tokens')}"]
+    if dc.get("policy", "low_confidence") != "low_confidence":
+        parts.append(f"policy {dc['policy']}")
+    return " · ".join(parts)
+
+
 def _is_trace(obj: Any) -> bool:
     return hasattr(obj, "steps") and hasattr(obj, "blocks") and hasattr(obj, "token_str")
 
@@ -210,11 +248,16 @@ class Explorer:
             (``.parquet`` / ``.arrow``); a ``CloverModel``; a ``BlockDecoder`` (its model,
             tokenizer and config; its registered hooks fire too); or a checkpoint
             directory (loaded once per process by `clover_viz.models`, as the Panel app does).
+            None (the default): the bundled default model, `clover_viz.models.DEFAULT_MODEL_DIR`,
+            which the app opens too (a labelled random clover-test while it holds no checkpoint).
         tokenizer: the model's tokenizer (ignored for a trace; read from a
             checkpoint directory when not given).
-        decode_config: an ``engine.decoder.DecodeConfig`` (default block 32,
-            threshold 0.95), or a dict of its fields.
-        prompt: the prompt `decode` uses when called without one.
+        decode_config: an ``engine.decoder.DecodeConfig``, or a dict of its fields (the others
+            take the defaults). Default, and for the fields a dict leaves out: for a checkpoint
+            directory the app's settings (block 32, threshold 0.95, 128 new tokens, the model's
+            best measured memory mode); for a model object ``DecodeConfig()``.
+        prompt: the prompt `decode` uses when called without one (default: the loaded model's
+            default example, as in the app).
 
     Raises:
         TypeError: for anything else, naming what was expected.
@@ -222,33 +265,41 @@ class Explorer:
             file / checkpoint that does not load.
     """
 
-    def __init__(self, model_or_trace: Any, tokenizer: Any = None, decode_config: Any = None,
+    def __init__(self, model_or_trace: Any = None, tokenizer: Any = None, decode_config: Any = None,
                  prompt: str | None = None) -> None:
         from engine.decoder import BlockDecoder, DecodeConfig
         from engine.trace import Trace
 
-        self.prompt = prompt or DEFAULT_PROMPT
-        self.state = ExplorerState(auto_redecode=False, prompt=self.prompt)
+        settings: dict[str, Any] = {"auto_redecode": False}
+        if prompt:
+            settings["prompt"] = prompt
         self.config = None  # the DecodeConfig decodes start from (None: replay only)
         self._source = model_or_trace
-        obj = model_or_trace
+        obj = DEFAULT_MODEL_DIR if model_or_trace is None else model_or_trace
+        fields = decode_config if isinstance(decode_config, dict) else None
+        if fields is not None:
+            decode_config = DecodeConfig(**fields)  # a bad field fails here, naming it
         loaded: LoadedModel | None = None
+        self.state: ExplorerState | None = None
         if isinstance(obj, (str, Path)):
             p = Path(obj).expanduser()
             if p.is_file():
                 obj = Trace.load(p)
-            else:  # a model directory, found as the app finds it (cwd, repository root, models/<name>)
+            else:  # a model directory, loaded by the state as the app loads it (cwd, repository root, models/<name>)
                 try:
-                    spec = resolve_model(str(obj))
+                    resolve_model(str(obj))
                 except ValueError as exc:
                     raise ValueError(f"{str(obj)!r} is neither a trace file nor a model: {exc}") from None
-                loaded = load_model_cached(spec)
+                self.state = ExplorerState(model_dir=str(obj), **settings)
+                loaded = self.state.load_model()  # also picks the model's best memory mode, as in the app
+                if loaded is None:
+                    raise ValueError(f"{str(obj)!r} is neither a trace file nor a model: {self.state.error}")
                 if tokenizer is not None:
-                    loaded = dataclasses.replace(loaded, tokenizer=tokenizer)
-        if isinstance(decode_config, dict):
-            decode_config = DecodeConfig(**decode_config)
-        if loaded is not None:
-            self.config = decode_config or DecodeConfig()
+                    self.state.use_model(dataclasses.replace(loaded, tokenizer=tokenizer))
+                app = self.state.decode_config(loaded)  # the app's settings, then the fields given
+                self.config = dataclasses.replace(app, **fields) if fields is not None else (decode_config or app)
+        if self.state is not None:
+            pass  # a model directory, loaded above
         elif _is_trace(obj):
             pass
         elif isinstance(obj, BlockDecoder):
@@ -268,10 +319,13 @@ class Explorer:
                 )
             loaded = LoadedModel.in_memory(obj, tokenizer)
             self.config = decode_config or DecodeConfig()
-        if loaded is not None:
-            self.state.use_model(loaded)
-        else:
-            self.state.load_trace(obj)
+        if self.state is None:
+            self.state = ExplorerState(**settings)
+            if loaded is not None:
+                self.state.use_model(loaded)
+            else:
+                self.state.load_trace(obj)
+        self.prompt = self.state.prompt  # the prompt given, else the model's default example (as in the app)
         self._step = 0
         self._block = None
         self._last_draw = 0.0
@@ -318,11 +372,12 @@ class Explorer:
         self._link = W.jslink((self.play, "value"), (self.step_slider, "value"))
         self.speed = W.IntSlider(value=10, min=1, max=60, description="fps", continuous_update=False,
                                  layout=W.Layout(width="220px"))
-        self.threshold = W.FloatSlider(value=float(get("threshold", 0.95)), min=0.5, max=1.0, step=0.01,
-                                       description="threshold", continuous_update=False, readout_format=".2f",
-                                       disabled=not has_model)
+        thr = float(get("threshold", 0.95))
+        self.threshold = W.FloatSlider(value=thr, min=min(THRESHOLD_MIN, thr), max=THRESHOLD_MAX, step=0.01,
+                                       description="threshold", continuous_update=False,
+                                       readout_format=_threshold_format(thr), disabled=not has_model)
         bs = int(get("block_size", 32))
-        self.block_size = W.Dropdown(options=sorted(set(BLOCK_SIZES) | {bs}), value=bs, description="block_size",
+        self.block_size = W.Dropdown(options=_block_size_options(bs), value=bs, description="block_size",
                                      disabled=not has_model, layout=W.Layout(width="200px"))
         self.prompt_box = W.Textarea(value=self.prompt, description="prompt", rows=3,
                                      layout=W.Layout(width="98%"), disabled=not has_model)
@@ -545,9 +600,27 @@ class Explorer:
             return
         self.start_decode()  # a running decode is replaced by the new one
 
+    def _show_config(self, dc: Any) -> None:
+        """Make the threshold and block_size widgets show ``dc`` (a `DecodeConfig`) without re-decoding:
+        a block_size outside the dropdown's choices is added to them, a threshold below the slider's
+        range widens it (the readout shows as many decimals as the value needs)."""
+        quiet, self._quiet = self._quiet, True
+        try:
+            bs, thr = int(dc.block_size), float(dc.threshold)
+            options = _block_size_options(bs)
+            if list(self.block_size.options) != options:
+                self.block_size.options = options  # resets the value: set it again below
+            self.block_size.value = bs
+            self.threshold.min = min(THRESHOLD_MIN, thr)
+            self.threshold.readout_format = _threshold_format(thr)
+            self.threshold.value = thr
+        finally:
+            self._quiet = quiet
+
     # ------------------------------------------------------------------ decoding
     def decode_config(self) -> Any:
-        """The `DecodeConfig` the next decode uses: the Explorer's, with the threshold and block_size widgets."""
+        """The `DecodeConfig` the next decode uses: `config`, with the threshold and block_size widgets'
+        values (they show `config` unless the user has just moved them)."""
         return dataclasses.replace(self.config, threshold=float(self.threshold.value),
                                    block_size=int(self.block_size.value))
 
@@ -559,6 +632,11 @@ class Explorer:
         cells. `stop` (the Stop button) ends it after its current forward, keeping what it
         wrote. A decode already running is replaced. Errors go to the status line, the run
         on display stays. Returns whether a decode started; `wait` blocks until it ends.
+
+        ``overrides`` replace `DecodeConfig` fields (``block_size=7``, ``memory_mode="state"``
+        ...). Once the decode has started, its settings are the Explorer's (`config`): the
+        widgets show them and the next decode starts from them; a decode that cannot start
+        changes nothing.
         """
         try:
             if self.config is None:
@@ -574,6 +652,8 @@ class Explorer:
                 self.status.value = "<b>decoding…</b>"
                 if not s.generate(config=dc):
                     raise ValueError(s.error or "the decode did not start")
+                self.config = dc  # what runs is the setting from now on (overrides included)
+                self._show_config(dc)
                 self._decodes_started += 1
                 self._busy = True
                 self.stop_button.disabled = False
@@ -627,7 +707,7 @@ class Explorer:
         st = live.summary()
         self.status.value = (f"NFE {st['nfe']} · {st['n_tokens']} tokens · {st['tokens_per_forward']:.2f} "
                              f"tokens/forward · {st['n_forced']} forced · {st['wall_s']:.2f} s · "
-                             f"stop: {st['stop_reason']}")
+                             f"stop: {st['stop_reason']} · {html.escape(_settings_line(live.decode_config))}")
         self._show_comparison()
 
     def stop(self) -> None:
@@ -651,7 +731,8 @@ class Explorer:
         Synchronous (for scripts and cells): `start_decode`, then wait until the run ends; the
         block fills in while the cell runs (each forward drawn as it arrives, at most ~20
         times a second; the last step always). The previous run is kept for the comparison.
-        ``overrides`` replace `DecodeConfig` fields for this call. Interrupting the kernel
+        ``overrides`` replace `DecodeConfig` fields and stay the settings of later decodes (the
+        widgets show them; see `start_decode`). Interrupting the kernel
         stops the decode after its current forward; the run keeps what it wrote (stop reason
         ``cancelled``) and is returned.
 
