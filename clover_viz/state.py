@@ -61,6 +61,7 @@ from clover_viz.runs import compare, generated_ids
 from engine.cost import DEFAULT_DEVICE, DEVICES, UNION_ASSUMPTIONS
 from engine.events import BlockStart, DecodeEnd, StepEvent
 from engine.policies import POLICIES
+from engine.prompting import model_input
 from engine.trace import Trace
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -146,6 +147,16 @@ def past_training_note(block_size: int | None, trained: int | None) -> str:
     return f" · block {block_size} is past the model's training (blocks <= {trained}): expect worse text"
 
 
+def chat_template_note(trace: Trace | None) -> str:
+    """`` · your prompt was decoded in the model's ChatML template ('show prompt' shows it)`` when the run's
+    prompt was wrapped by `engine.prompting.model_input` (recorded as ``meta["chat_template"]``), else ``""``."""
+    template = ((trace.meta or {}).get("chat_template") if trace is not None else None)
+    if not template:
+        return ""
+    name = "ChatML" if template == "chatml" else template
+    return f" · prompt decoded in the model's {name} chat template ('show prompt' shows the exact input)"
+
+
 class ExplorerState(param.Parameterized):
     """Everything one explorer session holds. No UI imports; drive it from any front end.
 
@@ -204,6 +215,10 @@ class ExplorerState(param.Parameterized):
         "The run before it, kept for comparison."))
     trace_version = param.Integer(default=0, doc="Bumped whenever `trace` gains events.")
     running = param.Boolean(default=False, doc="A decode is running.")
+    loading = param.Boolean(default=False, doc="A model is loading in the background (`start_load`).")
+    background_loads = param.Boolean(default=False, doc=(
+        "Load a newly chosen model in a background thread (`start_load`; the served app) instead of "
+        "blocking the caller (`load_model`; notebooks and scripts)."))
     progress = param.Integer(default=0, bounds=(0, 100), doc="Generated tokens / budget of the running decode, %.")
     status = param.String(default="", doc="One line on what the session is doing.")
     error = param.String(default="", doc="The last error (empty when none).")
@@ -239,6 +254,8 @@ class ExplorerState(param.Parameterized):
         self._quiet = False  # settings changed by the state itself: no re-decode
         self._play_accum = 0.0
         self._closed = False
+        self._pending_load: dict[str, Any] | None = None  # a background load (start_load)
+        self._generate_when_loaded = False  # Generate was pressed while it loads
         self.stop_timing: dict[str, Any] = {}
         # the memory mode the state chose itself (None: given to the constructor): see _start_in_best_memory_mode
         self._auto_memory_mode: str | None = None if "memory_mode" in params else self.memory_mode
@@ -263,14 +280,93 @@ class ExplorerState(param.Parameterized):
                 spec = resolve_model(self.model_dir, self.dev_sharpen_random)
                 loaded = self._loader(spec)
             except (ValueError, TypeError, OSError) as exc:
-                self.error = f"Model not loaded: {exc}"
-                # Generate refuses until the directory loads: do not keep naming the previous model
-                self.model_label = f"none loaded from {self.model_dir!r}"
-                self.memory_advice = ""
-                self.model_ok = False
-                if not self.running:
-                    self.status = "no model loaded: fix the model directory, or pick a bundled model"
+                self._load_failed(exc)
                 return None
+        return self._apply_loaded(loaded, adjust_mode)
+
+    def _load_failed(self, exc: BaseException) -> None:
+        self.error = f"Model not loaded: {exc}"
+        # Generate refuses until the directory loads: do not keep naming the previous model
+        self.model_label = f"none loaded from {self.model_dir!r}"
+        self.memory_advice = ""
+        self.model_ok = False
+        if not self.running:
+            self.status = "no model loaded: fix the model directory, or pick a bundled model"
+
+    def start_load(self) -> bool:
+        """Load `model_dir` in a background thread (the served app: a first load of SmolLM2 takes
+        about a minute, and the server's event loop -- every other browser session's decode and
+        redraws -- must not wait for it). `loading` is True and `status` counts the seconds until
+        `tick` finds the load done and applies it on the UI thread, as `load_model` would.
+
+        A Generate pressed meanwhile decodes once the model is ready. A second call (another model
+        picked) supersedes the first: only the newest load is applied. Returns False (and sets
+        `error`) when `model_dir` names no model; no thread is started then.
+        """
+        if self._closed:
+            return False
+        self._given = None
+        try:
+            spec = resolve_model(self.model_dir, self.dev_sharpen_random)
+        except (ValueError, TypeError, OSError) as exc:
+            self._pending_load = None
+            self.loading = False
+            self._load_failed(exc)
+            return False
+        box: dict[str, Any] = {"spec": spec, "model_dir": self.model_dir, "t0": time.monotonic()}
+        loader = self._loader
+
+        def work() -> None:
+            try:
+                box["loaded"] = loader(spec)
+            except Exception as exc:  # noqa: BLE001  (reported on the UI thread by tick)
+                box["error"] = exc
+
+        box["thread"] = threading.Thread(target=work, name=f"clover-load-{Path(str(spec.path or spec.kind)).name}",
+                                         daemon=True)
+        self._pending_load = box
+        self.error = "" if self.error.startswith("Model not loaded") else self.error
+        self.loading = True
+        self.model_ok = False
+        self.model_label = f"loading {self._model_name()} ..."
+        self.status = f"loading {self._model_name()} ..."
+        box["thread"].start()
+        return True
+
+    def _model_name(self) -> str:
+        return Path((self.model_dir or "").rstrip("/")).name or str(self.model_dir)
+
+    def _poll_load(self) -> None:
+        """UI thread: apply a finished background load (`start_load`), or count its seconds."""
+        box = self._pending_load
+        if box is None:
+            return
+        if box["thread"].is_alive():
+            secs = int(time.monotonic() - box["t0"])
+            status = f"loading {self._model_name()} ... {secs} s"
+            if secs >= 5:
+                status += " (a first load of a SmolLM2 model dequantises its base: about a minute)"
+            if self.status != status and not self.running:
+                self.status = status
+            return
+        self._pending_load = None
+        self.loading = False
+        if "error" in box:
+            exc = box["error"]
+            if not isinstance(exc, (ValueError, TypeError, OSError)):
+                exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+            self._load_failed(exc)
+            self._generate_when_loaded = False
+            return
+        loaded = self._apply_loaded(box["loaded"], adjust_mode=True)
+        if not self.running:
+            self.status = f"ready: {loaded.label} loaded in {time.monotonic() - box['t0']:.1f} s"
+        if self._generate_when_loaded:
+            self._generate_when_loaded = False
+            self.generate()
+
+    def _apply_loaded(self, loaded: LoadedModel, adjust_mode: bool) -> LoadedModel:
+        """Make ``loaded`` the session's model: label, examples, memory-mode advice (UI thread)."""
         self._loaded = loaded
         self.model_label = loaded.label
         from engine.checkpoint import largest_trained_block
@@ -322,7 +418,9 @@ class ExplorerState(param.Parameterized):
     @param.depends("model_dir", "dev_sharpen_random", watch=True)
     def _on_model_change(self) -> None:
         self._given = None
-        if self.load_model() is not None:
+        if self.background_loads:
+            self.start_load()
+        elif self.load_model() is not None:
             self.error = ""
 
     def _use_examples(self, loaded: LoadedModel) -> None:
@@ -430,6 +528,10 @@ class ExplorerState(param.Parameterized):
         if not self.prompt or not self.prompt.strip():
             self.error = "The prompt is empty: type a prompt or pick an example, then Generate."
             return False
+        if self.loading:  # a background load (start_load): decode once it is done
+            self._generate_when_loaded = True
+            self.status = f"loading {self._model_name()} ... the decode starts when it is loaded"
+            return True
         loaded = self.load_model(adjust_mode=False)
         if loaded is None:
             return False
@@ -440,9 +542,13 @@ class ExplorerState(param.Parameterized):
                 _check_memory_mode(config.memory_mode, loaded)
                 dc = config
             decoder = loaded.decoder or BlockDecoder(loaded.model, loaded.tokenizer, dc)
-            prompt_ids = decoder.encode_prompt(self.prompt)
+            given = model_input(self.prompt, loaded.model)  # the chat template where the model has one
+            prompt_ids = decoder.encode_prompt(given.text)
         except (ValueError, TypeError) as exc:
-            self.error = f"Cannot decode: {exc}"
+            detail = str(exc)
+            if "tokens but the model's context" in detail:  # say what the user sees: characters, too
+                detail += f" (the prompt box holds {len(self.prompt):,} characters; nothing was cut)"
+            self.error = f"Cannot decode: {detail}"
             return False
         self.error = ""
         if config is not None:
@@ -460,7 +566,8 @@ class ExplorerState(param.Parameterized):
             decode_config=dc.to_dict(), model_id=loaded.model_id,
             token_text=lambda i: tok.decode([i], skip_special_tokens=False), prompt_ids=prompt_ids,
             meta={"model_label": loaded.label, "model_config": loaded.config.to_dict(),
-                  "dev_weight_scale": loaded.spec.dev_scale, "recorded_on": "cpu"},
+                  "dev_weight_scale": loaded.spec.dev_scale, "recorded_on": "cpu",
+                  "prompt": given.prompt, "model_input": given.text, "chat_template": given.template},
         )
         events = self._events
 
@@ -489,7 +596,8 @@ class ExplorerState(param.Parameterized):
             self.position = 0
             self.progress = 0
             self.running = True
-            self.status = f"decoding with {loaded.label}: block_size {dc.block_size}, threshold {dc.threshold:.2f}"
+            self.status = (f"decoding with {loaded.label}: block_size {dc.block_size}, threshold {dc.threshold:.2f}"
+                           + (" · prompt " + given.note if given.wrapped else ""))
         run.thread.start()
         return True
 
@@ -575,7 +683,8 @@ class ExplorerState(param.Parameterized):
             mode = dc.get("memory_mode", self.memory_mode)
             self.status = (f"done: {len(end.tokens)} tokens in {end.nfe} forwards ({tpf} tokens/forward), "
                            f"{end.n_forced} forced, memory {mode}, stop: {end.stop_reason}"
-                           + past_training_note(dc.get("block_size"), self._trained_block))
+                           + past_training_note(dc.get("block_size"), self._trained_block)
+                           + chat_template_note(self.trace))
         assert run is not None and not run.superseded, run
 
     def _fail(self, exc: BaseException) -> None:
@@ -590,7 +699,9 @@ class ExplorerState(param.Parameterized):
 
     # ------------------------------------------------------------------ playback
     def tick(self, dt: float = 0.1) -> None:
-        """Periodic work on the UI thread: drain events, then advance playback by ``dt`` seconds."""
+        """Periodic work on the UI thread: apply a finished background load, drain events, then
+        advance playback by ``dt`` seconds."""
+        self._poll_load()
         self.drain()
         if not self.playing:
             return
@@ -811,6 +922,8 @@ class ExplorerState(param.Parameterized):
         """End the session's work: cancel a running decode, start no new one (idempotent)."""
         self._closed = True
         self.playing = False
+        self._pending_load = None  # a background load finishes into the process cache; nothing applies it
+        self._generate_when_loaded = False
         if self._run is not None:
             self._run.superseded = True
             self._run.cancel.set()
