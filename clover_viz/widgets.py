@@ -241,7 +241,9 @@ class Explorer:
     """Interactive view of one decode (replay) or of a model (decode, re-decode, compare).
 
     ``state`` is the `clover_viz.state.ExplorerState` it drives (the Panel app's session
-    object); ``trace`` and ``previous`` are the state's.
+    object); ``trace`` and ``previous`` are the state's. ``config`` is the ``DecodeConfig`` the
+    next decode starts from (None for a replay): the threshold and block_size widgets show it,
+    and a decode's overrides or a widget change become it once that decode has started.
 
     Args:
         model_or_trace: an ``engine.trace.Trace``; a path to a saved trace
