@@ -28,20 +28,36 @@ from pathlib import Path
 import numpy as np
 
 from engine.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_MODEL  # noqa: E402
+from engine.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, example_names, example_prompt
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.generate", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint directory (default {DEFAULT_MODEL})")
-    p.add_argument("--prompt", required=True, help="prompt text")
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="prompt text (a chat model's plain question is wrapped in its chat template; "
+                                         "see --raw-prompt)")
+    prompt.add_argument("--example", action=_ExampleAction, choices=example_names(), metavar="NAME",
+                        help="decode one of the explorer's example prompts instead of --prompt (engine.examples): "
+                             f"{', '.join(repr(n) for n in example_names())}; clover-tiny's are the first "
+                             f"{len(EXAMPLE_PROMPTS)}, e.g. --example {DEFAULT_EXAMPLE!r}")
     p.add_argument("--raw-prompt", action="store_true",
                    help="chat models: pass --prompt as is instead of wrapping it in a ChatML user turn")
-    p.add_argument("--block-size", type=int, default=32)
-    p.add_argument("--threshold", type=float, default=0.95)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--max-steps", type=int, default=None, help="iterations allowed per block")
+    p.add_argument("--block-size", type=int, default=32,
+                   help="tokens filled in parallel per block, in slots (1 = autoregressive; default %(default)s)")
+    p.add_argument("--threshold", type=float, default=0.95,
+                   help="confidence (0-1) a slot's top token needs to be accepted in a forward; the most confident "
+                        "slot is filled anyway (a forced fill) when none reaches it (default %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=128,
+                   help="tokens to write at most; decoding stops earlier at end-of-text (default %(default)s)")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="forwards allowed per block; the last writes every slot still masked (forced fills); "
+                        "default: until the block is full")
     p.add_argument("--policy", default="low_confidence",
-                   choices=["low_confidence", "top_k", "margin", "entropy", "factor"])
+                   choices=["low_confidence", "top_k", "margin", "entropy", "factor"],
+                   help="which slots a forward accepts: low_confidence (confidence >= --threshold), top_k "
+                        "(--tokens-per-step slots), margin (top-1 minus top-2 >= --threshold), entropy "
+                        "(<= --max-entropy), factor (Fast-dLLM, --factor); default %(default)s")
     p.add_argument("--tokens-per-step", type=int, default=2, help="slots written per step by --policy top_k")
     p.add_argument("--max-entropy", type=float, default=0.5, help="entropy bound (nats) of --policy entropy")
     p.add_argument("--factor", type=float, default=1.0, help="Fast-dLLM factor of --policy factor")
@@ -65,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_threads_argument(p)
     return p
+
+
+class _ExampleAction(argparse.Action):
+    """``--example NAME``: sets ``prompt`` to the example's text (and ``example`` to its name)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.prompt = example_prompt(values)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,6 +193,8 @@ def _check_inputs(args) -> None:
 
 def _check_model_dir(model: str) -> None:
     """Raise ValueError unless ``model`` is a directory (saying so for a file or a missing path)."""
+    from engine.checkpoint import file_as_model_dir
+
     if Path(model).is_file():
         raise ValueError(file_as_model_dir(model))  # the same message as the explorer's model field
     if not Path(model).is_dir():
@@ -189,8 +215,6 @@ def _decode_config(args):
                         max_entropy=args.max_entropy, factor=args.factor, memory_mode=args.memory_mode,
                         repetition_penalty=args.repetition_penalty, eos_bias_soft_limit=args.eos_bias_soft_limit)
 
-
-    from engine.checkpoint import file_as_model_dir
 
 def forced_past_answer(trace, end_position: int) -> int:
     """Forced slots written at absolute positions >= ``end_position`` (the kept answer's end:

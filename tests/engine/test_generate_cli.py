@@ -135,3 +135,25 @@ def test_cli_refuses_a_file_as_model_and_counts_forced_fills_past_the_answer(tmp
     trace = SimpleNamespace(steps=[step(10, [0, 0, 1, 0]), step(14, [0, 1, 0, 0]), step(14, [0, 0, 0, 1])])
     assert forced_past_answer(trace, 15) == 2
     assert forced_past_answer(trace, 100) == 0 and forced_past_answer(None, 0) == 0
+
+
+def test_example_flag_decodes_the_explorers_example_prompts():
+    """``--example NAME`` sets the prompt to the explorer's example of that name (`engine.examples`,
+    re-exported by `clover_viz.examples`); it excludes ``--prompt``, and a wrong name lists the names."""
+    import pytest
+
+    from clover_viz import examples as viz_examples
+    from engine.examples import EXAMPLE_PROMPTS, example_names, example_prompt
+    from engine.generate import build_parser
+
+    assert viz_examples.EXAMPLE_PROMPTS is EXAMPLE_PROMPTS  # one set of examples for the CLI and the explorer
+    args = build_parser().parse_args(["--example", "agent tool call"])
+    assert args.prompt == EXAMPLE_PROMPTS["agent tool call"] and args.example == "agent tool call"
+    assert build_parser().parse_args(["--example", "question"]).prompt == example_prompt("question")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--example", "agent tool call", "--prompt", "x"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([])  # one of --prompt / --example is needed
+    with pytest.raises(ValueError, match="no example prompt called 'nope'; the examples are: 'agent tool call'"):
+        example_prompt("nope")
+    assert example_names()[0] == "agent tool call"
