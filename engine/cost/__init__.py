@@ -30,23 +30,25 @@ from engine.cost.formulas import (COMPONENTS, DENSE_COMPONENTS, DENSE_WEIGHT_COM
                                   ForwardCost, active_params_per_token, ar_step_cost, expected_union,
                                   forced_fill_probability, forced_fill_table, forward_cost, is_dense,
                                   param_counts, union_for_bytes_ratio)
-from engine.cost.per_step import (ProjectedForwards, ar_tokens_per_s, attainable_flops_per_s,
-                                  bytes_per_written_token, project_forwards_roofline, roofline_point,
+from engine.cost.per_step import (WEIGHT_DTYPES, ProjectedForwards, ar_break_even_tokens_per_forward,
+                                  ar_tokens_per_s, attainable_flops_per_s, bytes_per_written_token, dtype_name,
+                                  project_forwards_roofline, recorded_weight_bytes, roofline_point,
                                   running_tokens_per_s)
-from engine.cost.projection import (INTERCONNECT_BYTES_PER_S, ParallelForward, Projection, TraceProjection,
-                                    project_forwards, project_parallel, project_parallel_table,
-                                    project_tokens_per_s, project_trace, target_union)
+from engine.cost.projection import (INTERCONNECT_BYTES_PER_S, DecodePhase, ParallelForward, Projection,
+                                    TraceProjection, project_forwards, project_parallel, project_parallel_table,
+                                    project_tokens_per_s, project_trace, prompt_forward_mask, target_union)
 
 __all__ = [
-    "BreakEven", "format_break_even", "measure_break_even",
+    "BreakEven", "format_break_even", "measure_break_even", "WEIGHT_DTYPES", "ar_break_even_tokens_per_forward",
+    "dtype_name", "recorded_weight_bytes",
     "COMPONENTS", "DEFAULT_DEVICE", "INTERCONNECT_BYTES_PER_S", "ParallelForward", "project_parallel",
     "project_parallel_table", "DENSE_COMPONENTS", "DENSE_WEIGHT_COMPONENTS", "DEVICES", "MEMORY_MODES",
     "NORM_FLOPS_PER_ELEMENT", "STATE_BYTES", "UNION_ASSUMPTIONS", "WEIGHT_COMPONENTS", "Device", "ForwardCost",
-    "ProjectedForwards", "Projection", "TraceProjection", "active_params_per_token", "ar_step_cost",
+    "DecodePhase", "ProjectedForwards", "Projection", "TraceProjection", "active_params_per_token", "ar_step_cost",
     "ar_tokens_per_s", "attainable_flops_per_s", "bytes_per_written_token", "dense_forward_cost",
     "dense_param_counts", "expected_union", "forced_fill_probability", "forced_fill_table", "format_breakdown",
     "format_devices", "format_forward_report", "format_si", "forward_cost", "get_device", "is_dense", "main",
     "measure_this_machine", "param_counts", "project_forwards", "project_forwards_roofline",
-    "project_tokens_per_s", "project_trace", "ridge_point", "roofline_point", "roofline_time_s",
+    "project_tokens_per_s", "project_trace", "prompt_forward_mask", "ridge_point", "roofline_point", "roofline_time_s",
     "running_tokens_per_s", "target_union", "union_for_bytes_ratio",
 ]

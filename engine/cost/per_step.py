@@ -21,7 +21,52 @@ import numpy as np
 
 from engine.cost.devices import Device, get_device, roofline_time_s
 from engine.cost.formulas import _as_config, ar_step_cost, forward_cost
-from engine.cost.projection import target_union
+from engine.cost.projection import prompt_forward_mask, target_union
+
+WEIGHT_DTYPES: dict[float, str] = {4: "fp32", 2: "bf16", 1: "fp8", 8: "fp64"}
+"""Bytes per weight -> the dtype name the views print (2 bytes reads as bf16: fp16 prices the same)."""
+
+
+def recorded_weight_bytes(trace: Any) -> float | None:
+    """Bytes per weight at which the recorded run's costs (the steps' ``bytes_read``) were
+    priced: the model's dtype as it ran (4 = fp32, 2 = bf16 / fp16, ...).
+
+    A trace does not store the dtype; the decoder's `engine.cost.meter.CostMeter` prices each
+    forward with `forward_cost` at the model's itemsize. This reprices the first costed forward
+    at 4, 2, 1 and 8 bytes per weight, with the decode's memory mode, window and block_size,
+    and returns the one that gives the recorded bytes (to 1e-9 relative).
+
+    Returns:
+        The bytes per weight, or None when no step has a cost, the recorded model has no Clover
+        config (`Trace.model_config` None: a transformers backbone), or no candidate matches.
+    """
+    cfg = trace.model_config() if hasattr(trace, "model_config") else None
+    if cfg is None:
+        return None
+    dc = getattr(trace, "decode_config", None) or {}
+    mode = dc.get("memory_mode") or "state"
+    step = next((st for st in trace.steps if st.bytes_read), None)
+    if step is None or step.expert_union is None:
+        return None
+    L, n = len(step.tokens), int(step.n_tokens_forward)
+    union = [int(u) for u in np.asarray(step.expert_union).reshape(-1)]
+    for w in WEIGHT_DTYPES:
+        try:
+            fc = forward_cost(cfg, n, union, w, n - L, L, mode, 0, commit_block_len=dc.get("block_size"),
+                              context_len=int(step.position_start) - (n - L))
+        except (ValueError, TypeError):
+            return None
+        if abs(fc.bytes_read - float(step.bytes_read)) <= 1e-9 * float(step.bytes_read):
+            return float(w)
+    return None
+
+
+def dtype_name(weight_bytes: float | None) -> str:
+    """``"fp32"`` for 4 bytes per weight, ``"bf16"`` for 2, ... (`WEIGHT_DTYPES`); for None or
+    another size, ``"the run's dtype"`` or ``"N-byte weights"``."""
+    if weight_bytes is None:
+        return "the run's dtype"
+    return WEIGHT_DTYPES.get(float(weight_bytes), f"{weight_bytes:g}-byte weights")
 
 
 def bytes_per_written_token(trace: Any) -> np.ndarray:
@@ -65,6 +110,25 @@ def ar_tokens_per_s(config: Any, device: Device | str, weight_bytes: float = 2) 
     return 1.0 / roofline_time_s(ar.bytes_read, ar.flops, get_device(device))
 
 
+def ar_break_even_tokens_per_forward(projection: Any, config: Any, device: Device | str,
+                                     weight_bytes: float = 2) -> float:
+    """Tokens per forward the projected forwards would need to match `ar_tokens_per_s` of
+    ``config`` on ``device``: their mean roofline time per forward times the AR tokens/s (an
+    AR step writes one token; a forward that takes k AR steps' time must write k tokens).
+
+    Args:
+        projection: an `engine.cost.Projection` (``time_s``, ``n_forwards``), e.g. a
+            `TraceProjection`'s ``target`` or its ``decode_phase.target``.
+        config, device, weight_bytes: the autoregressive model to match, as `ar_tokens_per_s`.
+
+    Raises:
+        ValueError: a projection without forwards, or an unknown preset or device.
+    """
+    if not projection.n_forwards:
+        raise ValueError("the projection has no forwards")
+    return projection.time_s / projection.n_forwards * ar_tokens_per_s(config, device, weight_bytes)
+
+
 def attainable_flops_per_s(intensity: Any, device: Device | str) -> Any:
     """The roofline: ``min(peak, intensity * bandwidth)`` FLOP/s at ``intensity`` FLOP/byte
     (a number or an array of any shape; the result has the same shape)."""
@@ -94,6 +158,7 @@ class ProjectedForwards:
         union: float64 the target's expert union per layer (`target_union`).
         intensity: float64 FLOP per byte of the forward.
         flops_per_s: float64 FLOP/s it achieves on the device's roofline.
+        prompt: bool, the prompt forward(s) (`prompt_forward_mask`): prefill, not decode phase.
     """
 
     n_tokens: np.ndarray
@@ -101,6 +166,7 @@ class ProjectedForwards:
     union: np.ndarray
     intensity: np.ndarray
     flops_per_s: np.ndarray
+    prompt: np.ndarray | None = None
 
 
 def project_forwards_roofline(trace: Any, config: Any, device: Device | str,
@@ -145,8 +211,10 @@ def project_forwards_roofline(trace: Any, config: Any, device: Device | str,
         n_tokens=np.array(cols[0], dtype=np.int64), block_len=np.array(cols[1], dtype=np.int64),
         union=np.array(cols[2], dtype=np.float64), intensity=np.array(cols[3], dtype=np.float64),
         flops_per_s=np.array(cols[4], dtype=np.float64),
+        prompt=prompt_forward_mask(trace),
     )
 
 
-__all__ = ["ProjectedForwards", "ar_tokens_per_s", "attainable_flops_per_s", "bytes_per_written_token",
-           "project_forwards_roofline", "roofline_point", "running_tokens_per_s"]
+__all__ = ["WEIGHT_DTYPES", "ProjectedForwards", "ar_break_even_tokens_per_forward", "ar_tokens_per_s", "attainable_flops_per_s",
+           "bytes_per_written_token", "dtype_name", "project_forwards_roofline", "recorded_weight_bytes",
+           "roofline_point", "running_tokens_per_s"]

@@ -41,6 +41,9 @@ class Projection:
         time_s: sum of each forward's roofline time (forwards run one after another).
         tokens_per_s: ``tokens_written / time_s``.
         mean_expert_union: union per layer averaged over layers and forwards.
+        bytes_per_forward, flops_per_forward, time_s_per_forward, expert_union_per_forward:
+            the same per forward, in order (n_forwards entries each; the union is the mean
+            over layers); empty for a Projection built by hand.
     """
 
     config_name: str
@@ -52,6 +55,34 @@ class Projection:
     time_s: float
     tokens_per_s: float
     mean_expert_union: float
+    bytes_per_forward: tuple[float, ...] = ()
+    flops_per_forward: tuple[float, ...] = ()
+    time_s_per_forward: tuple[float, ...] = ()
+    expert_union_per_forward: tuple[float, ...] = ()
+
+    def subset(self, forwards: Sequence[int], tokens_written: int) -> Projection:
+        """The same projection over some of its forwards (0-based indices) only, which wrote
+        ``tokens_written`` tokens: totals, time and tokens/s summed over those forwards.
+
+        Raises:
+            ValueError: no forwards, an index out of range, or a Projection without per-forward
+                figures (built by hand).
+        """
+        idx = [int(i) for i in forwards]
+        if not idx:
+            raise ValueError("Projection.subset needs at least one forward")
+        if len(self.time_s_per_forward) != self.n_forwards:
+            raise ValueError("this Projection has no per-forward figures to take a subset of "
+                             "(build it with project_forwards)")
+        bad = [i for i in idx if not 0 <= i < self.n_forwards]
+        if bad:
+            raise ValueError(f"forward indices {bad} are outside 0..{self.n_forwards - 1}")
+        pick = lambda col: tuple(col[i] for i in idx)  # noqa: E731
+        b, f, t, u = (pick(c) for c in (self.bytes_per_forward, self.flops_per_forward, self.time_s_per_forward,
+                                        self.expert_union_per_forward))
+        time_s = float(sum(t))
+        return Projection(self.config_name, self.device, len(idx), int(tokens_written), float(sum(b)),
+                          float(sum(f)), time_s, tokens_written / time_s, float(sum(u)) / len(idx), b, f, t, u)
 
 
 def _forward_tuple(fw: Any) -> tuple[int, Any, int, int | None]:
@@ -90,24 +121,29 @@ def project_forwards(
     dev = get_device(device)
     if not forwards:
         raise ValueError("no forwards to project")
-    total_b = total_f = total_t = union_sum = 0.0
+    b, f, t, u = [], [], [], []
     for fw in forwards:
         n, union, n_commit, block_len = _forward_tuple(fw)
         fc = forward_cost(cfg, n, union, weight_bytes, n_commit, block_len, **forward_kwargs)
-        total_b += fc.bytes_read
-        total_f += fc.flops
-        total_t += fc.roofline_time_s(dev)
-        union_sum += fc.mean_expert_union
+        b.append(float(fc.bytes_read))
+        f.append(float(fc.flops))
+        t.append(float(fc.roofline_time_s(dev)))
+        u.append(float(fc.mean_expert_union))
+    total_t = sum(t)
     return Projection(
         config_name=cfg.name,
         device=dev.name,
         n_forwards=len(forwards),
         tokens_written=int(tokens_written),
-        bytes_read=total_b,
-        flops=total_f,
+        bytes_read=sum(b),
+        flops=sum(f),
         time_s=total_t,
         tokens_per_s=tokens_written / total_t,
-        mean_expert_union=union_sum / len(forwards),
+        mean_expert_union=sum(u) / len(forwards),
+        bytes_per_forward=tuple(b),
+        flops_per_forward=tuple(f),
+        time_s_per_forward=tuple(t),
+        expert_union_per_forward=tuple(u),
     )
 
 
@@ -138,10 +174,51 @@ class TraceProjection:
             measured unions (None when its config is unknown).
         target: projection of ``target_config`` (default ``clover-35b-a3b``)
             at the same tokens per forward.
+        decode_phase: the same figures without the prompt forward(s) (`DecodePhase`): what
+            compares with an autoregressive step, which has no prompt in it. None when the
+            prompt forward(s) were the whole run.
+
+    Every figure above is the whole run: the prompt forward -- block 0's first forward, which
+    folds the prompt's whole blocks into history (`prompt_forward_mask`) -- included.
     """
 
     device: str
     union_assumption: str
+    n_forwards: int
+    tokens_written: int
+    tokens_per_forward: float
+    measured_wall_s: float | None
+    measured_tokens_per_s: float | None
+    source: Projection | None
+    target: Projection
+    decode_phase: DecodePhase | None = None
+
+
+@dataclass(frozen=True)
+class DecodePhase:
+    """A recorded run's decode phase: its forwards with the prompt forward(s) left out.
+
+    The prompt forward (block 0's first forward, `prompt_forward_mask`) carries the prompt's
+    whole blocks as well as the first block: on a MoE target its expert union is far wider
+    than a decode forward's, and it is prefill work that the autoregressive line
+    (`engine.cost.ar_tokens_per_s`, one token per forward) leaves out too. Comparing this
+    phase with that line compares like with like.
+
+    Attributes:
+        prompt_forwards: 0-based indices of the forwards left out (() when the prompt fit in
+            the first block: then nothing is left out and the phase is the whole run).
+        prompt_tokens: prompt tokens those forwards folded into history.
+        prompt_tokens_written: answer tokens those forwards wrote (left out of tokens_written).
+        n_forwards, tokens_written, tokens_per_forward: of the remaining forwards.
+        measured_wall_s: the run's wall time less the prompt forwards' own ``wall_s`` (None
+            when the run has no wall time); measured_tokens_per_s: tokens_written over it.
+        source, target: `Projection.subset` of the whole run's projections over the remaining
+            forwards (source None when the whole run's is).
+    """
+
+    prompt_forwards: tuple[int, ...]
+    prompt_tokens: int
+    prompt_tokens_written: int
     n_forwards: int
     tokens_written: int
     tokens_per_forward: float
@@ -190,7 +267,7 @@ def _step_rows(trace_like: Any) -> list[Any]:
         )
     cols = {"n_tokens_forward": _to_list(n_col)}
     optional = ("expert_union", "n_written", "block_len", "n_commit", "wall_s",
-                "tokens", "accepted", "forced", "eos_filled")
+                "tokens", "accepted", "forced", "eos_filled", "block_index", "step_index")
     for name in optional:
         try:
             cols[name] = _to_list(getter(name))
@@ -201,15 +278,8 @@ def _step_rows(trace_like: Any) -> list[Any]:
 
 def _row_fields(row: Any) -> tuple[int, np.ndarray, int, int, int]:
     """(n_tokens, union per layer, n_commit, block_len, n_written) of one step row."""
-    n = int(_get(row, "n_tokens_forward"))
+    n, n_commit, block_len = _row_shape(row)
     union = np.asarray(_get(row, "expert_union"), dtype=np.float64).reshape(-1)
-    block_len = _get(row, "block_len")
-    if block_len is None:
-        tokens = _get(row, "tokens")
-        block_len = len(tokens) if tokens is not None else n
-    block_len = int(block_len)
-    n_commit = _get(row, "n_commit")
-    n_commit = n - block_len if n_commit is None else int(n_commit)
     written = _get(row, "n_written")
     if written is None:
         parts = [_get(row, k) for k in ("accepted", "forced", "eos_filled")]
@@ -217,6 +287,55 @@ def _row_fields(row: Any) -> tuple[int, np.ndarray, int, int, int]:
             raise ValueError("a step row needs n_written (or accepted/forced/eos_filled masks)")
         written = sum(int(np.sum(p)) for p in parts)
     return n, union, n_commit, block_len, int(written)
+
+
+def prompt_forward_mask(trace_like: Any) -> np.ndarray:
+    """(S,) bool, one entry per forward of a recorded run: True for the prompt forward(s).
+
+    The decoders fold the prompt's whole blocks into history in the first forward of block 0,
+    fused with the first block's slots (``n_tokens_forward = prompt blocks + L``); every later
+    forward carries at most the previous block's commit. So the prompt forward is the step with
+    ``block_index == 0``, ``step_index == 0`` and more tokens than its block's slots (none when
+    the prompt is shorter than one block: it then only pre-fills the first block's head). Rows
+    without ``block_index`` / ``step_index`` read as in order: the first row, on the same
+    condition.
+
+    Args:
+        trace_like: what `project_trace` takes (a Trace, step rows, or a table of columns).
+
+    Raises:
+        TypeError: for something that holds no step rows.
+    """
+    rows = _step_rows(trace_like)
+    mask = np.zeros(len(rows), dtype=bool)
+    for i, row in enumerate(rows):
+        _, n_commit, _ = _row_shape(row)
+        block, step = _get(row, "block_index"), _get(row, "step_index")
+        first = (i == 0) if block is None or step is None else (int(block) == 0 and int(step) == 0)
+        mask[i] = first and n_commit > 0
+    return mask
+
+
+def _row_shape(row: Any) -> tuple[int, int, int]:
+    """(n_tokens, n_commit, block_len) of one step row: block_len from ``block_len`` or the
+    row's ``tokens`` (else all of n_tokens), n_commit from ``n_commit`` or ``n_tokens - block_len``."""
+    n = int(_get(row, "n_tokens_forward"))
+    block_len = _get(row, "block_len")
+    if block_len is None:
+        tokens = _get(row, "tokens")
+        block_len = len(tokens) if tokens is not None else n
+    n_commit = _get(row, "n_commit")
+    n_commit = n - int(block_len) if n_commit is None else int(n_commit)
+    return n, n_commit, int(block_len)
+
+
+def _answer_written(row: Any) -> int:
+    """Answer slots one step wrote: accepted + forced (EOS fills are not answer tokens); the
+    row's ``n_written`` when it has no masks."""
+    parts = [_get(row, k) for k in ("accepted", "forced")]
+    if all(p is not None for p in parts):
+        return sum(int(np.sum(p)) for p in parts)
+    return int(_get(row, "n_written") or 0)
 
 
 def _source_config(trace_like: Any) -> CloverConfig | None:
@@ -335,6 +454,10 @@ def project_trace(
     Measured tokens/s counts the same ``tokens_written`` over the run's wall
     time (``summary()["wall_s"]``, else the sum of the steps' ``wall_s``).
 
+    The figures are the whole run's, the prompt forward included (its prompt tokens are
+    priced like any other: on a MoE target they widen its expert union); ``decode_phase``
+    holds the same without it (`DecodePhase`), the figure to set beside an autoregressive line.
+
     Raises:
         TypeError: for something that holds no step rows.
         ValueError: for an empty trace or an unusable union assumption.
@@ -394,6 +517,33 @@ def project_trace(
         measured_tokens_per_s=None if wall is None else written / wall,
         source=src_proj,
         target=tgt_proj,
+        decode_phase=_decode_phase(trace_like, rows, fields, written, wall, src_proj, tgt_proj),
+    )
+
+
+def _decode_phase(trace_like: Any, rows: list[Any], fields: list[tuple], written: int, wall: float | None,
+                  src_proj: Projection | None, tgt_proj: Projection) -> DecodePhase | None:
+    """`project_trace`'s whole-run figures with the prompt forward(s) left out (None if nothing is left)."""
+    prompt = np.flatnonzero(prompt_forward_mask(rows)).tolist()
+    keep = [i for i in range(len(rows)) if i not in set(prompt)]
+    if not keep:
+        return None
+    # the answer tokens the prompt forward wrote: its accepted + forced slots, at most the answer
+    early = min(written, sum(_answer_written(rows[i]) for i in prompt))
+    tokens = written - early
+    prompt_wall = sum(float(_get(rows[i], "wall_s") or 0.0) for i in prompt)
+    phase_wall = None if wall is None or wall - prompt_wall <= 0 else wall - prompt_wall
+    return DecodePhase(
+        prompt_forwards=tuple(prompt),
+        prompt_tokens=int(sum(fields[i][2] for i in prompt)),
+        prompt_tokens_written=int(early),
+        n_forwards=len(keep),
+        tokens_written=int(tokens),
+        tokens_per_forward=tokens / len(keep),
+        measured_wall_s=phase_wall,
+        measured_tokens_per_s=None if phase_wall is None else tokens / phase_wall,
+        source=None if src_proj is None else src_proj.subset(keep, tokens),
+        target=tgt_proj.subset(keep, tokens),
     )
 
 
