@@ -40,7 +40,8 @@ name importable from ``clover_viz.figures``:
 * ``per_forward``: `tokens_per_forward_figure(trace)`, `cumulative_tokens_figure(trace)`,
   `expert_union_figure(trace)`, `state_norm_figure(trace)`, `memory_share_figure(trace, step=None)`
 * ``cost``: `cost_figure(trace, device="h800")`,
-  `roofline_figure(trace, device="h800", config="clover-35b-a3b")`
+  `roofline_figure(trace, device="h800", config="clover-35b-a3b")`,
+  `cost_summary_html(trace, projection, step)` -> str (as run vs projected, whole run vs decode phase)
 * ``compare``: `compare_runs(a, b)` -> dict, `compare_table(a, b)` -- two runs side by side
 * ``_common``: `refresh_figure(fig, new_fig)` -- copy a freshly built figure into an existing
   one in place; `step_for(trace, block_index)` -- the last global step of a block; the
@@ -87,8 +88,8 @@ from clover_viz.figures.block import (
 )
 from clover_viz.figures.block import _block_payload as _block_payload
 from clover_viz.figures.block import _confidence_payload as _confidence_payload
-from clover_viz.figures.compare import COMPARE_TABLE_HEIGHT, compare_runs, compare_table
-from clover_viz.figures.cost import cost_figure, roofline_figure
+from clover_viz.figures.compare import COMPARE_ROWS, COMPARE_TABLE_HEIGHT, compare_runs, compare_table
+from clover_viz.figures.cost import COST_SUMMARY_CLASS, cost_figure, cost_summary_html, roofline_figure
 from clover_viz.figures.per_forward import (
     cumulative_tokens_figure,
     expert_union_figure,
@@ -101,8 +102,9 @@ from clover_viz.figures.text import text_figure, text_html
 __all__ = [
     "ACCEPTED_MARKS", "BLOCK_TRACE", "CONFIDENCE_TRACE", "EOS_MARKS", "EXPERT_TRACE", "FORCED_MARKS",
     "REMASKED_MARKS", "REWRITTEN_MARKS", "block_revision_marks",
-    "COMPARE_TABLE_HEIGHT", "MEMORY_TRACE", "NOT_APPLICABLE", "TEXT_PROMPT_TRACE", "TEXT_TRACE", "block_figure", "compare_runs",
-    "compare_table", "confidence_heatmap", "cost_figure", "cumulative_tokens_figure", "expert_union_figure",
+    "COMPARE_ROWS", "COMPARE_TABLE_HEIGHT", "COST_SUMMARY_CLASS", "MEMORY_TRACE", "NOT_APPLICABLE",
+    "TEXT_PROMPT_TRACE", "TEXT_TRACE", "block_figure", "compare_runs", "compare_table", "confidence_heatmap",
+    "cost_figure", "cost_summary_html", "cumulative_tokens_figure", "expert_union_figure",
     "memory_share_figure", "refresh_figure", "roofline_figure", "slot_states", "state_norm_figure", "step_for",
     "text_figure", "text_html", "tokens_per_forward_figure", "update_block_figure", "update_confidence_heatmap",
 ]

@@ -73,20 +73,48 @@ COMPARE_TABLE_HEIGHT = 110 + 24 * (len(_COMPARE_KEYS) + 1)
 """Height in px of every `compare_table` figure (one row per metric plus the text row): fixed,
 so a view can reserve the space before the first comparison and never re-flow."""
 
+COMPARE_ROWS: dict[str, tuple[str, int]] = {
+    "block_size": ("block size", 0),
+    "threshold": ("threshold", 2),
+    "nfe": ("NFE (forwards)", 0),
+    "n_tokens": ("tokens generated", 0),
+    "tokens_per_forward": ("tokens per forward", 2),
+    "n_forced": ("forced fills", 0),
+    "wall_s": ("wall time (s)", 2),
+}
+"""Per metric of `compare_runs`: the label `compare_table` shows and the decimals of every value
+in its row (0 = an integer), the same for both runs and the change."""
+
+
+def _format_metric(value: Any, decimals: int, sign: bool = False) -> str:
+    """One cell of `compare_table`: ``value`` at ``decimals`` decimals ("–" for None; a
+    non-numeric value as its text)."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if decimals == 0 and not float(value).is_integer():
+        decimals = 2  # an integer metric that is not one (a hand-made dict): keep what it holds
+    if sign and value == 0:
+        return f"±{0:.{decimals}f}"
+    return f"{value:{'+' if sign else ''},.{decimals}f}"
+
 
 def compare_table(a: Any, b: Any, labels: tuple[str, str] = ("previous", "new")) -> go.Figure:
-    """`compare_runs` as a small plotly table: metric, previous, new, change."""
+    """`compare_runs` as a small plotly table: metric, previous, new, change.
+
+    Every row has a human label (`COMPARE_ROWS`: "NFE (forwards)", "wall time (s)", ...) and
+    one precision for both runs and the change: counts as integers, ratios and seconds to two
+    decimals (7.00 beside 6.38, never 7 beside 6.38). A change of exactly zero reads "±0"
+    ("±0.00" in a two-decimal row).
+    """
     cmp = compare_runs(a, b)
-
-    def fmt(v: Any) -> str:
-        if v is None:
-            return "–"
-        if isinstance(v, float):
-            return f"{v:.3g}"
-        return str(v)
-
-    rows = [(k.replace("_", " "), fmt(cmp[k]["a"]), fmt(cmp[k]["b"]),
-             "" if cmp[k]["delta"] is None else f"{cmp[k]['delta']:+.3g}") for k in _COMPARE_KEYS]
+    rows = []
+    for k in _COMPARE_KEYS:
+        label, decimals = COMPARE_ROWS[k]
+        delta = cmp[k]["delta"]
+        rows.append((label, _format_metric(cmp[k]["a"], decimals), _format_metric(cmp[k]["b"], decimals),
+                     "" if delta is None else _format_metric(delta, decimals, sign=True)))
     t = cmp["text"]
     rows.append(("text", "", "", "identical" if t["same"] else
                  f"differs after {t['common_prefix']} chars (similarity {t['similarity']:.2f})"))

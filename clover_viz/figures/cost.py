@@ -18,19 +18,166 @@ from engine.units import format_si
 
 
 # =============================================================================== cost
+COST_SUMMARY_CLASS = "clover-cost"
+"""CSS class of `cost_summary_html`'s outer div (tests and the browser find it by this)."""
+
+
+def _fmt(x: float | None, unit: str = "") -> str:
+    return format_si(x, unit, digits=3, missing="n/a")
+
+
+def _forwards_range(indices: list[int]) -> str:
+    """1-based forward numbers, as ranges: [1, 2, 3, 7] -> 'forwards 2-4, 8'."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    parts = [f"{r[0] + 1}" if len(r) == 1 else f"{r[0] + 1}&ndash;{r[-1] + 1}" for r in runs]
+    return ("forward " if len(indices) == 1 else "forwards ") + ", ".join(parts)
+
+
+def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> str:
+    """The Cost tab's figures as two small HTML tables, every one labelled with what it is.
+
+    * bytes read (the recorded model): **as run** here -- the cost model's bytes at the dtype
+      the model ran in (`engine.cost.recorded_weight_bytes`, fp32 on this CPU) -- beside
+      **projected** at bf16 weights, for the forward at ``step`` and the mean per forward;
+    * tokens/s: measured on this machine, projected for the recorded model and for the
+      target (``projection.target``, clover-35b-a3b) on ``projection.device``, and the
+      target's autoregressive line, for the **whole run** (the prompt forward included) beside
+      the **decode phase** (`engine.cost.DecodePhase`: the prompt forward left out, the figure
+      comparable with the AR line), with a note on what each includes and the tokens per
+      forward the target would need to match AR (`engine.cost.ar_break_even_tokens_per_forward`).
+
+    Args:
+        trace: an `engine.trace.Trace` with at least one step.
+        projection: its `engine.cost.TraceProjection` (`ExplorerState.cost_projection`), or
+            None when it has none: the projected cells then read "n/a".
+        step: the global step the "this forward" row describes (None = the last).
+
+    Raises:
+        ValueError: for a trace without steps.
+    """
+    from engine.cost import (
+        ar_break_even_tokens_per_forward,
+        ar_step_cost,
+        ar_tokens_per_s,
+        dtype_name,
+        recorded_weight_bytes,
+    )
+
+    if len(trace) == 0:
+        raise ValueError("cost_summary_html needs a trace with at least one step; decode first")
+    n = len(trace)
+    pos = n - 1 if step is None else (step + n if step < 0 else min(step, n - 1))
+    run_dt = dtype_name(recorded_weight_bytes(trace))
+    p, src = projection, getattr(projection, "source", None)
+    model = html.escape(str(src.config_name if src is not None else trace.model_id or "recorded model"))
+    bytes_read = np.asarray(trace.column("bytes_read"), dtype=np.float64)
+    mean_run = float(np.nanmean(bytes_read)) if np.isfinite(bytes_read).any() else None
+    this_run = float(bytes_read[pos]) if np.isfinite(bytes_read[pos]) else None
+    this_proj = src.bytes_per_forward[pos] if src is not None and len(src.bytes_per_forward) == n else None
+    mean_proj = src.bytes_read / src.n_forwards if src is not None else None
+    th = "style='text-align:left;padding:2px 10px 2px 0;font-weight:600'"
+    td = "style='padding:2px 10px 2px 0'"
+
+    def row(cells: list[str], head: bool = False) -> str:
+        tag = "th" if head else "td"
+        return "<tr>" + "".join(f"<{tag} {th if head else td}>{c}</{tag}>" for c in cells) + "</tr>"
+
+    dev = html.escape(p.device) if p is not None else "n/a"
+    bytes_tab = [
+        row(["bytes read by " + model, f"as run here ({run_dt}, the run's dtype; cost model)",
+             f"projected (bf16 weights{'' if p is None else ', roofline ' + dev})"], head=True),
+        row([f"this forward ({pos + 1} of {n})", f"<b>{_fmt(this_run, 'B')}</b>", f"<b>{_fmt(this_proj, 'B')}</b>"]),
+        row(["mean per forward (whole run)", _fmt(mean_run, "B"), _fmt(mean_proj, "B")]),
+    ]
+    out = [f"<table class='clover-cost-bytes' style='border-collapse:collapse'>{''.join(bytes_tab)}</table>"]
+    if p is None:
+        out.append("<i>no projection for this run: only the as-run figures</i>")
+        return f"<div class='{COST_SUMMARY_CLASS}' style='font-size:13px;line-height:1.5'>{''.join(out)}</div>"
+
+    tgt, dp = p.target, p.decode_phase
+    ar = ar_tokens_per_s(tgt.config_name, p.device)
+    whole_h = f"whole run: {p.n_forwards} forwards, {p.tokens_written} tokens, {p.tokens_per_forward:.2f} per forward"
+    if dp is None:
+        dec_h = "decode phase: none (the prompt forward was the whole run)"
+    else:
+        dec_h = (f"decode phase: {dp.n_forwards} forwards, {dp.tokens_written} tokens, "
+                 f"{dp.tokens_per_forward:.2f} per forward")
+    dec = (lambda f: "n/a") if dp is None else (lambda f: f"<b>{_fmt(f(dp))}</b>")  # noqa: E731
+    tname = html.escape(tgt.config_name)
+    rate_tab = [
+        row(["tokens/s", whole_h, dec_h], head=True),
+        row([f"measured here ({run_dt}, as run)", f"<b>{_fmt(p.measured_tokens_per_s)}</b>",
+             dec(lambda d: d.measured_tokens_per_s)]),
+    ]
+    if src is not None:
+        rate_tab.append(row([f"projected {model} on {dev} (bf16)", f"<b>{_fmt(src.tokens_per_s)}</b>",
+                             dec(lambda d: d.source.tokens_per_s if d.source is not None else None)]))
+    rate_tab += [
+        row([f"projected {tname} block decoding on {dev} (bf16, {html.escape(p.union_assumption)} union)",
+             f"<b>{_fmt(tgt.tokens_per_s)}</b>", dec(lambda d: d.target.tokens_per_s)]),
+        row([f"projected {tname} autoregressive on {dev} (bf16, 1 token per forward, no prompt)",
+             f"<b>{_fmt(ar)}</b>", f"<b>{_fmt(ar)}</b>"]),
+    ]
+    out.append(f"<table class='clover-cost-rates' style='border-collapse:collapse;margin-top:6px'>"
+               f"{''.join(rate_tab)}</table>")
+    notes = []
+    if dp is None:
+        notes.append("<b>whole run:</b> every forward; the run was its prompt forward only, so it has no decode "
+                     "phase to set beside the autoregressive line.")
+    elif not dp.prompt_forwards:
+        notes.append("<b>whole run</b> = <b>decode phase:</b> the prompt was shorter than one block and only "
+                     "pre-filled the first block's head, so no forward carried a prompt block.")
+    else:
+        first = dp.prompt_forwards[0]
+        union = tgt.expert_union_per_forward[first] if tgt.expert_union_per_forward else None
+        kept = [i for i in range(p.n_forwards) if i not in set(dp.prompt_forwards)]
+        notes.append(
+            f"<b>whole run:</b> every forward, including the prompt forward ({_forwards_range(list(dp.prompt_forwards))}"
+            f"), which folds the {dp.prompt_tokens}-token prompt into history together with the first block "
+            f"({int(trace.step(first).n_tokens_forward)} tokens through the model"
+            + (f"; on {tname} an expert union of {union:.0f} per layer" if union is not None else "")
+            + f") and wrote {dp.prompt_tokens_written} tokens. "
+            f"<b>decode phase:</b> {_forwards_range(kept)} and the {dp.tokens_written} tokens they wrote, the prompt "
+            "forward left out: prefill is work an autoregressive decode does too, and its line leaves it out, "
+            "so this is the column to compare with it.")
+    if dp is not None:
+        need = ar_break_even_tokens_per_forward(dp.target, tgt.config_name, p.device)
+        ar_step = ar_step_cost(tgt.config_name)
+        verdict = "above" if dp.target.tokens_per_s > ar else "below"
+        notes.append(
+            f"In the decode phase {tname} block decoding is <b>{verdict}</b> its autoregressive line: a decode "
+            f"forward reads the expert union of all its tokens ({dp.target.mean_expert_union:.0f} experts per "
+            f"layer on average, against {ar_step.mean_expert_union:.0f} for one AR token) and takes "
+            f"as long as {need:.2f} AR steps, so it needs <b>{need:.2f}</b> tokens per forward to match; this run "
+            f"wrote {dp.tokens_per_forward:.2f}.")
+    notes.append(f"<b>as run</b> = the cost model's bytes at the dtype the model ran in here ({run_dt}); "
+                 "<b>measured</b> = wall time on this machine; <b>projected</b> = roofline max(bytes / bandwidth, "
+                 f"FLOPs / peak) on {dev} from engine.cost, bf16 weights whatever the run's dtype, not measured.")
+    out.append("<div style='color:#475569;margin-top:4px'>" + "<br>".join(notes) + "</div>")
+    return f"<div class='{COST_SUMMARY_CLASS}' style='font-size:13px;line-height:1.5'>{''.join(out)}</div>"
+
+
 def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b",
                 union_assumption: Any = "measured_vs_independent") -> go.Figure:
     """Cost panel: bytes read per forward (left) and tokens/s measured vs projected (right).
 
-    Left: the cost model's bytes per forward of the recorded model (from the
-    trace's ``bytes_read``), with bytes per written token. Right (log scale):
-    the measured running tokens/s on the machine that recorded the trace
-    (cumulative tokens / cumulative ``wall_s``) and, dashed and labelled
-    "projected", `engine.cost.project_trace` on ``device`` for the recorded
-    model and for ``config`` at the same tokens per forward, beside the AR
-    bound of ``config``. ``union_assumption`` (see `engine.cost.target_union`)
-    defaults to ``"measured_vs_independent"``: the recorded routing's
-    correlation carried over to the target's 256 experts (``"measured_fraction"``,
+    Left: the recorded model's bytes per forward **as run** (the trace's ``bytes_read``: the
+    cost model at the dtype the model ran in, `engine.cost.recorded_weight_bytes`; fp32 on
+    this CPU) as bars, the same forwards **projected** at bf16 weights as a line, and the
+    as-run bytes per written token. The prompt forward(s) (`engine.cost.prompt_forward_mask`)
+    are drawn in their own colour. Right (log scale): the measured running tokens/s on the
+    machine that recorded the trace (cumulative tokens / cumulative ``wall_s``) and, dashed
+    and labelled "projected", `engine.cost.project_trace` on ``device`` for the recorded
+    model and for ``config`` at the same tokens per forward over the whole run, ``config``
+    over the decode phase alone (dotted, from the first forward after the prompt forward:
+    `engine.cost.DecodePhase`), beside the AR bound of ``config``. ``union_assumption`` (see
+    `engine.cost.target_union`) defaults to ``"measured_vs_independent"``: the recorded
+    routing's correlation carried over to the target's 256 experts (``"measured_fraction"``,
     the CLI default, saturates at all experts for a model with few experts).
     """
     from plotly.subplots import make_subplots
@@ -40,46 +187,79 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
     from engine.cost import (
         ar_tokens_per_s,
         bytes_per_written_token,
+        dtype_name,
         project_trace,
+        prompt_forward_mask,
+        recorded_weight_bytes,
         running_tokens_per_s,
     )
 
     _index(trace)  # a trace, or TypeError
     bytes_read = trace.column("bytes_read")  # (S,) float64, NaN without a cost
     x = np.arange(1, len(trace) + 1)
+    prompt = prompt_forward_mask(trace)
+    run_dt = dtype_name(recorded_weight_bytes(trace))
+    try:
+        proj = project_trace(trace, device=device, target_config=config, union_assumption=union_assumption,
+                             source_config=trace.model_config(), fallback_union="independent")
+        proj_error = None
+    except (ValueError, TypeError) as exc:
+        proj, proj_error = None, exc
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
-                        subplot_titles=("bytes read per forward (cost model)", f"tokens/s: measured vs projected ({device})"))
+                        subplot_titles=(f"bytes read per forward: as run ({run_dt}) vs projected (bf16)",
+                                        f"tokens/s: measured vs projected ({device})"))
     if np.isfinite(bytes_read).any():
-        fig.add_trace(go.Bar(x=x, y=_json_list(bytes_read / 1e6), name="MB per forward", marker_color="#93c5fd",
-                             hovertemplate="forward %{x}<br>%{y:.3f} MB<extra></extra>"), row=1, col=1)
+        colors = ["#f59e0b" if p else "#93c5fd" for p in prompt.tolist()]
+        fig.add_trace(go.Bar(x=x, y=_json_list(bytes_read / 1e6), name=f"MB per forward, as run ({run_dt})",
+                             marker_color=colors,
+                             customdata=["prompt forward (prompt blocks + first block)" if p else "decode forward"
+                                         for p in prompt.tolist()],
+                             hovertemplate=f"forward %{{x}} (%{{customdata}})<br>%{{y:.3f}} MB as run ({run_dt})"
+                                           "<extra></extra>"), row=1, col=1)
+        if proj is not None and proj.source is not None and len(proj.source.bytes_per_forward) == len(trace):
+            fig.add_trace(go.Scatter(x=x, y=[b / 1e6 for b in proj.source.bytes_per_forward],
+                                     name="MB per forward, projected (bf16)", mode="lines+markers",
+                                     marker=dict(size=5, symbol="diamond"),
+                                     line=dict(color=C.PROJECTED_COLOR, width=1.5, dash="dash"),
+                                     hovertemplate="forward %{x}<br>%{y:.3f} MB projected (bf16)<extra></extra>"),
+                          row=1, col=1)
         per_tok = bytes_per_written_token(trace) / 1e6
-        fig.add_trace(go.Scatter(x=x, y=_json_list(per_tok), name="MB per token written", mode="lines+markers",
-                                 marker=dict(size=4), line=dict(color="#1d4ed8", width=1.5),
+        fig.add_trace(go.Scatter(x=x, y=_json_list(per_tok), name=f"MB per token written, as run ({run_dt})",
+                                 mode="lines+markers", marker=dict(size=4), line=dict(color="#1d4ed8", width=1.5),
                                  hovertemplate="forward %{x}<br>%{y:.3f} MB / token<extra></extra>"), row=1, col=1)
+        if prompt.any():
+            first = int(np.flatnonzero(prompt)[0])
+            fig.add_annotation(x=first + 1, y=float(bytes_read[first] / 1e6), text="prompt forward", showarrow=True,
+                               arrowhead=0, ax=0, ay=-22, font=dict(size=10, color="#b45309"), row=1, col=1)
     else:
         fig.add_annotation(text="no cost fields in this trace", showarrow=False, xref="x domain", yref="y domain",
                            x=0.5, y=0.5, row=1, col=1)
     measured = running_tokens_per_s(trace)
-    fig.add_trace(go.Scatter(x=x, y=_json_list(measured), name="measured (this machine)", mode="lines",
-                             line=dict(color=C.MEASURED_COLOR, width=3),
+    fig.add_trace(go.Scatter(x=x, y=_json_list(measured), name=f"measured (this machine, {run_dt} as run)",
+                             mode="lines", line=dict(color=C.MEASURED_COLOR, width=3),
                              hovertemplate="after %{x} forwards: %{y:.3g} tok/s measured<extra></extra>"), row=1, col=2)
-    try:
-        proj = project_trace(trace, device=device, target_config=config, union_assumption=union_assumption,
-                             source_config=trace.model_config(), fallback_union="independent")
-    except (ValueError, TypeError) as exc:
-        proj = None
-        fig.add_annotation(text=f"no projection: {html.escape(str(exc))[:80]}", showarrow=False,
+    if proj_error is not None:
+        fig.add_annotation(text=f"no projection: {html.escape(str(proj_error))[:80]}", showarrow=False,
                            xref="x2 domain", yref="y2 domain", x=0.5, y=0.1)
-    lines = []
+    lines = []  # (rate, label, color, dash, first forward)
     if proj is not None:
+        dev = proj.device
         if proj.source is not None:
-            lines.append((proj.source.tokens_per_s, f"projected: {proj.source.config_name} on {proj.device}", C.PROJECTED_COLOR))
-        lines.append((proj.target.tokens_per_s, f"projected: {proj.target.config_name} on {proj.device}", C.TARGET_COLOR))
-        lines.append((ar_tokens_per_s(config, device), f"projected: {config} autoregressive on {proj.device}", C.AR_COLOR))
-    for rate, label, color in lines:
+            lines.append((proj.source.tokens_per_s, f"projected: {proj.source.config_name} on {dev}, whole run",
+                          C.PROJECTED_COLOR, "dash", 1))
+        lines.append((proj.target.tokens_per_s, f"projected: {proj.target.config_name} on {dev}, whole run",
+                      C.TARGET_COLOR, "dash", 1))
+        dp = proj.decode_phase
+        if dp is not None and dp.prompt_forwards:
+            start = next(i for i in range(len(trace)) if i not in set(dp.prompt_forwards)) + 1
+            lines.append((dp.target.tokens_per_s, f"projected: {proj.target.config_name} on {dev}, decode phase "
+                          "(prompt forward excluded)", C.TARGET_COLOR, "dot", start))
+        lines.append((ar_tokens_per_s(config, device), f"projected: {config} autoregressive on {dev}",
+                      C.AR_COLOR, "dash", 1))
+    for rate, label, color, dash, first in lines:
         text = f"{format_si(rate, digits=3, missing='n/a')} tok/s"
-        fig.add_trace(go.Scatter(x=[x[0], x[-1]], y=[rate, rate], mode="lines", name=f"{label}: {text}",
-                                 line=dict(color=color, dash="dash", width=2),
+        fig.add_trace(go.Scatter(x=[first, x[-1]], y=[rate, rate], mode="lines", name=f"{label}: {text}",
+                                 line=dict(color=color, dash=dash, width=2),
                                  hovertemplate=f"{label}<br>{text}<extra></extra>"), row=1, col=2)
     fig.update_yaxes(title_text="MB", row=1, col=1)
     fig.update_yaxes(title_text="tokens/s (log)", type="log", row=1, col=2)
@@ -92,7 +272,10 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
             "the forwards' own time (the run's headline divides by the whole decode's)")
     if proj is not None:
         summ += (f" · projected {config} on {proj.device}: {format_si(proj.target.tokens_per_s, digits=3, missing='n/a')}"
-                 f" tok/s ({proj.union_assumption} union)")
+                 f" tok/s whole run")
+        if proj.decode_phase is not None and proj.decode_phase.prompt_forwards:
+            summ += f", {format_si(proj.decode_phase.target.tokens_per_s, digits=3, missing='n/a')} decode phase"
+        summ += f" ({proj.union_assumption} union)"
     fig.update_layout(**_base_layout(f"Cost<br><sup>{summ}</sup>", margin=dict(l=60, r=20, t=100, b=45)), height=430,
                       legend=dict(orientation="h", y=-0.18, yanchor="top", x=0, font=dict(size=11)))
     return fig
@@ -105,8 +288,10 @@ def roofline_figure(trace: Any | None = None, device: str = "h800", config: str 
     Operating points on ``device``: the autoregressive step of ``config``
     (`engine.cost.ar_step_cost`), the trace's forwards as ``config`` would run
     them (same tokens per forward and commits, union from
-    ``union_assumption``; labelled "projected") and the recorded model's own
-    forwards (the trace's ``arithmetic_intensity``). ``trace=None`` draws the
+    ``union_assumption``; labelled "projected", bf16 weights; the prompt forward
+    (`engine.cost.prompt_forward_mask`) a star of its own beside the decode-phase
+    forwards) and the recorded model's own forwards (the trace's
+    ``arithmetic_intensity``: bytes as run, in the run's dtype). ``trace=None`` draws the
     devices and the AR point only.
     """
     from engine.config import CloverConfig
@@ -114,8 +299,10 @@ def roofline_figure(trace: Any | None = None, device: str = "h800", config: str 
         DEVICES,
         ar_step_cost,
         attainable_flops_per_s,
+        dtype_name,
         get_device,
         project_forwards_roofline,
+        recorded_weight_bytes,
         ridge_point,
         roofline_point,
     )
@@ -160,19 +347,32 @@ def roofline_figure(trace: Any | None = None, device: str = "h800", config: str 
     if trace is not None and len(trace) > 0:
         idx = _index(trace)
         pf = project_forwards_roofline(trace, cfg, dev, union_assumption)
-        hov = [f"forward {i + 1}: {n} tokens ({L} slots), union {u:.0f}"
-               for i, (n, L, u) in enumerate(zip(pf.n_tokens.tolist(), pf.block_len.tolist(), pf.union.tolist()))]
-        fig.add_trace(go.Scatter(x=pf.intensity.tolist(), y=pf.flops_per_s.tolist(), mode="markers", name=f"{cfg.name} block diffusion (projected)",
-                                 marker=dict(size=8, color=C.TARGET_COLOR, opacity=0.6, line=dict(width=0.5, color="white")),
-                                 customdata=hov, hovertemplate="%{customdata}<br>%{x:.3g} FLOP/B<extra></extra>"))
+        hov = [f"forward {i + 1}{' (prompt forward)' if p else ''}: {n} tokens ({L} slots), union {u:.0f}"
+               for i, (n, L, u, p) in enumerate(zip(pf.n_tokens.tolist(), pf.block_len.tolist(), pf.union.tolist(),
+                                                    pf.prompt.tolist()))]
+        for part, label, symbol in ((~pf.prompt, "decode-phase forwards", "circle"),
+                                    (pf.prompt, "prompt forward", "star")):
+            if not part.any():
+                continue
+            fig.add_trace(go.Scatter(
+                x=pf.intensity[part].tolist(), y=pf.flops_per_s[part].tolist(), mode="markers",
+                name=f"{cfg.name} block diffusion, {label} (projected, bf16)",
+                marker=dict(size=8 if symbol == "circle" else 13, color=C.TARGET_COLOR, symbol=symbol,
+                            opacity=0.6 if symbol == "circle" else 0.9, line=dict(width=0.5, color="white")),
+                customdata=[h for h, keep in zip(hov, part.tolist()) if keep],
+                hovertemplate="%{customdata}<br>%{x:.3g} FLOP/B<extra></extra>"))
         own = [(float(s.arithmetic_intensity), i) for i, s in enumerate(idx.steps)
                if s.arithmetic_intensity is not None and s.bytes_read]
         if own:
             ox = [a for a, _ in own]
             oy = attainable_flops_per_s(np.array(ox), dev).tolist()
-            fig.add_trace(go.Scatter(x=ox, y=oy, mode="markers", name=f"{trace.model_id or 'recorded model'} forwards (projected)",
+            run_dt = dtype_name(recorded_weight_bytes(trace))
+            fig.add_trace(go.Scatter(x=ox, y=oy, mode="markers",
+                                     name=f"{trace.model_id or 'recorded model'} forwards (bytes as run, {run_dt}; "
+                                          f"placed on {dev.name})",
                                      marker=dict(size=7, color=C.PROJECTED_COLOR, symbol="circle-open"),
-                                     hovertemplate="recorded model<br>%{x:.3g} FLOP/B<extra></extra>"))
+                                     hovertemplate=f"recorded model, bytes as run ({run_dt})<br>%{{x:.3g}} FLOP/B"
+                                                   "<extra></extra>"))
         sub = f"<br><sup>trace forwards as {cfg.name} on {dev.name}; expert union: {union_assumption}</sup>"
     fig.update_layout(
         **_base_layout(f"Roofline: {dev.name}, ridge {ridge_point(dev):.0f} FLOP/byte" + sub,
