@@ -83,6 +83,36 @@ def generated_ids(trace: Trace) -> list[int]:
     return out
 
 
+def dropped_at_stop(trace: Trace) -> dict[str, Any] | None:
+    """What a stopped run wrote but did not keep: the slots of its last block written after a slot
+    still masked when it stopped.
+
+    A decode stopped mid-block keeps that block's written slots only up to its first masked slot
+    (`engine.decoder.finished_tokens`: the text must be contiguous); slots written after the gap
+    -- accepted or forced, irrevocably while the run went on -- are dropped with it.
+
+    Returns:
+        None unless the trace ended with stop_reason ``cancelled``; else ``{"block": b,
+        "first_gap": slot index of the first masked slot (None: no gap), "slots": [slot indices
+        dropped], "n_dropped": int, "n_forced_dropped": int}``.
+    """
+    end = trace.decode_end
+    if end is None or end.stop_reason != "cancelled" or len(trace) == 0:
+        return None
+    idx = trace.slot_index()
+    last = len(trace) - 1
+    b = int(idx.block_of[last])
+    ev = idx.steps[last]
+    length = len(np.asarray(ev.tokens))
+    pre = idx.prefilled(b, length)
+    written = idx.written_by(b, last)
+    gap = next((i for i in range(length) if not pre[i] and not written[i]), None)
+    slots = [] if gap is None else [i for i in range(gap + 1, length) if written[i] and not pre[i]]
+    kinds = idx.written_kind[b] if b not in idx.revised else idx.written_as_of(b, last)[3]
+    n_forced = sum(1 for i in slots if kinds[i] == "forced")
+    return {"block": b, "first_gap": gap, "slots": slots, "n_dropped": len(slots), "n_forced_dropped": n_forced}
+
+
 def run_stats(trace: Trace | None) -> dict[str, Any] | None:
     """The numbers the views show for one run (None without a trace).
 

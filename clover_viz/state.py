@@ -57,7 +57,7 @@ from clover_viz.models import (
     load_model_cached,
     resolve_model,
 )
-from clover_viz.runs import compare, generated_ids
+from clover_viz.runs import compare, dropped_at_stop, generated_ids
 from engine.cost import DEFAULT_DEVICE, DEVICES, UNION_ASSUMPTIONS
 from engine.events import BlockStart, DecodeEnd, StepEvent
 from engine.policies import POLICIES
@@ -173,8 +173,8 @@ class ExplorerState(param.Parameterized):
         f"Development option: multiply the random clover-test model's matrices by {DEV_WEIGHT_SCALE:g} so "
         "its confidences spread out like a trained model's. Its output is still noise."))
     example = param.Selector(default=DEFAULT_EXAMPLE, objects=[*EXAMPLE_PROMPTS, YOUR_PROMPT], doc=(
-        "Example prompt; choosing one replaces the prompt text. Shows YOUR_PROMPT while the prompt is "
-        "text the user wrote; choosing YOUR_PROMPT brings that text back."))
+        f"Example prompt; choosing one replaces the prompt text. Shows '{YOUR_PROMPT}' while the prompt is "
+        f"text you wrote; choosing '{YOUR_PROMPT}' brings that text back."))
     prompt = param.String(default=EXAMPLE_PROMPTS[DEFAULT_EXAMPLE], doc=(
         "Prompt text. clover-tiny knows two kinds of text: tool-call chats in the layout of the agent "
         "examples (<|im_start|>system with the tools' JSON schemas, then <|im_start|>user) and Python code; "
@@ -191,8 +191,8 @@ class ExplorerState(param.Parameterized):
         "committed K/V in attention layers (a labelled non-Clover variant; needs attention_window > 0). "
         "Default state+window: the bundled model's best mode (exact tool calls 29 % vs 4 % in state, "
         "models/clover-tiny's card); a model loaded from a checkpoint directory starts in its best measured "
-        "mode (engine.checkpoint.best_memory_mode, as the CLI does) unless a mode was chosen; a model without a "
-        "window falls back to state on load."))
+        "mode (from its eval.json, as the command line does) unless a mode was chosen; a model without a "
+        "window falls back to state on load."))  # engine.checkpoint.best_memory_mode
     max_new_tokens = param.Integer(default=128, bounds=(MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX),
                                    doc="Generated-token budget.")
     repetition_control = param.Boolean(default=False, doc="n-gram repetition penalty (model card).")
@@ -206,8 +206,9 @@ class ExplorerState(param.Parameterized):
     device = param.Selector(default=DEFAULT_DEVICE, objects=list(DEVICE_CHOICES), doc=(
         "Device for projected tokens/s and the roofline ('this-machine' is measured once)."))
     union_assumption = param.Selector(default="measured_vs_independent", objects=list(UNION_ASSUMPTIONS), doc=(
-        "How the 35B-A3B expert union per forward is derived from the recorded run "
-        "(engine.cost.target_union); 'measured_fraction' saturates for models with few experts."))
+        "How the 35B-A3B expert union per forward is derived from the recorded run: from the union measured "
+        "against independent routing ('measured_vs_independent'), or as the measured fraction of experts "
+        "('measured_fraction', which saturates for models with few experts)."))  # engine.cost.target_union
 
     # --- outputs (set by the state itself)
     trace = param.ClassSelector(class_=Trace, default=None, allow_None=True, doc="The run on display.")
@@ -677,7 +678,12 @@ class ExplorerState(param.Parameterized):
         self.progress = 100
         tpf = f"{end.tokens_per_forward:.2f}"
         if end.stop_reason == "cancelled":
-            self.status = f"stopped: kept {len(end.tokens)} tokens after {end.nfe} forwards"
+            status = f"stopped: kept {len(end.tokens)} tokens after {end.nfe} forwards ({end.n_forced} forced fills)"
+            gone = dropped_at_stop(self.trace) if self.trace is not None else None
+            if gone and gone["n_dropped"]:
+                status += (f"; {gone['n_dropped']} slots of block {gone['block']} written after a still-masked "
+                           f"slot were dropped ({gone['n_forced_dropped']} of them forced), struck through in the text")
+            self.status = status
         else:
             dc = (self.trace.decode_config if self.trace is not None else None) or {}
             mode = dc.get("memory_mode", self.memory_mode)

@@ -21,6 +21,7 @@ from clover_viz.figures._common import (
     _resolve_step,
     _tok,
 )
+from clover_viz.runs import dropped_at_stop
 from engine.slot_index import SlotIndex
 
 # text_html fragments of finished blocks (and the prompt), per index: a rebuilt index
@@ -138,7 +139,9 @@ def text_html(trace: Any, step: int | None = None, color_by: str = "confidence",
     Each block starts at a vertical rule; slots still masked at ``step`` are ``░``.
     The text ends at the first EOS, as the decoder's output does: one ``end`` marker
     (class ``clover-end``), and nothing after it -- no tokens written beyond the EOS
-    earlier in its block, no EOS fills.
+    earlier in its block, no EOS fills. At the last step of a stopped run, the slots written
+    after a still-masked slot of its last block -- not kept (`clover_viz.runs.dropped_at_stop`)
+    -- are struck through in grey (class ``clover-dropped``), their tooltip saying why.
 
     Blocks finished before ``step``'s block are rendered once per trace and reused, so the
     cost of a call is the current block's, whatever the length of the trace.
@@ -148,6 +151,7 @@ def text_html(trace: Any, step: int | None = None, color_by: str = "confidence",
     i = _resolve_step(trace, step)
     idx = _index(trace)
     cur = int(idx.block_of[i])
+    dropped = dropped_at_stop(trace)
     parts = ['<div class="clover-text" style="font-family:' + C.MONO + ';font-size:13px;line-height:1.7;'
              'white-space:pre-wrap;word-break:break-all;">']
     blocks = [b for b in idx.steps_of if b <= cur]
@@ -169,7 +173,8 @@ def text_html(trace: Any, step: int | None = None, color_by: str = "confidence",
             if frag is None:
                 frag = cache[key] = _block_html(trace, idx, b, idx.steps_of[b][-1], color_by, show_prompt)
         else:
-            frag = _block_html(trace, idx, b, i, color_by, show_prompt)
+            gone = dropped if dropped is not None and dropped["block"] == b and i == len(trace) - 1 else None
+            frag = _block_html(trace, idx, b, i, color_by, show_prompt, frozenset(gone["slots"]) if gone else None)
         parts.append(frag[0])
         if frag[1]:  # the text ended at an EOS
             break
@@ -181,8 +186,10 @@ def _esc_text(s: str) -> str:
     return html.escape(s.replace("\n", "⏎\n"), quote=False)
 
 
-def _block_html(trace: Any, idx: SlotIndex, b: int, last: int, color_by: str, show_prompt: bool) -> tuple[str, bool]:
-    """(HTML of block ``b`` as it stands after global step ``last``, whether it ends at an EOS)."""
+def _block_html(trace: Any, idx: SlotIndex, b: int, last: int, color_by: str, show_prompt: bool,
+                dropped: frozenset[int] | None = None) -> tuple[str, bool]:
+    """(HTML of block ``b`` as it stands after global step ``last``, whether it ends at an EOS).
+    ``dropped``: slots written but not kept when the run stopped (drawn struck through)."""
     ev = idx.steps[last]
     toks = np.asarray(ev.tokens).tolist()
     L = len(toks)
@@ -203,6 +210,12 @@ def _block_html(trace: Any, idx: SlotIndex, b: int, last: int, color_by: str, sh
             parts.append('<span style="color:#cbd5e1">░</span>')
             continue
         kind = w_kind[s_]
+        if dropped and s_ in dropped:
+            tip = (f"{kind} at iteration {int(w_iter[s_]) + 1} of block {b}, then dropped at Stop: a stopped run "
+                   "keeps a block's written slots only up to its first still-masked slot")
+            parts.append(f'<span class="clover-dropped" title="{html.escape(tip)}" style="color:#94a3b8;'
+                         f'text-decoration:line-through">{_esc_text(trace.token_str(tok)) or "∅"}</span>')
+            continue
         if (eos is not None and tok == eos) or kind == "eos":
             parts.append(f'<span class="clover-end" title="end of text: EOS in block {b}, slot {s_}" '
                          'style="color:#6d28d9;font-size:11px;padding:0 3px">end</span>')

@@ -513,3 +513,69 @@ def test_memory_note_gives_the_models_measured_best_mode():
         assert not app.settings.memory_mode.disabled and "state" in app.settings.memory_mode.options
     finally:
         s.close()
+
+
+def test_a_stopped_run_says_what_it_kept_and_the_text_shows_only_that():
+    """Issue 35, item 8: after Stop the page said 'kept 16 tokens' while the text showed tokens
+    past the masked gap and forced fills read 35. A stopped run keeps its last block's slots only up
+    to the first still-masked one: the done line counts the dropped slots (and their forced fills),
+    the text strikes exactly those through, and the kept tokens plus the dropped slots account for
+    every slot written."""
+    import re
+    import time
+
+    from clover_viz import figures as F
+    from clover_viz.runs import dropped_at_stop, run_stats
+
+    s = ExplorerState(model_dir="clover-test", dev_sharpen_random=True, max_new_tokens=2048, block_size=32)
+    s.load_model()
+    s.prompt = "Hello"
+    try:
+        for _attempt in range(5):  # stop mid-block: a stop between blocks drops nothing (retried)
+            assert s.generate()
+            time.sleep(0.4)
+            s.drain()
+            s.stop()
+            assert s.wait(30)
+            gone = dropped_at_stop(s.trace)
+            if gone and gone["n_dropped"]:
+                break
+        assert gone and gone["n_dropped"] > 0, "no stop landed mid-block in 5 tries"
+        st = run_stats(s.trace)
+        assert s.status.startswith(f"stopped: kept {st['n_tokens']} tokens"), s.status
+        assert f"{gone['n_dropped']} slots of block {gone['block']} written after a still-masked slot" in s.status
+        html = F.text_html(s.trace, len(s.trace) - 1, show_prompt=False)
+        assert html.count('class="clover-dropped"') == gone["n_dropped"]
+        shown_kept = html.count("border-radius:2px")  # a kept token's span
+        assert shown_kept == st["n_tokens"], (shown_kept, st["n_tokens"])
+        # every slot written is either kept or dropped (clover-test writes no EOS at x15)
+        written = sum(int(ev.n_written) for ev in s.trace.steps)
+        assert written == st["n_tokens"] + gone["n_dropped"] or "clover-end" in html
+        assert not re.search(r"clover-dropped", F.text_html(s.trace, len(s.trace) - 2, show_prompt=False))
+    finally:
+        s.close()
+        s.wait(5)
+
+
+def test_control_help_names_no_internal_identifiers():
+    """Issue 35, item 8: the example picker's help showed the internal name YOUR_PROMPT. Every control's
+    help text (its tooltip, from the state's parameter docs) reads as prose: no ALL_CAPS constants,
+    no module paths, no backticks."""
+    import re
+
+    import panel as pn
+
+    from clover_viz.panel_views import ExplorerApp
+
+    s = ExplorerState(model_dir="clover-test")
+    app = ExplorerApp(state=s)
+    internal = re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b|\b(engine|clover_viz)\.\w|`")
+    seen = 0
+    for view in (app.settings, app.playback, app.tabs.cost):
+        for name, widget in vars(view).items():
+            help_text = getattr(widget, "description", None) if isinstance(widget, pn.widgets.Widget) else None
+            if help_text:
+                seen += 1
+                assert not internal.search(help_text), (type(view).__name__, name, help_text)
+    assert seen >= 8
+    assert "'(your prompt)'" in app.settings.example.description
