@@ -137,8 +137,8 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
         union = tgt.expert_union_per_forward[first] if tgt.expert_union_per_forward else None
         kept = [i for i in range(p.n_forwards) if i not in set(dp.prompt_forwards)]
         notes.append(
-            f"<b>whole run:</b> every forward, including the prompt forward ({_forwards_range(list(dp.prompt_forwards))}"
-            f"), which folds the {dp.prompt_tokens}-token prompt into history together with the first block "
+            "<b>whole run:</b> every forward, including the prompt forward "
+            f"({_forwards_range(list(dp.prompt_forwards))}), which folds the {dp.prompt_tokens}-token prompt into history together with the first block "
             f"({int(trace.step(first).n_tokens_forward)} tokens through the model"
             + (f"; on {tname} an expert union of {union:.0f} per layer" if union is not None else "")
             + f") and wrote {dp.prompt_tokens_written} tokens. "

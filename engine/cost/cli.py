@@ -95,9 +95,11 @@ def format_devices() -> str:
 
 
 def format_trace_projection(p: TraceProjection, label: str = "") -> str:
+    """`project_trace`'s report as text: the whole run (prompt forward included), then its decode
+    phase (the prompt forward left out: the figures to set beside an autoregressive line)."""
     lines = [
-        f"trace {label}: {p.n_forwards} forwards, {p.tokens_written} tokens written, "
-        f"{p.tokens_per_forward:.2f} tokens per forward",
+        f"trace {label}, whole run (prompt forward included): {p.n_forwards} forwards, {p.tokens_written} tokens "
+        f"written, {p.tokens_per_forward:.2f} tokens per forward",
         f"{'':<34}{'tokens/s':>12}{'bytes/forward':>16}{'union/layer':>13}",
     ]
     if p.measured_tokens_per_s is not None:
@@ -113,6 +115,21 @@ def format_trace_projection(p: TraceProjection, label: str = "") -> str:
             f"{name:<34}{proj.tokens_per_s:>12.1f}{format_si(proj.bytes_read / proj.n_forwards, 'B'):>16}"
             f"{proj.mean_expert_union:>13.1f}  ({note})"
         )
+    d = p.decode_phase
+    if d is not None and d.prompt_forwards:
+        lines.append(
+            f"decode phase (forward(s) {', '.join(str(i + 1) for i in d.prompt_forwards)} left out: the "
+            f"{d.prompt_tokens}-token prompt's forward): {d.n_forwards} forwards, {d.tokens_written} tokens written, "
+            f"{d.tokens_per_forward:.2f} tokens per forward")
+        rate = "n/a" if d.measured_tokens_per_s is None else f"{d.measured_tokens_per_s:.1f}"
+        lines.append(f"{'measured (this machine)':<34}{rate:>12}")
+        for proj in (d.source, d.target):
+            if proj is not None:
+                name = f"projected {proj.config_name} on {proj.device}"
+                per_fw = format_si(proj.bytes_read / proj.n_forwards, "B")
+                lines.append(f"{name:<34}{proj.tokens_per_s:>12.1f}{per_fw:>16}{proj.mean_expert_union:>13.1f}")
+    elif d is not None:
+        lines.append("decode phase = whole run (the prompt was shorter than one block: no prompt forward)")
     lines.append("projected = roofline bound (max of bytes/bandwidth, flops/peak) per forward, BF16 weights")
     return "\n".join(lines)
 

@@ -215,6 +215,6 @@ def project_forwards_roofline(trace: Any, config: Any, device: Device | str,
     )
 
 
-__all__ = ["WEIGHT_DTYPES", "ProjectedForwards", "ar_break_even_tokens_per_forward", "ar_tokens_per_s", "attainable_flops_per_s",
-           "bytes_per_written_token", "dtype_name", "project_forwards_roofline", "recorded_weight_bytes",
+__all__ = ["WEIGHT_DTYPES", "ProjectedForwards", "ar_break_even_tokens_per_forward", "ar_tokens_per_s",
+           "attainable_flops_per_s", "bytes_per_written_token", "dtype_name", "project_forwards_roofline", "recorded_weight_bytes",
            "roofline_point", "running_tokens_per_s"]

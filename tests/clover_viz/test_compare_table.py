@@ -50,7 +50,7 @@ def test_an_unchanged_metric_and_a_missing_one():
 
 
 def test_the_table_from_two_real_runs(trace):
-    """Two traces of the same decode (the `trace` fixture of tests/clover_viz/conftest.py, a saved decode): as the views call it."""
+    """The same saved decode twice (the `trace` fixture of tests/clover_viz/conftest.py), as the views call it."""
     rows = _cells(trace, trace)
     tpf = trace.summary()["tokens_per_forward"]
     assert rows["tokens per forward"] == (f"{tpf:.2f}", f"{tpf:.2f}", "±0.00")

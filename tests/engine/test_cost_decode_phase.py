@@ -120,3 +120,17 @@ def test_recorded_weight_bytes_reads_the_runs_dtype_from_its_costs(dtype, want):
 
 def test_dtype_name_of_unknown_sizes():
     assert dtype_name(None) == "the run's dtype" and dtype_name(3) == "3-byte weights"
+
+
+def test_the_cli_report_shows_the_decode_phase_after_the_whole_run():
+    from engine.cost.cli import format_trace_projection
+
+    p = project_trace(_rows(), "h800", union_assumption="independent", source_config=TINY)
+    text = format_trace_projection(p, "t.parquet")
+    assert "whole run (prompt forward included): 5 forwards, 64 tokens written" in text
+    assert ("decode phase (forward(s) 1 left out: the 64-token prompt's forward): 4 forwards, 55 tokens written, "
+            "13.75 tokens per forward") in text
+    assert f"{p.decode_phase.target.tokens_per_s:.1f}" in text.split("decode phase")[1]
+    short = format_trace_projection(project_trace(_rows(0), "h800", union_assumption="independent",
+                                                  source_config=TINY))
+    assert "decode phase = whole run" in short
