@@ -72,7 +72,9 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
         raise ValueError("cost_summary_html needs a trace with at least one step; decode first")
     n = len(trace)
     pos = n - 1 if step is None else (step + n if step < 0 else min(step, n - 1))
-    run_dt = dtype_name(recorded_weight_bytes(trace))
+    weight_bytes = recorded_weight_bytes(trace)
+    run_dt = dtype_name(weight_bytes)
+    as_run = f"{run_dt}, the run's dtype" if weight_bytes is not None else "in the run's dtype"
     p, src = projection, getattr(projection, "source", None)
     model = html.escape(str(src.config_name if src is not None else trace.model_id or "recorded model"))
     bytes_read = np.asarray(trace.column("bytes_read"), dtype=np.float64)
@@ -89,7 +91,7 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
 
     dev = html.escape(p.device) if p is not None else "n/a"
     bytes_tab = [
-        row(["bytes read by " + model, f"as run here ({run_dt}, the run's dtype; cost model)",
+        row(["bytes read by " + model, f"as run here ({as_run}; cost model)",
              f"projected (bf16 weights{'' if p is None else ', roofline ' + dev})"], head=True),
         row([f"this forward ({pos + 1} of {n})", f"<b>{_fmt(this_run, 'B')}</b>", f"<b>{_fmt(this_proj, 'B')}</b>"]),
         row(["mean per forward (whole run)", _fmt(mean_run, "B"), _fmt(mean_proj, "B")]),
@@ -111,7 +113,8 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
     tname = html.escape(tgt.config_name)
     rate_tab = [
         row(["tokens/s", whole_h, dec_h], head=True),
-        row([f"measured here ({run_dt}, as run)", f"<b>{_fmt(p.measured_tokens_per_s)}</b>",
+        row([f"measured here ({run_dt if weight_bytes is not None else 'as run'}"
+             f"{', as run' if weight_bytes is not None else ''})", f"<b>{_fmt(p.measured_tokens_per_s)}</b>",
              dec(lambda d: d.measured_tokens_per_s)]),
     ]
     if src is not None:
@@ -141,7 +144,7 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
             f"({_forwards_range(list(dp.prompt_forwards))}), which folds the {dp.prompt_tokens}-token prompt into history together with the first block "
             f"({int(trace.step(first).n_tokens_forward)} tokens through the model"
             + (f"; on {tname} an expert union of {union:.0f} per layer" if union is not None else "")
-            + f") and wrote {dp.prompt_tokens_written} tokens. "
+            + f") and wrote {dp.prompt_tokens_written} token{'' if dp.prompt_tokens_written == 1 else 's'}. "
             f"<b>decode phase:</b> {_forwards_range(kept)} and the {dp.tokens_written} tokens they wrote, the prompt "
             "forward left out: prefill is work an autoregressive decode does too, and its line leaves it out, "
             "so this is the column to compare with it.")
