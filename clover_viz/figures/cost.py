@@ -139,15 +139,16 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
         first = dp.prompt_forwards[0]
         union = tgt.expert_union_per_forward[first] if tgt.expert_union_per_forward else None
         kept = [i for i in range(p.n_forwards) if i not in set(dp.prompt_forwards)]
+        shown = int(trace.step(first).n_tokens_forward)
+        wrote = f"{dp.prompt_tokens_written} token{'' if dp.prompt_tokens_written == 1 else 's'}"
+        union_note = f"; on {tname} an expert union of {union:.0f} per layer" if union is not None else ""
         notes.append(
             "<b>whole run:</b> every forward, including the prompt forward "
-            f"({_forwards_range(list(dp.prompt_forwards))}), which folds the {dp.prompt_tokens}-token prompt into history together with the first block "
-            f"({int(trace.step(first).n_tokens_forward)} tokens through the model"
-            + (f"; on {tname} an expert union of {union:.0f} per layer" if union is not None else "")
-            + f") and wrote {dp.prompt_tokens_written} token{'' if dp.prompt_tokens_written == 1 else 's'}. "
-            f"<b>decode phase:</b> {_forwards_range(kept)} and the {dp.tokens_written} tokens they wrote, the prompt "
-            "forward left out: prefill is work an autoregressive decode does too, and its line leaves it out, "
-            "so this is the column to compare with it.")
+            f"({_forwards_range(list(dp.prompt_forwards))}), which folds the {dp.prompt_tokens}-token prompt into "
+            f"history together with the first block ({shown} tokens through the model{union_note}) and wrote "
+            f"{wrote}. <b>decode phase:</b> {_forwards_range(kept)} and the {dp.tokens_written} tokens they wrote, "
+            "the prompt forward left out: prefill is work an autoregressive decode does too, and its line leaves it "
+            "out, so this is the column to compare with it.")
     if dp is not None:
         need = ar_break_even_tokens_per_forward(dp.target, tgt.config_name, p.device)
         ar_step = ar_step_cost(tgt.config_name)
