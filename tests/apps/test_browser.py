@@ -16,12 +16,12 @@ Run: ``.venv/bin/python -m pytest tests/apps/test_browser.py -q``
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 from helpers import BROWSER_TIMEOUT_MS as TIMEOUT_MS
 
 ROOT = Path(__file__).resolve().parents[2]
