@@ -146,4 +146,7 @@ def create_app(model_dir: str | None = None, dev_sharpen_random: bool | None = N
 
 
 if pn.state.served:
+    from clover_viz.serving import exit_promptly_on_signals
+
+    exit_promptly_on_signals()  # SIGTERM / Ctrl-C end the server within 2 s, even mid-forward (once per process)
     create_app().servable(title=TITLE)
