@@ -43,6 +43,7 @@ class _Paired(torch.nn.Module):
         super().__init__()
         self.ref, self.other = ref, other
         self.config, self.model_id = ref.config, getattr(ref, "model_id", ref.config.name)
+        self.capabilities = ref.capabilities
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._other_state = None
 

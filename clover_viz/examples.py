@@ -23,10 +23,10 @@ from engine.examples import (
 YOUR_PROMPT = "(your prompt)"
 
 
-def examples_for(config: object) -> tuple[dict[str, str], str]:
-    """(example prompts, default name) for a model config: `CHAT_EXAMPLE_PROMPTS` for a
-    transformers-backed chat model (``config.backbone == "transformers"``), else `EXAMPLE_PROMPTS`."""
-    if getattr(config, "backbone", None) == "transformers":
+def examples_for(capabilities: object) -> tuple[dict[str, str], str]:
+    """(example prompts, default name) for a model's `engine.backbones.base.Capabilities`:
+    `CHAT_EXAMPLE_PROMPTS` for a chat model (it declares a chat template), else `EXAMPLE_PROMPTS`."""
+    if getattr(capabilities, "chat_template", None) is not None:
         return CHAT_EXAMPLE_PROMPTS, DEFAULT_CHAT_EXAMPLE
     return EXAMPLE_PROMPTS, DEFAULT_EXAMPLE
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.backbones.base import Capabilities, capabilities_of
 from engine.checkpoint import DEFAULT_MODEL_DIR, file_as_model_dir  # one place for the default and the message
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -92,9 +93,14 @@ class LoadedModel:
         return self.spec.fallback
 
     @property
+    def capabilities(self) -> Capabilities:
+        """What the model declares it can do (`engine.backbones.base.Capabilities`)."""
+        return capabilities_of(self.model)
+
+    @property
     def window_available(self) -> bool:
-        """Whether ``state+window`` can run (the model has an attention window)."""
-        return int(getattr(self.model.config, "attention_window", 0) or 0) > 0
+        """Whether ``state+window`` can run (one of the model's declared memory modes)."""
+        return self.capabilities.runs("state+window")
 
     @classmethod
     def in_memory(cls, model: Any, tokenizer: Any = None, label: str | None = None,
@@ -193,7 +199,7 @@ def build_model(spec: ModelSpec) -> LoadedModel:
         raise ValueError(f"a {spec.kind!r} model spec names nothing to load; wrap the model with "
                          "LoadedModel.in_memory(model, tokenizer)")
     model = load_model(spec.path, device=DEVICE)
-    if hasattr(model, "info") and getattr(model.info, "revisable", False):  # DiffusionGemma: its own sampler
+    if capabilities_of(model).revises_commits:  # DiffusionGemma: its own sampler
         return _revisable(spec, model)
     try:
         tokenizer = load_tokenizer(spec.path)
@@ -212,6 +218,11 @@ class _RevisableModel:
 
     def __init__(self, decoder: Any):
         self.decoder, self.config, self.model_id = decoder, decoder.info, decoder.model_id
+
+    @property
+    def capabilities(self) -> Any:
+        """The decoder's `engine.backbones.base.Capabilities`."""
+        return self.decoder.capabilities
 
 
 class _RevisableSession:

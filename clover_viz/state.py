@@ -140,7 +140,7 @@ def _cancel_live_decodes(timeout_s: float = 10.0) -> None:
 # ----------------------------------------------------------------------------- the state
 def past_training_note(block_size: int | None, trained: int | None) -> str:
     """`` · block 64 is past the model's training (blocks <= 32): expect worse text`` when a run's
-    block_size exceeds the largest block the model was trained on (`engine.checkpoint.largest_trained_block`;
+    block_size exceeds the largest block the model was trained on (its `Capabilities.largest_trained_block`;
     None: unknown), else ``""``. Appended to the done line, as the CLI prints its note."""
     if block_size is None or trained is None or block_size <= trained:
         return ""
@@ -370,11 +370,8 @@ class ExplorerState(param.Parameterized):
         """Make ``loaded`` the session's model: label, examples, memory-mode advice (UI thread)."""
         self._loaded = loaded
         self.model_label = loaded.label
-        from engine.checkpoint import largest_trained_block
-
-        # an adapter's largest trained block (None for Clover checkpoints and in-memory models)
-        self._trained_block = (largest_trained_block(self.model_dir)
-                               if self._given is None and Path(self.model_dir or "").is_dir() else None)
+        # the largest block the model declares it was trained on (an adapter's; None for Clover checkpoints)
+        self._trained_block = loaded.capabilities.largest_trained_block
         if not self.model_ok and self.status.startswith("no model loaded"):
             self.status = ""
         self.model_ok = True
@@ -427,7 +424,7 @@ class ExplorerState(param.Parameterized):
     def _use_examples(self, loaded: LoadedModel) -> None:
         """Offer the example prompts that fit ``loaded`` (chat questions for a chat model, agent
         and code prompts for a Clover model); switching sets switches to its default prompt."""
-        examples, default = examples_for(loaded.config)
+        examples, default = examples_for(loaded.capabilities)
         if examples is self._examples:
             return
         typed = bool(self.prompt.strip()) and self.prompt not in self._examples.values()
@@ -568,7 +565,8 @@ class ExplorerState(param.Parameterized):
             token_text=lambda i: tok.decode([i], skip_special_tokens=False), prompt_ids=prompt_ids,
             meta={"model_label": loaded.label, "model_config": loaded.config.to_dict(),
                   "dev_weight_scale": loaded.spec.dev_scale, "recorded_on": "cpu",
-                  "prompt": given.prompt, "model_input": given.text, "chat_template": given.template},
+                  "prompt": given.prompt, "model_input": given.text, "chat_template": given.template,
+                  "capabilities": loaded.capabilities.to_dict()},
         )
         events = self._events
 

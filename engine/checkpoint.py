@@ -20,8 +20,10 @@ Tensor names are transformers' Qwen3.5-MoE names where the tensors mean the same
 written under older project names load through `LEGACY_KEYS`.
 
 `load_model` opens every format the engine decodes, chosen by ``config.json``'s ``model_type``
-(`model_format`, `supported_formats`): Clover checkpoints, ``hf-block-diffusion`` adapter
-directories and plain transformers Llama / Qwen2 / Qwen3 directories. A transformers
+(`model_format`, `supported_formats`) through the backbone registry (`engine.backbones.registry`:
+one ``"module:loader"`` row per model type, imported when used): Clover checkpoints (`load_clover`),
+``hf-block-diffusion`` adapter directories, plain transformers Llama / Qwen2 / Qwen3 directories,
+Dream / LLaDA and DiffusionGemma. A transformers
 Qwen3.5-MoE directory is refused with the ``python -m engine.convert`` command that turns it
 into a Clover checkpoint.
 
@@ -47,6 +49,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
+from engine.backbones.registry import DESCRIPTIONS, MODEL_TYPES, loader_for
 from engine.config import CloverConfig
 
 DEFAULT_MODEL_DIR = "models/clover-tiny"
@@ -232,31 +235,30 @@ def load_model(
             f"`python -m engine.checkpoint --init clover-test --out DIR`); {_supported()}"
         )
     fmt = model_format(directory)
-    from engine.masked_diffusion import FORMATS as MASKED_FORMATS
+    # the family's loader, imported only now (engine.backbones.registry: one row per model_type)
+    return loader_for(fmt)(directory, device=device, dtype=_as_float_dtype(dtype))
 
-    if fmt == "diffusion_gemma":  # revisable block diffusion with its own sampler (engine.diffusion_gemma)
-        from engine.diffusion_gemma import load_diffusion_gemma
 
-        return load_diffusion_gemma(directory, device=device, dtype=_as_float_dtype(dtype))
-    if fmt in MASKED_FORMATS:  # Dream / LLaDA: bidirectional, full recompute (engine.masked_diffusion)
-        from engine.masked_diffusion import load_masked_diffusion
+def load_clover(directory: str | Path, device: str | torch.device = "cpu",
+                dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """Open a Clover checkpoint directory (the registry's ``clover`` row; `load_model` documents it).
 
-        return load_masked_diffusion(directory, device=device, dtype=_as_float_dtype(dtype))
-    if fmt != "clover":  # a transformers backbone (engine.hf_model): adapter over a pinned base, or plain
-        return _load_hf_model(directory, "adapter" if fmt == ADAPTER_FORMAT else "transformers", device,
-                              _as_float_dtype(dtype))
+    Raises:
+        ValueError: an invalid Clover config, or any weights problem listed in `load_weights`.
+    """
+    directory = Path(directory)
+    config_path = directory / CONFIG_NAME
     try:
         config = CloverConfig.from_json(config_path)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{config_path} is not a valid Clover config: {e}") from e
-    target_dtype = _as_float_dtype(dtype)
 
     from engine.model import CloverModel  # here, so saving and checking work without the model
 
     model = CloverModel(config)
     load_weights(model, directory)
-    if target_dtype is not None:
-        model.to(dtype=target_dtype)
+    if dtype is not None:
+        model.to(dtype=dtype)
     model.to(device)
     model.eval()
     try:
@@ -267,12 +269,6 @@ def load_model(
 
 
 ADAPTER_FORMAT = "hf-block-diffusion"
-FORMATS: dict[str, str] = {
-    "clover": "a Clover checkpoint (config.json + model.safetensors, engine.checkpoint.save_model)",
-    ADAPTER_FORMAT: "an adapter directory over a pinned transformers base (engine.hf_adapter)",
-}
-"""``config.json`` ``model_type`` -> what `load_model` opens for it, besides the transformers
-causal LMs of `engine.hf_model.SUPPORTED_MODEL_TYPES` (see `supported_formats`)."""
 CONVERT_FIRST: dict[str, str] = {"qwen3_5_moe": "qwen3_5_moe", "qwen3_5_moe_text": "qwen3_5_moe"}
 """``model_type`` -> ``engine.convert --from`` value, for formats that load after conversion to Clover."""
 
@@ -330,16 +326,8 @@ def best_memory_mode(model_dir: str | Path) -> tuple[str, str]:
 
 
 def supported_formats() -> dict[str, str]:
-    """Every ``model_type`` `load_model` opens -> a description: `FORMATS` plus the transformers
-    ``save_pretrained`` directories `engine.hf_model` decodes with token shift."""
-    from engine.hf_model import SUPPORTED_MODEL_TYPES
-    from engine.masked_diffusion import FORMATS as MASKED_FORMATS
-
-    plain = {mt: f"a transformers {mt} directory (save_pretrained), decoded with token shift (engine.hf_model)"
-             for mt in SUPPORTED_MODEL_TYPES}
-    gemma = {"diffusion_gemma": "a transformers DiffusionGemma directory (save_pretrained), decoded by its own "
-                                "revisable sampler; load_model returns an engine.diffusion_gemma.DiffusionGemmaDecoder"}
-    return {**FORMATS, **plain, **MASKED_FORMATS, **gemma}
+    """Every ``model_type`` `load_model` opens -> a description (the rows of `engine.backbones.registry`)."""
+    return {mt: DESCRIPTIONS.get(mt, MODEL_TYPES[mt]) for mt in MODEL_TYPES}
 
 
 def _supported() -> str:
@@ -368,14 +356,10 @@ def model_format(path_or_dir: str | Path) -> str:
     if not isinstance(data, dict):
         raise ValueError(f"{config_path} holds a JSON {type(data).__name__}, not an object; re-save the model")
     mt = data.get("model_type", "clover")
-    if isinstance(mt, str) and mt.lower() in ("dream", "llada"):  # Dream ships model_type "Dream"
-        mt = mt.lower()
-    if mt in FORMATS:
-        return mt
+    if isinstance(mt, str) and mt.lower() in MODEL_TYPES:  # Dream ships model_type "Dream"
+        return mt.lower()
     if mt in CONVERT_FIRST:
         return _refuse_convert_first(directory, mt)
-    if mt in supported_formats():
-        return mt
     raise ValueError(f"{config_path} has model_type={mt!r}, which this engine cannot load; {_supported()}")
 
 
@@ -613,19 +597,6 @@ def _hf_kind(config_path: Path) -> str | None:
     except ValueError:
         return None
     return None if fmt == "clover" else "adapter" if fmt == ADAPTER_FORMAT else "transformers"
-
-
-def _load_hf_model(directory: Path, kind: str, device, dtype) -> torch.nn.Module:
-    if kind == "adapter":
-        from engine.hf_adapter import load_adapter_model
-
-        return load_adapter_model(directory, device=device, dtype=dtype)
-    from engine.hf_model import wrap_pretrained
-
-    model = wrap_pretrained(str(directory), name=directory.name, device=device)
-    if dtype is not None:
-        model.to(dtype=dtype)
-    return model.eval()
 
 
 def file_as_model_dir(given: str | Path, found: str | Path | None = None) -> str:

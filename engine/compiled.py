@@ -21,6 +21,8 @@ import shutil
 
 import torch
 
+from engine.backbones.base import capabilities_of
+
 
 def compiler_available() -> bool:
     """Whether TorchInductor can build CPU kernels here (a C++ compiler on PATH)."""
@@ -54,10 +56,14 @@ def compile_layers(model, dynamic: bool | None = None):
         ValueError: a model that is not on the CPU.
         RuntimeError: no C++ compiler for TorchInductor's CPU kernels.
     """
-    layers = getattr(model, "layers", None)
-    if layers is None or not hasattr(model, "setup_state") or not hasattr(model, "run_layers"):
+    try:
+        family = capabilities_of(model).family
+    except TypeError:  # not a backbone at all
+        family = None
+    if family != "clover":
         raise TypeError(f"compile_layers takes a Clover model (engine.model.CloverModel), got {type(model).__name__}")
-    device = torch.device(getattr(model, "device", "cpu"))
+    layers = model.layers
+    device = torch.device(model.device)
     if device.type != "cpu":
         raise ValueError(f"compile_layers compiles the CPU decode; this model is on {device}. On CUDA, "
                          "replay the forward from CUDA graphs instead (engine.cuda_graphs, --cuda-graphs)")

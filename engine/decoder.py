@@ -42,6 +42,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
+from engine.backbones.base import capabilities_of
 from engine.cost.meter import CostMeter
 from engine.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
 from engine.model import MEMORY_MODES, CloverModel
@@ -263,6 +264,10 @@ class BlockDecoder(HookRegistry):
             raise TypeError(f"model must be a block-diffusion backbone (a CloverModel, or a transformers-backed "
                             f"model from engine.load_model), got {type(model).__name__}; a DiffusionGemma directory "
                             "loads as a decoder with its own .generate(prompt)")
+        self.capabilities = capabilities_of(model)  # TypeError for a module that implements no backbone
+        if self.capabilities.revises_commits:
+            raise TypeError(f"{type(model).__name__} revises what it committed and runs its own sampler; the block "
+                            "decoder's accept-once rule does not apply to it")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.config = config or DecodeConfig()
@@ -483,7 +488,8 @@ class BlockDecoder(HookRegistry):
         tok_text = (lambda i: self.tokenizer.decode([i], skip_special_tokens=False)) if self.tokenizer else None
         return Trace(decode_config=dc.to_dict(), model_id=getattr(self.model, "model_id", cfg.name),
                      token_text=tok_text, prompt_ids=ids,
-                     meta={"model_config": cfg.to_dict(), "device": _device_name(self.model)})
+                     meta={"model_config": cfg.to_dict(), "device": _device_name(self.model),
+                           "capabilities": self.capabilities.to_dict()})
 
     @staticmethod
     def _step_event(blk: "_Block", st: "_Step", out, n_fwd: int, wall_s: float, top_k: int, cost) -> StepEvent:

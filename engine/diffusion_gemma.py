@@ -76,6 +76,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.backbones.base import Capabilities
 from engine.decoder import DecodeResult, HookRegistry
 from engine.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
 
@@ -279,6 +280,16 @@ class DiffusionGemmaDecoder(HookRegistry):
         if not isinstance(self.config, DiffusionGemmaDecodeConfig):
             raise TypeError(f"config must be a DiffusionGemmaDecodeConfig, got {type(self.config).__name__}")
         self._hooks: list[Hook] = []
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """DiffusionGemma: revises what it accepted (its own sampler, not the accept-once rule), no
+        recurrent state or memory unit, its expert union when its text model is an MoE; forwards
+        priced as full recomputes over the canvas."""
+        observed = frozenset({"expert_union"}) if self.info.num_experts else frozenset()
+        return Capabilities(family="diffusion_gemma", memory_modes=("state",), observables=observed,
+                            cost_family="recompute", revises_commits=True,
+                            largest_trained_block=int(self.info.canvas_length))
 
     # ------------------------------------------------------------------ input
     def encode_prompt(self, prompt: str | Sequence[int] | torch.Tensor) -> list[int]:

@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.parallel is not None:
         return _main_parallel(args, threads)
+    from engine.backbones.base import capabilities_of
     from engine.checkpoint import load_model, load_tokenizer
     from engine.decoder import BlockDecoder
 
@@ -114,26 +115,23 @@ def main(argv: list[str] | None = None) -> int:
         if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"--device {args.device}: CUDA is not available on this machine; use --device cpu")
         model = load_model(args.model, device=args.device, dtype=args.dtype)
-        if getattr(getattr(model, "info", None), "revisable", False):  # DiffusionGemma: its own sampler
+        caps = capabilities_of(model)
+        if caps.revises_commits:  # DiffusionGemma: its own sampler
             return _main_revisable(args, model, threads)
         if args.cuda_graphs:
-            if not hasattr(model, "cuda_graphs"):
+            if not caps.cuda_graphs:
                 raise ValueError(f"--cuda-graphs covers Clover checkpoints; {args.model} is another format")
             from engine.cuda_graphs import enable_cuda_graphs
 
             enable_cuda_graphs(model)  # ValueError off CUDA
         tokenizer = load_tokenizer(args.model)
-        if getattr(model, "chat_format", None) == "chatml" and not args.raw_prompt:
-            if args.prompt.lstrip().startswith("<|im_start|>"):  # already a conversation: wrapping it nests it
-                print("note: the prompt is already ChatML (it starts with <|im_start|>): decoded as given, "
-                      "as with --raw-prompt", file=sys.stderr)
-            else:
-                from engine.hf_adapter import chat_prompt
+        from engine.prompting import model_input
 
-                args.prompt = chat_prompt(args.prompt)  # a chat model (models/smollm2-bd): one user turn
-        from engine.checkpoint import largest_trained_block
-
-        trained = largest_trained_block(args.model)
+        given = model_input(args.prompt, model, raw=args.raw_prompt)  # the one rule (chat template or as given)
+        if caps.chat_template is not None and not given.wrapped:
+            print(f"note: {given.note}", file=sys.stderr)
+        args.prompt = given.text
+        trained = caps.largest_trained_block
         if trained is not None and dc.block_size > trained:
             print(f"note: block_size {dc.block_size} is larger than any block {Path(args.model).name} was trained "
                   f"on (at most {trained}): expect worse text; --block-size {trained} or less stays in "

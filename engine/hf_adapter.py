@@ -309,6 +309,9 @@ def load_adapter_model(directory: str | Path, device: str | torch.device = "cpu"
     model.model_id = directory.name if adapter else f"{spec.name} (unadapted)"
     model.chat_format = cfg.get("chat_format", "chatml")
     model.chat_system = cfg.get("chat_system", SMOLLM2_SYSTEM)  # the default system turn of engine.prompting
+    from engine.checkpoint import largest_trained_block  # checkpoint opens adapters through this module
+
+    model.trained_block = largest_trained_block(directory) if adapter else None  # declared in its capabilities
     return model.eval()
 
 

@@ -4,7 +4,7 @@ The Clover model keeps history in recurrent state; this backbone keeps it in a
 transformers `DynamicCache` and implements the same small protocol the
 `engine.decoder.BlockDecoder` drives (``config``, ``device``, ``dtype``,
 ``setup_state``, ``forward(block_ids, state, commit_ids, block_size, observe)
--> ModelOutput``), so the decoder's rules, policies, logits processors,
+-> BlockOutput``), so the decoder's rules, policies, logits processors,
 events and traces are the same for both. It is how Fast-dLLM v2 adapts an
 autoregressive model to block diffusion:
 
@@ -31,7 +31,7 @@ autoregressive model to block diffusion:
   leaks in. The decoder never proposes MASK as a candidate.
 
 Clover-only observables (expert union, recurrent-state norms, memory share)
-have no meaning here: `ModelOutput` carries ``None`` for them and the events,
+have no meaning here: `BlockOutput` carries ``None`` for them and the events,
 traces and views say "not applicable to this model".
 
 History modes: only ``state`` (the API default) is accepted; for this backbone
@@ -45,12 +45,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from engine.model import ModelOutput
+from engine.backbones.base import BlockOutput, Capabilities
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 FORMAT = "hf-block-diffusion"
@@ -194,6 +195,19 @@ class TransformersBackbone(nn.Module):
     and dtype, and a history of one sequence in ``state`` mode (`check_state_args`)."""
 
     lm: nn.Module
+    # set by the loaders that know them (engine.hf_adapter): the chat template a plain prompt is wrapped
+    # in (engine.prompting), its default system turn, and the largest block_size the adapter trained on
+    chat_format: str | None = None
+    chat_system: str | None = None
+    trained_block: int | None = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """A causal LM with token shift: history in its KV cache (`state` only), no expert union,
+        states or memory unit to observe, forwards priced as a KV-cache transformer's."""
+        return Capabilities(family="causal_lm", memory_modes=("state",), observables=frozenset(),
+                            cost_family="kv_cache", chat_template=self.chat_format, chat_system=self.chat_system,
+                            largest_trained_block=self.trained_block)
 
     @property
     def device(self) -> torch.device:
@@ -257,7 +271,7 @@ class HFBlockDiffusionModel(TransformersBackbone):
 
     # ------------------------------------------------------------------ forward
     def forward(self, block_ids: torch.Tensor, state: HFBlockState, commit_ids: torch.Tensor | None = None,
-                block_size: int | None = None, observe: bool = False) -> ModelOutput:
+                block_size: int | None = None, observe: bool = False) -> BlockOutput:
         """One denoising forward of the current block, with the fused causal commit.
 
         Args:
@@ -269,7 +283,7 @@ class HFBlockDiffusionModel(TransformersBackbone):
             observe: unused (no Clover observables); accepted for the protocol.
 
         Returns:
-            `ModelOutput` with logits [1, L, V] (fp32; row j predicts slot j) and
+            `BlockOutput` with logits [1, L, V] (fp32; row j predicts slot j) and
             ``None`` for expert_union, memory_share and state_norm.
         """
         if block_ids.dim() != 2 or block_ids.shape[0] != 1:
@@ -297,7 +311,7 @@ class HFBlockDiffusionModel(TransformersBackbone):
         n_c, n_w = len(causal), len(window)
         V = self.config.vocab_size
         if n_c + n_w == 0:
-            return ModelOutput(logits=torch.zeros(1, L, V), expert_union=None)
+            return BlockOutput(logits=torch.zeros(1, L, V), expert_union=None)
         device = self.device
         ids = torch.tensor([causal + window], dtype=torch.long, device=device)
         start = state.n_cached
@@ -315,7 +329,7 @@ class HFBlockDiffusionModel(TransformersBackbone):
             state.n_cached = start + n_c
         if not committed:
             logits = torch.cat([logits.new_zeros(1, 1, logits.shape[-1]), logits], 1)
-        return ModelOutput(logits=logits, expert_union=None)
+        return BlockOutput(logits=logits, expert_union=None)
 
     # ------------------------------------------------------------------ greedy reference
     @torch.no_grad()
@@ -358,6 +372,18 @@ def default_mask_token_id(vocab_size: int, tokenizer: Any = None) -> int:
         if mid is not None and 0 <= mid < vocab_size:
             return int(mid)
     return vocab_size - 1
+
+
+def load_pretrained_backbone(directory: str | Path, device: str | torch.device = "cpu",
+                             dtype: torch.dtype | None = None) -> HFBlockDiffusionModel:
+    """Open a transformers Llama / Qwen2 / Qwen3 ``save_pretrained`` directory as a block-diffusion
+    model with token shift, no adapter (the registry's ``llama`` / ``qwen2`` / ``qwen3`` rows);
+    ``dtype`` None keeps fp32. Raises what `wrap_pretrained` raises."""
+    directory = Path(directory)
+    model = wrap_pretrained(str(directory), name=directory.name, device=device)
+    if dtype is not None:
+        model.to(dtype=dtype)
+    return model.eval()
 
 
 def wrap_pretrained(path: str, name: str | None = None, mask_token_id: int | None = None,

@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from engine.hf_model import HFBlockConfig, TransformersBackbone, count_parameters
-from engine.model import ModelOutput
+from engine.backbones.base import BlockOutput, Capabilities
 
 FORMATS = {
     "dream": "a Dream checkpoint (DreamModel, Qwen2 weight names), masked diffusion with logit shift "
@@ -154,6 +154,13 @@ class MaskedDiffusionModel(TransformersBackbone):
         self.config = config
         self.model_id = config.name
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """Masked diffusion: no cache (`state` = the committed tokens, recomputed every forward),
+        nothing to observe beyond the logits, forwards priced as full recomputes."""
+        return Capabilities(family="masked_diffusion", memory_modes=("state",), observables=frozenset(),
+                            cost_family="recompute", chat_template=self.chat_format, chat_system=self.chat_system)
+
     def setup_state(self, batch_size: int = 1, memory_mode: str = "state") -> MaskedDiffusionState:
         """An empty history.
 
@@ -165,7 +172,7 @@ class MaskedDiffusionModel(TransformersBackbone):
         return MaskedDiffusionState()
 
     def forward(self, block_ids: torch.Tensor, state: MaskedDiffusionState, commit_ids: torch.Tensor | None = None,
-                block_size: int | None = None, observe: bool = False) -> ModelOutput:
+                block_size: int | None = None, observe: bool = False) -> BlockOutput:
         """One denoising forward: append the finished tokens, then recompute ``[history ++ block ++ tail]``.
 
         Args:
@@ -176,7 +183,7 @@ class MaskedDiffusionModel(TransformersBackbone):
             block_size, observe: accepted for the decoder's protocol; unused.
 
         Returns:
-            `ModelOutput` with logits [1, L, V] fp32 (row j predicts slot j; with the logit
+            `BlockOutput` with logits [1, L, V] fp32 (row j predicts slot j; with the logit
             shift and nothing committed, row 0 -- a prompt token, never masked -- is zeros)
             and ``None`` for expert_union, memory_share and state_norm.
 
@@ -208,7 +215,7 @@ class MaskedDiffusionModel(TransformersBackbone):
         logits = out.logits.float()
         if cfg.logit_shift and P == 0:  # slot 0 is the first prompt token: nothing before it predicts it
             logits = torch.cat([logits.new_zeros(1, 1, logits.shape[-1]), logits], 1)
-        return ModelOutput(logits=logits, expert_union=None)
+        return BlockOutput(logits=logits, expert_union=None)
 
 
 # ------------------------------------------------------------------ loading

@@ -45,6 +45,7 @@ from engine.clover.attention import GatedAttention
 from engine.clover.gdn import GatedDeltaNet
 from engine.clover.moe import SparseMoE
 from engine.clover.ops import GatedRMSNorm, RMSNorm, block_attention, rope
+from engine.backbones.base import OBSERVABLES, Capabilities
 from engine.clover.state import MEMORY_MODES, CloverState, LayerState, ModelOutput, Pass
 from engine.config import CloverConfig
 
@@ -143,6 +144,16 @@ class CloverModel(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Clover: history folded into recurrent state (`state`), plus the last W committed K/V
+        (`state+window`) when the config has an attention window; every forward can report its
+        expert union, the states' norms and the memory unit's share; forwards priced as Clover's;
+        CUDA graphs and the parallel training forward available."""
+        modes = ("state", "state+window") if int(self.config.attention_window or 0) > 0 else ("state",)
+        return Capabilities(family="clover", memory_modes=modes, observables=frozenset(OBSERVABLES),
+                            cost_family="clover", cuda_graphs=True, trains_in_parallel=True)
 
     # ------------------------------------------------------------------ state
     def setup_state(self, batch_size: int = 1, memory_mode: str = "state") -> CloverState:

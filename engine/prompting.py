@@ -1,7 +1,7 @@
 """How a user's prompt becomes the text a model decodes: one rule for every front end.
 
-A chat model (one whose ``chat_format`` is ``"chatml"``: the SmolLM2 adapters,
-``models/smollm2-bd``) was trained on conversations, not on bare text: a plain question
+A chat model (one whose capabilities declare the ``"chatml"`` chat template: the SmolLM2
+adapters, ``models/smollm2-bd``) was trained on conversations, not on bare text: a plain question
 decoded as is reads to it as the middle of a document, and it writes end-of-text or
 noise. Such a prompt is wrapped in the model's chat template -- a system turn, the
 question as one user turn, and the assistant header the answer starts after. A prompt
@@ -25,20 +25,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.backbones.base import capabilities_of
+
 CHATML = "chatml"
 CHAT_TURN_START = "<|im_start|>"
 
 
 def chat_template_of(model: Any) -> str | None:
-    """The chat template a model decodes in (``"chatml"``), or None for a model without one.
-
-    Read from the model's ``chat_format`` attribute (set by `engine.hf_adapter` when it loads
-    an adapter over a chat base); a decoder-like object is looked through to its ``.model``.
-    """
-    fmt = getattr(model, "chat_format", None)
-    if fmt is None and getattr(model, "model", None) is not None and model.model is not model:
-        fmt = getattr(model.model, "chat_format", None)
-    return fmt if fmt == CHATML else None
+    """The chat template a model decodes in (``"chatml"``), or None for a model without one: what its
+    `engine.backbones.base.Capabilities` declare (a decoder-like object answers for its ``.model``)."""
+    template = capabilities_of(model).chat_template
+    return template if template == CHATML else None
 
 
 def in_chat_layout(text: str) -> bool:
@@ -85,8 +82,8 @@ def model_input(prompt: str, model: Any, raw: bool = False) -> ModelInput:
     Args:
         prompt: the user's text (a question, an instruction, a conversation in chat layout,
             or text to continue).
-        model: the model (or a decoder holding it as ``.model``); its chat template is
-            `chat_template_of` it, its default system turn its ``chat_system`` attribute.
+        model: the model (or a decoder holding it as ``.model``); its chat template and default
+            system turn are what its capabilities declare (`engine.backbones.base.Capabilities`).
         raw: decode the prompt as given even for a chat model (the CLI's ``--raw-prompt``).
 
     Returns:
@@ -107,9 +104,7 @@ def model_input(prompt: str, model: Any, raw: bool = False) -> ModelInput:
     if in_chat_layout(prompt):
         return ModelInput(prompt, prompt, None,
                           "decoded as given: the prompt is already a conversation in chat layout (<|im_start|>)")
-    system = getattr(model, "chat_system", None)
-    if system is None and getattr(model, "model", None) is not None:
-        system = getattr(model.model, "chat_system", None)
+    system = capabilities_of(model).chat_system
     return ModelInput(prompt, chatml_prompt(prompt, system), template,
                       "wrapped in the model's chat template (ChatML: system turn, your text as the user turn, "
                       "assistant header)")

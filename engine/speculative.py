@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine.backbones.base import capabilities_of
 from engine.model import MEMORY_MODES
 
 VERIFIERS = ("sequential", "parallel")
@@ -200,8 +201,9 @@ class SpeculativeDecoder:
         self.config = config or SpeculativeConfig()
         if not isinstance(self.config, SpeculativeConfig):
             raise TypeError(f"config must be a SpeculativeConfig, got {type(self.config).__name__}")
-        if self.config.verifier == "parallel" and not hasattr(model, "forward_train"):
-            raise TypeError("the parallel verifier needs a CloverModel (forward_train); use verifier='sequential'")
+        if self.config.verifier == "parallel" and not capabilities_of(model).trains_in_parallel:
+            raise TypeError("the parallel verifier needs a backbone with a parallel training forward (forward_train: "
+                            "CloverModel); use verifier='sequential'")
         # the decoder checks the model, encodes prompts and knows the ids that are never candidates
         self._dec = BlockDecoder(model, tokenizer)
         self.model, self.tokenizer = self._dec.model, tokenizer

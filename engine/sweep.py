@@ -187,7 +187,9 @@ def load_sweep_model(spec: str):
     if not Path(spec).is_dir():
         raise ValueError(f"model {spec!r}: no checkpoint directory there (or use 'random:clover-test')")
     model = load_model(spec)
-    if getattr(getattr(model, "info", None), "revisable", False):
+    from engine.backbones.base import capabilities_of
+
+    if capabilities_of(model).revises_commits:
         raise ValueError(f"model {spec!r}: a revisable sampler (DiffusionGemma) has its own generate; "
                          "sweeps drive engine.decoder.BlockDecoder")
     return model, load_tokenizer(spec)

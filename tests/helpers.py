@@ -46,6 +46,7 @@ class ReferenceDriven(torch.nn.Module):
         self.max_diff = 0.0
 
     device = property(lambda self: self.inner.device)
+    capabilities = property(lambda self: self.inner.capabilities)
     dtype = property(lambda self: self.inner.dtype)
 
     def setup_state(self, batch_size=1, memory_mode="state"):

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.backbones.base import BlockOutput
+
 MEMORY_MODES = ("state", "state+window")
 PASS_KINDS = ("decode", "prefill", "reference", "train")
 
@@ -122,18 +124,4 @@ class Pass:
             self.state_norm.append(torch.linalg.vector_norm(S.detach()))  # = S.norm(), without its wrapper
 
 
-@dataclass
-class ModelOutput:
-    """Result of one forward.
-
-    Attributes:
-        logits: [B, L, vocab] fp32 logits of the block slots.
-        expert_union: [N] int64 distinct routed experts over all T tokens, per layer.
-        memory_share: [N, B, L] fp32 memory-unit softmax mass (head mean), or None.
-        state_norm: [N] fp32 Frobenius norm of each layer's state after the commit, or None.
-    """
-
-    logits: torch.Tensor
-    expert_union: torch.Tensor
-    memory_share: torch.Tensor | None = None
-    state_norm: torch.Tensor | None = None
+ModelOutput = BlockOutput  # Clover's name for the block output type (engine.backbones.base)

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.backbones.base import capabilities_of
+
 
 MAX_PREFIX = 8192  # committed tokens before the timed forwards, at most (memory and time of the set-up)
 PREFIX_CHUNK = 256  # the prefix is committed this many tokens per forward (attention memory stays small)
@@ -87,7 +89,11 @@ class BreakEven:
 
 
 def _supports_protocol(model) -> bool:
-    return callable(getattr(model, "setup_state", None)) and callable(getattr(model, "forward", None))
+    """A backbone the block decoder drives: it declares capabilities and keeps accept-once commits."""
+    try:
+        return not capabilities_of(model).revises_commits
+    except TypeError:
+        return False
 
 
 def _sync(device) -> None:

@@ -428,7 +428,19 @@ def test_a_block_past_the_adapters_training_is_noted_in_the_done_line():
 
     assert past_training_note(64, 32) == " · block 64 is past the model's training (blocks <= 32): expect worse text"
     assert past_training_note(32, 32) == "" and past_training_note(64, None) == ""
-    s = ExplorerState(loader=lambda spec: load_model_cached(resolve_model("clover-test")),
+    import dataclasses
+
+    from engine.model import CloverModel
+
+    class Trained32(CloverModel):  # clover-test declaring what smollm2-bd declares: blocks <= 32
+        @property
+        def capabilities(self):
+            return super().capabilities.replace(largest_trained_block=32)
+
+    base = load_model_cached(resolve_model("clover-test"))
+    model = Trained32(base.model.config)
+    model.load_state_dict(base.model.state_dict())
+    s = ExplorerState(loader=lambda spec: dataclasses.replace(base, model=model.eval()),
                       model_dir="models/smollm2-bd", prompt="Hi", max_new_tokens=4, block_size=64)
     try:
         for block, noted in ((64, True), (32, False)):

@@ -13,20 +13,27 @@ from clover_viz.examples import (
     examples_for,
 )
 from clover_viz.models import LoadedModel
+from engine.backbones.base import Capabilities
 from clover_viz.state import ExplorerState
 
 
+class _TinyChat:
+    """A stand-in chat model: a config and the capabilities it declares (a chat template)."""
+
+    config = SimpleNamespace(name="tiny-chat")
+    capabilities = Capabilities(family="causal_lm", chat_template="chatml")
+
+
 def _chat_model():
-    cfg = SimpleNamespace(name="tiny-chat", backbone="transformers", attention_window=0)
-    return LoadedModel.in_memory(SimpleNamespace(config=cfg), None, label="tiny chat model")
+    return LoadedModel.in_memory(_TinyChat(), None, label="tiny chat model")
 
 
 def test_chat_models_get_chatml_questions():
-    examples, default = examples_for(_chat_model().config)
+    examples, default = examples_for(_chat_model().capabilities)
     assert examples is CHAT_EXAMPLE_PROMPTS and default == DEFAULT_CHAT_EXAMPLE
     for text in examples.values():
         assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
-    assert examples_for(SimpleNamespace(name="clover-tiny"))[0] is EXAMPLE_PROMPTS
+    assert examples_for(Capabilities(family="clover"))[0] is EXAMPLE_PROMPTS
 
 
 def test_switching_to_a_chat_model_switches_examples_but_keeps_a_typed_prompt():

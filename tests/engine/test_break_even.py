@@ -31,6 +31,7 @@ class _Counting(torch.nn.Module):
         super().__init__()
         self.inner, self.calls = model, []
         self.config, self.device = model.config, model.device
+        self.capabilities = model.capabilities
 
     def setup_state(self, *a, **k):
         return self.inner.setup_state(*a, **k)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.backbones.base import Capabilities
 from engine.compiled import compile_layers, compiler_available
 
 
@@ -16,6 +17,7 @@ def test_refuses_a_model_without_clover_layers():
 def test_refuses_a_model_off_the_cpu():
     class OnMeta:  # what compile_layers reads of a Clover model, on another device
         layers, device = [object()], torch.device("meta")
+        capabilities = Capabilities(family="clover")
 
         def setup_state(self):
             pass

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from engine.backbones.base import Capabilities
 from engine.config import CloverConfig
 from engine.decoder import BlockDecoder, DecodeConfig
 from engine.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
@@ -34,6 +35,7 @@ class ScriptedModel(torch.nn.Module):
     def __init__(self, script, mask_logit=-1e9):
         super().__init__()
         self.config = CFG
+        self.capabilities = Capabilities(family="scripted", cost_family="clover")
         self.script = script
         self.mask_logit = mask_logit
         self.calls = []

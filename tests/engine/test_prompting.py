@@ -2,9 +2,9 @@
 front end: the explorer's session state (the Panel app and the notebook `Explorer`), the CLI,
 `engine.sweep` and `engine.eval` (through `engine.experiments.decode_task`).
 
-A chat model is stood in for by the random ``clover-test`` with ``chat_format = "chatml"``: its
-byte tokenizer knows the ChatML special tokens, so the exact ids of the wrapped prompt can be
-checked, in seconds.
+A chat model is stood in for by the random ``clover-test`` declaring the ChatML template in its
+capabilities: its byte tokenizer knows the ChatML special tokens, so the exact ids of the wrapped
+prompt can be checked, in seconds.
 
 Run: .venv/bin/python -m pytest tests/engine/test_prompting.py -q
 """
@@ -15,7 +15,8 @@ import types
 
 import pytest
 
-from engine.model import random_model
+from engine.backbones.base import Capabilities
+from engine.model import CloverModel, random_model
 from engine.prompting import chatml_prompt, in_chat_layout, model_input
 from engine.tokenizer import byte_tokenizer
 
@@ -23,17 +24,36 @@ SYSTEM = "You are a test assistant"
 QUESTION = "What is the boiling point of water in Celsius?"
 
 
+class _ChatClover(CloverModel):
+    """clover-test declaring a chat template (what an adapter over a chat base declares)."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return super().capabilities.replace(chat_template="chatml", chat_system=SYSTEM)
+
+
+class _Declares:
+    """A stand-in that only declares capabilities (what `model_input` reads)."""
+
+    def __init__(self, caps: Capabilities):
+        self._caps = caps
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._caps
+
+
 @pytest.fixture(scope="module")
 def chat_model():
-    m = random_model("clover-test", seed=3, weight_scale=15.0)
-    m.chat_format = "chatml"
-    m.chat_system = SYSTEM
-    return m
+    src = random_model("clover-test", seed=3, weight_scale=15.0)
+    m = _ChatClover(src.config)
+    m.load_state_dict(src.state_dict())
+    return m.eval()
 
 
 def test_the_rule():
-    chat = types.SimpleNamespace(chat_format="chatml", chat_system=SYSTEM)
-    plain = types.SimpleNamespace()
+    chat = _Declares(Capabilities(family="causal_lm", chat_template="chatml", chat_system=SYSTEM))
+    plain = _Declares(Capabilities(family="clover"))
     wrapped = model_input(QUESTION, chat)
     assert wrapped.wrapped and wrapped.template == "chatml" and wrapped.prompt == QUESTION
     assert wrapped.text == (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{QUESTION}<|im_end|>\n"
@@ -49,12 +69,14 @@ def test_the_rule():
     assert model_input(QUESTION, types.SimpleNamespace(model=chat)).text == wrapped.text
     with pytest.raises(TypeError, match="must be text"):
         model_input([1, 2], chat)
+    with pytest.raises(TypeError, match="declares no capabilities"):
+        model_input(QUESTION, types.SimpleNamespace(chat_format="chatml"))  # never sniffed
 
 
 def test_the_adapter_template_is_the_same_text():
     from engine.hf_adapter import SMOLLM2_SYSTEM, chat_prompt
 
-    chat = types.SimpleNamespace(chat_format="chatml", chat_system=SMOLLM2_SYSTEM)
+    chat = _Declares(Capabilities(family="causal_lm", chat_template="chatml", chat_system=SMOLLM2_SYSTEM))
     assert chat_prompt(QUESTION) == model_input(QUESTION, chat).text
 
 

@@ -150,7 +150,7 @@ def test_cli_notes_a_chatml_prompt_a_block_past_training_and_stays_quiet(capsys)
     assert generate.main(["--model", "models/smollm2-bd", "--prompt", prompt, "--block-size", "64",
                           "--max-new-tokens", "2", "--threads", "1"]) == 0
     out, err = capsys.readouterr()
-    assert "note: the prompt is already ChatML" in err
+    assert "note: decoded as given: the prompt is already a conversation in chat layout" in err
     assert "note: block_size 64 is larger than any block smollm2-bd was trained on (at most 32)" in err
     assert "Loading weights" not in err and "FutureWarning" not in err and "Traceback" not in err
     assert "memory_mode=state (default: smollm2-bd keeps its history in a KV cache" in out

@@ -13,6 +13,7 @@ import pytest
 import torch
 from helpers import CFG_CONV, loud_model
 
+from engine.backbones.base import Capabilities
 from engine.config import CloverConfig
 from engine.decoder import BlockDecoder, DecodeConfig
 from engine.model import CloverModel, ModelOutput
@@ -34,6 +35,7 @@ class PositionScript(torch.nn.Module):
     def __init__(self, truth: dict[int, int], draft):
         super().__init__()
         self.config, self.truth, self.draft, self.calls = CFG, truth, draft, []
+        self.capabilities = Capabilities(family="scripted", cost_family="clover")
         self._p = torch.nn.Parameter(torch.zeros(1))
         self._real = CloverModel(CFG)
 
