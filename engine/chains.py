@@ -144,7 +144,7 @@ def decode_chain(model, tokenizer, conversation, settings: Mapping[str, object],
         ValueError: no settings, settings that differ in block_size or memory_mode, or prompts
             that do not extend each other (`chain_prompts`).
     """
-    from engine.decoder import BlockDecoder, _Selector, split_prompt
+    from engine.decoder import BlockDecoder, SlotSelector, split_prompt
 
     if not settings:
         raise ValueError("decode_chain needs at least one setting")
@@ -175,7 +175,7 @@ def decode_chain(model, tokenizer, conversation, settings: Mapping[str, object],
                 continue
             shared: dict = {}  # (answer so far, block) -> (logits, state after the forward or None)
             for name, dc in settings.items():
-                select = _Selector(dc, mcfg, never)
+                select = SlotSelector(dc, mcfg, never)
                 out[name].append(_decode_round(model, tokenizer, copy.deepcopy(state), committed, head, len(ids), dc,
                                                select, name, i, conversation.calls[i], shared))
             if progress is not None:
@@ -187,7 +187,7 @@ def _decode_round(model, tokenizer, state, committed, head, P, dc, select, name,
     """`BlockDecoder.generate`'s block loop from a state that already holds `committed`; forwards
     found in `shared` (this round's earlier settings) are reused, new ones added to it."""
     from engine.data.agent import score_call
-    from engine.decoder import _Block, finished_tokens
+    from engine.decoder import BlockSlots, finished_tokens
 
     cfg = model.config
     budget = min(dc.max_new_tokens, cfg.max_position_embeddings - P)
@@ -200,7 +200,7 @@ def _decode_round(model, tokenizer, state, committed, head, P, dc, select, name,
     hit_eos = False
     while budget > 0:
         n_gen = min(dc.block_size - len(head), budget)
-        blk = _Block(block_index, len(seq), head, n_gen, cfg.mask_token_id, model.device)
+        blk = BlockSlots(block_index, len(seq), head, n_gen, cfg.mask_token_id, model.device)
         while bool(blk.masked.any()):
             key = (tuple(seq[n0:]), tuple(blk.ids[0].tolist()))
             if key in shared:  # the same inputs as an earlier setting's forward: the same outputs

@@ -399,7 +399,7 @@ class BlockDecoder(HookRegistry):
 
         state = self.model.setup_state(1, dc.memory_mode)
         meter = CostMeter(cfg, self.model.dtype.itemsize, dc.memory_mode, state.window, block_size) if observers else None
-        select = _Selector(dc, cfg, self._undecodable(cfg.vocab_size, cfg.eos_token_id).to(self.model.device))
+        select = SlotSelector(dc, cfg, self._undecodable(cfg.vocab_size, cfg.eos_token_id).to(self.model.device))
         committed, head = split_prompt(ids, block_size)
         commit = torch.tensor([committed], device=self.model.device) if committed else None
         seq = list(committed)  # every token of finished blocks (for the processors)
@@ -411,7 +411,7 @@ class BlockDecoder(HookRegistry):
         t_start = time.perf_counter()
         while budget > 0:
             n_gen = min(block_size - len(head), budget)
-            blk = _Block(block_index, len(seq), head, n_gen, cfg.mask_token_id, self.model.device)
+            blk = BlockSlots(block_index, len(seq), head, n_gen, cfg.mask_token_id, self.model.device)
             if observers:
                 t_obs = time.perf_counter()
                 emit(BlockStart(block_index, blk.pos0, block_size, blk.L, blk.prefilled.cpu().numpy().copy(),
@@ -492,7 +492,7 @@ class BlockDecoder(HookRegistry):
                            "capabilities": self.capabilities.to_dict()})
 
     @staticmethod
-    def _step_event(blk: "_Block", st: "_Step", out, n_fwd: int, wall_s: float, top_k: int, cost) -> StepEvent:
+    def _step_event(blk: "BlockSlots", st: "StepDecision", out, n_fwd: int, wall_s: float, top_k: int, cost) -> StepEvent:
         """Copy one iteration's tensors to the host (only called when a hook is registered)."""
         # three host copies (masks, ids, fp32 values): each torch op costs microseconds on the CPU and
         # each copy a sync on a GPU, so the [L] vectors and the top-K columns travel together
@@ -564,8 +564,15 @@ def finished_tokens(gen_part: list[int], eos_id: int, mask_id: int, cancelled: b
     return gen_part, False
 
 
-class _Block:
-    """The block being denoised: its ids (filled in place), which slots are prompt, which masked."""
+class BlockSlots:
+    """The block being denoised (the public step's state; `engine.chains` drives it too).
+
+    Attributes:
+        index: block index; pos0: absolute position of slot 0; step: iterations run so far.
+        L: slots (prompt head + generation slots).
+        ids: [1, L] int64 token ids, MASK where undecided, filled in place by `SlotSelector.step`.
+        prefilled: [L] bool, slots holding prompt tokens; masked: [L] bool, slots still MASK.
+    """
 
     def __init__(self, index: int, pos0: int, head: list[int], n_gen: int, mask_id: int, device):
         self.index, self.pos0, self.step = index, pos0, 0
@@ -577,8 +584,10 @@ class _Block:
 
 
 @dataclass
-class _Step:
-    """What one denoising step decided, per slot ([L] tensors)."""
+class StepDecision:
+    """What one denoising step decided, per slot ([L] tensors; ``probs`` [L, V] fp32): the slots
+    masked before it, each slot's confidence and top candidate, which slots were accepted, forced,
+    or filled with EOS after an EOS, and the processors that fired."""
 
     masked_before: torch.Tensor
     conf: torch.Tensor
@@ -591,9 +600,15 @@ class _Step:
     n_forced: int = 0  # forced.sum(), known on the host without reading the tensor
 
 
-class _Selector:
-    """Rules 2-7 of the module docstring for one decode: processors, candidates, the policy,
-    the forced fill, the EOS fill. `step` writes the block in place."""
+class SlotSelector:
+    """The public decoding step: rules 2-7 of the module docstring for one decode (processors,
+    candidates, the policy, the forced fill, the EOS fill). `step` takes a forward's logits and
+    writes a `BlockSlots` in place; the decoder's loop and `engine.chains` both call it.
+
+    Args:
+        dc: the decode's `DecodeConfig`; cfg: the model config (``mask_token_id``, ``eos_token_id``);
+        undecodable: [V] bool, ids that are never candidates (besides MASK).
+    """
 
     def __init__(self, dc: DecodeConfig, cfg, undecodable: torch.Tensor):
         self.dc, self.mask_id, self.eos_id = dc, cfg.mask_token_id, cfg.eos_token_id
@@ -606,7 +621,7 @@ class _Selector:
         self.never = undecodable.clone()  # [V] ids that are never candidates: MASK, ids without a token
         self.never[self.mask_id] = True
 
-    def step(self, logits: torch.Tensor, blk: _Block, seq: list[int], prompt_len: int, last_step: bool) -> _Step:
+    def step(self, logits: torch.Tensor, blk: BlockSlots, seq: list[int], prompt_len: int, last_step: bool) -> StepDecision:
         """One iteration's decisions from the forward's logits [L, V]; writes `blk` in place.
 
         Args:
@@ -643,4 +658,4 @@ class _Selector:
             eos_filled = blk.masked & (torch.arange(blk.L, device=blk.ids.device) > first)
             blk.ids[0] = torch.where(eos_filled, torch.full_like(cand, self.eos_id), blk.ids[0])
             blk.masked = blk.masked & ~eos_filled
-        return _Step(masked, conf, cand, probs, accepted, forced, eos_filled, firings, n_forced)
+        return StepDecision(masked, conf, cand, probs, accepted, forced, eos_filled, firings, n_forced)
