@@ -398,7 +398,8 @@ class BlockDecoder(HookRegistry):
                 fn(ev)
 
         state = self.model.setup_state(1, dc.memory_mode)
-        meter = CostMeter(cfg, self.model.dtype.itemsize, dc.memory_mode, state.window, block_size) if observers else None
+        meter = (CostMeter(cfg, self.model.dtype.itemsize, dc.memory_mode, state.window, block_size, self.capabilities)
+                 if observers else None)
         select = SlotSelector(dc, cfg, self._undecodable(cfg.vocab_size, cfg.eos_token_id).to(self.model.device))
         committed, head = split_prompt(ids, block_size)
         commit = torch.tensor([committed], device=self.model.device) if committed else None

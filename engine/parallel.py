@@ -46,36 +46,19 @@ import datetime
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from engine.cost.formulas import param_counts
+from engine.cost.projection import project_parallel
+from engine.parallel_syntax import parse_parallel  # re-exported: engine.generate reads --parallel here
+
+__all__ = ["DEFAULT_TIMEOUT_S", "ExpertShard", "init_distributed", "parse_parallel", "rank_bytes_read",
+           "reset_shards", "shard_experts", "shard_heads"]
+
 DEFAULT_TIMEOUT_S = 60.0
 """Seconds a collective may wait for the other ranks before failing (a dead rank ends the run)."""
-
-
-def parse_parallel(text: str) -> dict[str, int]:
-    """``"ep=2"`` -> ``{"ep": 2}``; ``"tp=2"`` -> ``{"tp": 2}``; ``"ep=2,tp=2"`` -> ``{"ep": 2, "tp": 2}``.
-
-    ep = expert parallel (`shard_experts`), tp = tensor parallel (`shard_heads`). Both split over the
-    same ranks, so each given value must equal the world size (checked by the caller).
-
-    Raises:
-        ValueError: not ``ep=N`` and/or ``tp=M`` with ints >= 1, or a key given twice.
-    """
-    usage = f"--parallel expects ep=N and/or tp=M with N, M >= 1 (e.g. ep=2, tp=2, ep=2,tp=2), got {text!r}"
-    out: dict[str, int] = {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        key, eq, val = part.partition("=")
-        try:
-            n = int(val) if eq else 0
-        except ValueError:
-            n = 0
-        if key not in ("ep", "tp") or n < 1 or key in out:
-            raise ValueError(usage)
-        out[key] = n
-    if not out:
-        raise ValueError(usage)
-    return out
 
 
 def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = None) -> tuple[int, int, str]:
@@ -213,10 +196,6 @@ def _head_split_saving(model: torch.nn.Module, result, tp: int) -> float:
     Raises:
         ValueError: the trace's forwards do not add up to the decode's ``bytes_read`` (relative 1e-9).
     """
-    import numpy as np
-
-    from engine.cost.projection import project_parallel
-
     trace, cfg = result.trace, model.config
     if trace is None:
         raise ValueError("rank_bytes_read under tensor parallel needs the decode's trace (record_trace=True)")
@@ -267,7 +246,6 @@ def rank_bytes_read(model: torch.nn.Module, result, group=None) -> dict:
         ValueError: `result` has no ``bytes_read`` (decoded without observers), the shards recorded
             fewer calls than forwards, or the model is not split.
     """
-    from engine.cost.formulas import param_counts
 
     if result.bytes_read is None:
         raise ValueError("rank_bytes_read needs a decode with record_trace=True (or a hook): bytes_read is None")

@@ -7,8 +7,12 @@ docs/architecture.md §7.
 
 Modules::
 
-    engine.cost.formulas    forward_cost, parameter counts, expert-union arithmetic (Clover)
-    engine.cost.dense       dense_forward_cost (a transformer with a KV cache)
+    engine.cost.components  ForwardCost and its component names (what every family's formulas build)
+    engine.cost.formulas    forward_cost (formulas picked by the model's cost family, `cost_family`),
+                            parameter counts, expert-union arithmetic (Clover)
+    engine.cost.dense       dense_forward_cost (a transformer with a KV cache), recompute_forward_cost
+                            (masked diffusion, no cache)
+    engine.cost.meter       CostMeter: a decode's forwards priced as the decoder reports them
     engine.cost.devices     Device table (datasheets), this machine measured, roofline
     engine.cost.projection  recorded runs projected onto a device and a target model; one forward
                             split over GPUs (project_parallel, ``--parallel ep=N[,tp=N]``)
@@ -27,9 +31,9 @@ from engine.cost.devices import (DEFAULT_DEVICE, DEVICES, Device, get_device, me
                                  roofline_time_s)
 from engine.cost.formulas import (COMPONENTS, DENSE_COMPONENTS, DENSE_WEIGHT_COMPONENTS, MEMORY_MODES,
                                   NORM_FLOPS_PER_ELEMENT, STATE_BYTES, UNION_ASSUMPTIONS, WEIGHT_COMPONENTS,
-                                  ForwardCost, active_params_per_token, ar_step_cost, expected_union,
-                                  forced_fill_probability, forced_fill_table, forward_cost, is_dense,
-                                  param_counts, union_for_bytes_ratio)
+                                  ForwardCost, active_params_per_token, ar_step_cost, cost_family, expected_union,
+                                  forced_fill_probability, forced_fill_table, forward_cost, param_counts,
+                                  union_for_bytes_ratio)
 from engine.cost.per_step import (WEIGHT_DTYPES, ProjectedForwards, ar_break_even_tokens_per_forward,
                                   ar_tokens_per_s, attainable_flops_per_s, bytes_per_written_token, dtype_name,
                                   project_forwards_roofline, recorded_weight_bytes, roofline_point,
@@ -47,7 +51,7 @@ __all__ = [
     "DecodePhase", "ProjectedForwards", "Projection", "TraceProjection", "active_params_per_token", "ar_step_cost",
     "ar_tokens_per_s", "attainable_flops_per_s", "bytes_per_written_token", "dense_forward_cost",
     "dense_param_counts", "expected_union", "forced_fill_probability", "forced_fill_table", "format_breakdown",
-    "format_devices", "format_forward_report", "format_si", "forward_cost", "get_device", "is_dense", "main",
+    "format_devices", "format_forward_report", "format_si", "forward_cost", "get_device", "cost_family", "main",
     "measure_this_machine", "param_counts", "project_forwards", "project_forwards_roofline",
     "project_tokens_per_s", "project_trace", "prompt_forward_mask", "ridge_point", "roofline_point", "roofline_time_s",
     "running_tokens_per_s", "target_union", "union_for_bytes_ratio",

@@ -1,5 +1,8 @@
-"""Bytes read and FLOPs of one forward of a dense transformer with a KV cache (Llama, Qwen2,
-Qwen3 adapted to block diffusion by `engine.hf_model`; docs/architecture.md §4 and §7).
+"""Bytes read and FLOPs of one forward of a dense transformer: the ``kv_cache`` cost family
+(`dense_forward_cost`: Llama, Qwen2, Qwen3 adapted to block diffusion by `engine.hf_model`;
+docs/architecture.md §4 and §7) and the ``recompute`` family (`recompute_forward_cost`: masked
+diffusion without a cache, `engine.masked_diffusion`). `engine.cost.formulas.forward_cost` picks
+between them and Clover's formulas by the model's cost family.
 """
 
 from __future__ import annotations
@@ -7,7 +10,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.cost.formulas import DENSE_COMPONENTS, NORM_FLOPS_PER_ELEMENT, ForwardCost, check_token_counts
+from engine.cost.components import DENSE_COMPONENTS, NORM_FLOPS_PER_ELEMENT, ForwardCost, check_token_counts
+
+
+def _field_getter(config: Any):
+    """``g(name)`` -> the config's field (a mapping's key or an attribute).
+
+    Raises (from ``g``):
+        TypeError: a config without the dense transformer's dimensions (no formula prices it).
+    """
+    def g(name: str) -> Any:
+        try:
+            return config[name] if isinstance(config, Mapping) else getattr(config, name)
+        except (KeyError, AttributeError):
+            raise TypeError(f"a dense transformer's forward is priced from its config's {name!r}, which "
+                            f"this {type(config).__name__} has not") from None
+    return g
+
 
 def dense_param_counts(config: Any) -> dict[str, int]:
     """Per-layer and model-wide parameter counts of a Llama / Qwen2 / Qwen3-style dense transformer.
@@ -17,7 +36,7 @@ def dense_param_counts(config: Any) -> dict[str, int]:
     layer), ``norms`` (all RMSNorm weights), ``embedding`` and ``lm_head``
     (V x H each; a tied head is the same tensor, still read for the logits).
     """
-    g = (lambda k: config[k]) if isinstance(config, Mapping) else (lambda k: getattr(config, k))
+    g = _field_getter(config)
     H, I, N = g("hidden_size"), g("intermediate_size"), g("num_hidden_layers")
     Hq, Hkv, hd, V = g("num_attention_heads"), g("num_key_value_heads"), g("head_dim"), g("vocab_size")
     return {
@@ -61,7 +80,7 @@ def dense_forward_cost(
     T, C, L = check_token_counts(n_tokens, n_commit_tokens, block_len)
     if context_len < 0:
         raise ValueError(f"context_len must be >= 0, got {context_len}")
-    g = (lambda k: config[k]) if isinstance(config, Mapping) else (lambda k: getattr(config, k))
+    g = _field_getter(config)
     H, N, V = g("hidden_size"), g("num_hidden_layers"), g("vocab_size")
     Hq, Hkv, hd = g("num_attention_heads"), g("num_key_value_heads"), g("head_dim")
     c = dense_param_counts(config)

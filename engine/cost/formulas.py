@@ -82,42 +82,48 @@ lower -- which is what the measured union shows.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from engine.backbones.base import COST_FAMILIES, Capabilities, cost_family_of
 from engine.config import CloverConfig
-from engine.cost.devices import Device, roofline_time_s
+from engine.cost.components import (COMPONENTS, DENSE_COMPONENTS, DENSE_WEIGHT_COMPONENTS, NORM_FLOPS_PER_ELEMENT,
+                                    WEIGHT_COMPONENTS, ForwardCost, check_token_counts)
+from engine.cost.dense import dense_forward_cost, recompute_forward_cost
 
-# Component keys, in display order. The first eight are weights.
-WEIGHT_COMPONENTS = (
-    "embedding",
-    "gdn_mixers",
-    "attention_mixers",
-    "norms",
-    "routers",
-    "shared_experts",
-    "routed_experts",
-    "lm_head",
-)
-COMPONENTS = WEIGHT_COMPONENTS + ("state_read", "state_write", "window_kv", "block_attention")
+__all__ = [  # the names of `engine.cost.components` stay importable from here, where they were defined
+    "COMPONENTS", "COST_FAMILIES", "DENSE_COMPONENTS", "DENSE_WEIGHT_COMPONENTS", "MEMORY_MODES",
+    "NORM_FLOPS_PER_ELEMENT", "STATE_BYTES", "UNION_ASSUMPTIONS", "WEIGHT_COMPONENTS", "ForwardCost",
+    "active_params_per_token", "ar_step_cost", "check_token_counts", "cost_family", "expected_union",
+    "forced_fill_probability", "forced_fill_table", "forward_cost", "param_counts", "union_for_bytes_ratio",
+]
+
 MEMORY_MODES = ("state", "state+window")
 UNION_ASSUMPTIONS = ("measured_fraction", "measured_vs_independent", "independent")
 
 STATE_BYTES = 4  # recurrent states S are fp32 (docs/architecture.md §3)
-NORM_FLOPS_PER_ELEMENT = 4  # square, sum, scale, weight
-
-# A transformers causal LM adapted to block diffusion (`engine.hf_model`): history in a KV cache.
-DENSE_WEIGHT_COMPONENTS = ("embedding", "attention_mixers", "mlp", "norms", "lm_head")
-DENSE_COMPONENTS = DENSE_WEIGHT_COMPONENTS + ("kv_cache_read", "kv_cache_write", "attention")
 
 
-def is_dense(config: Any) -> bool:
-    """True for the config of a dense transformers backbone (``backbone == "transformers"``)."""
+def cost_family(config: Any, capabilities: Capabilities | Mapping[str, Any] | None = None) -> str:
+    """Which formulas price ``config``'s forwards: one of `COST_FAMILIES`.
+
+    From the backbone's capabilities when given (a `Capabilities`, or its record
+    ``trace.meta["capabilities"]``), else from the model config's own fields, as
+    `engine.backbones.base.cost_family_of` reads a trace recorded before capabilities existed.
+    ``config`` is a config object, its ``to_dict()``, or a Clover preset name / JSON (``clover``).
+    """
+    record = capabilities.to_dict() if isinstance(capabilities, Capabilities) else capabilities
     if isinstance(config, Mapping):
-        return config.get("backbone") == "transformers"
-    return getattr(config, "backbone", None) == "transformers"
+        fields: Mapping[str, Any] | None = config
+    elif isinstance(config, str):
+        fields = None  # a preset name or a config.json: a Clover config
+    else:
+        try:
+            fields = vars(config)  # a dataclass config's fields, without copying them (priced per forward)
+        except TypeError:  # no __dict__ (slots)
+            fields = config.to_dict() if callable(getattr(config, "to_dict", None)) else None
+    return cost_family_of(record, fields)
 
 
 def _as_config(config: CloverConfig | str) -> CloverConfig:
@@ -217,45 +223,6 @@ def active_params_per_token(config: CloverConfig | str) -> int:
 
 
 # ----------------------------------------------------------------------- forward cost
-@dataclass(frozen=True)
-class ForwardCost:
-    """Bytes read and FLOPs of one forward, with the breakdown behind them.
-
-    Attributes:
-        bytes_read: total bytes read from and written to device memory
-            (weights, embedding rows, state read/write, window K/V).
-        flops: total floating-point operations (a multiply-add = 2).
-        arithmetic_intensity: ``flops / bytes_read`` (FLOP per byte).
-        bytes_by_component, flops_by_component: one entry per key of
-            `COMPONENTS` (zeros included, so tables line up).
-        n_tokens, n_commit_tokens, block_len: the forward's T, C and L.
-        mean_expert_union: the expert union averaged over MoE layers.
-    """
-
-    bytes_read: float
-    flops: float
-    arithmetic_intensity: float
-    bytes_by_component: dict[str, float]
-    flops_by_component: dict[str, float]
-    n_tokens: int = 0
-    n_commit_tokens: int = 0
-    block_len: int = 0
-    mean_expert_union: float = 0.0
-
-    @property
-    def weights_bytes_read(self) -> float:
-        """Bytes of weights alone (the weights-only accounting of write-ups): the `WEIGHT_COMPONENTS` (and a dense model's ``mlp``)."""
-        return float(sum(v for k, v in self.bytes_by_component.items()
-                         if k in WEIGHT_COMPONENTS or k in DENSE_WEIGHT_COMPONENTS))
-
-    def roofline_time_s(self, device: "Device | str") -> float:
-        """`roofline_time_s` of this forward on ``device``."""
-        return roofline_time_s(self.bytes_read, self.flops, device)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def _union_per_layer(config: CloverConfig, expert_union: Any, n_tokens: int) -> np.ndarray:
     N, E, k = config.num_hidden_layers, config.num_experts, config.num_experts_per_tok
     if isinstance(expert_union, (int, float, np.integer, np.floating)):
@@ -291,26 +258,6 @@ def _segment_lengths(n_commit: int, commit_block_len: int, block_len: int) -> li
     return segs + ([block_len] if block_len else [])
 
 
-def check_token_counts(n_tokens: int, n_commit_tokens: int, block_len: int | None) -> tuple[int, int, int]:
-    """(T, C, L) of a forward: T tokens in all, C of them committed, L block slots (default T - C).
-
-    Raises:
-        ValueError: T < 1, C outside [0, T], or C + L != T.
-    """
-    T, C = int(n_tokens), int(n_commit_tokens)
-    if T < 1:
-        raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
-    if not 0 <= C <= T:
-        raise ValueError(f"n_commit_tokens must be in [0, n_tokens={T}], got {n_commit_tokens}")
-    L = T - C if block_len is None else int(block_len)
-    if L < 0 or C + L != T:
-        raise ValueError(
-            f"n_commit_tokens ({C}) + block_len ({block_len}) must equal n_tokens ({T}); "
-            "n_tokens counts the committed tokens and the block slots together"
-        )
-    return T, C, L
-
-
 def forward_cost(
     config: CloverConfig | str,
     n_tokens: int,
@@ -326,11 +273,17 @@ def forward_cost(
     state_bytes: float = STATE_BYTES,
     include_state: bool = True,
     context_len: int = 0,
+    capabilities: Capabilities | Mapping[str, Any] | None = None,
 ) -> ForwardCost:
     """Bytes read and FLOPs of one forward (formulas: module docstring; docs/architecture.md §7).
 
+    The formulas are those of the model's cost family (`cost_family`): ``clover`` here,
+    ``kv_cache`` `engine.cost.dense.dense_forward_cost`, ``recompute``
+    `engine.cost.dense.recompute_forward_cost`.
+
     Args:
-        config: the model (a `CloverConfig` or a preset name).
+        config: the model (a `CloverConfig` or a preset name; for another cost family its
+            config or ``to_dict()``).
         n_tokens: T, all tokens in the forward (committed + block slots).
         expert_union: distinct routed experts hit by the T tokens -- one number
             for every layer, or one per layer (the decoder's measured
@@ -351,6 +304,8 @@ def forward_cost(
             False gives the weights-only accounting of write-ups.
         context_len: tokens already in a dense transformer's KV cache before
             this forward (`dense_forward_cost`); Clover ignores it (history is state).
+        capabilities: the backbone's `Capabilities` or their record (``trace.meta["capabilities"]``),
+            which name its cost family; None: read from the config (`cost_family`).
 
     Returns:
         A `ForwardCost`.
@@ -361,16 +316,14 @@ def forward_cost(
             unknown memory mode, or ``state+window`` without a window.
         TypeError: on a config or union of the wrong type.
     """
-    if is_dense(config):
-        from engine.cost.dense import dense_forward_cost, recompute_forward_cost  # dense.py builds a ForwardCost
-
-        get = config.get if isinstance(config, Mapping) else (lambda k, d=None: getattr(config, k, d))
-        if get("kv_cache", True) is False:  # masked diffusion (engine.masked_diffusion): no cache, full recompute
-            return recompute_forward_cost(config, n_tokens, weight_bytes, n_commit_tokens, block_len,
-                                          context_len=context_len, canvas_tail=int(get("canvas_tail", 0) or 0),
-                                          act_bytes=act_bytes)
+    family = cost_family(config, capabilities)
+    if family == "kv_cache":
         return dense_forward_cost(config, n_tokens, weight_bytes, n_commit_tokens, block_len,
                                   context_len=context_len, act_bytes=act_bytes, include_kv=include_state)
+    if family == "recompute":  # masked diffusion (engine.masked_diffusion): no cache, full recompute
+        tail = config.get("canvas_tail", 0) if isinstance(config, Mapping) else getattr(config, "canvas_tail", 0)
+        return recompute_forward_cost(config, n_tokens, weight_bytes, n_commit_tokens, block_len,
+                                      context_len=context_len, canvas_tail=int(tail or 0), act_bytes=act_bytes)
     cfg = _as_config(config)
     T, C, L = check_token_counts(n_tokens, n_commit_tokens, block_len)
     if weight_bytes <= 0 or act_bytes <= 0 or state_bytes <= 0:

@@ -1,38 +1,44 @@
 """A decode's cost accounting: the decoder reports each forward's facts (tokens in it,
 committed tokens, block slots, prefix length, expert union); the meter prices them with
 `engine.cost.formulas.forward_cost` and keeps the totals. The decoder builds one only when
-a hook is registered, so a decode without hooks does no cost work.
+a hook is registered, so a decode without hooks does no cost work. The formulas are those of the
+model's cost family (`engine.cost.formulas.cost_family`: from the backbone's capabilities).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.cost.formulas import ForwardCost, forward_cost, is_dense
+from engine.backbones.base import Capabilities
+from engine.cost.formulas import ForwardCost, cost_family, forward_cost
 
 
 class CostMeter:
     """Bytes read and FLOPs of every forward of one decode, and their sums.
 
     Args:
-        config: the model's config (a `CloverConfig`, or a transformers backbone's config,
-            priced by the dense formula).
+        config: the model's config (a `CloverConfig`, or another backbone's config).
         weight_bytes: bytes per weight (the model's dtype itemsize).
         memory_mode: the decode's memory mode (``state+window`` prices the window's K/V).
         window: W of the decode's state (0 without a window).
         block_size: the decode's block size (committed blocks are attention segments of it).
+        capabilities: the model's `Capabilities` (or their record), which name its cost family;
+            None: the family is read from the config's fields (`cost_family`).
     """
 
-    def __init__(self, config: Any, weight_bytes: float, memory_mode: str, window: int, block_size: int):
+    def __init__(self, config: Any, weight_bytes: float, memory_mode: str, window: int, block_size: int,
+                 capabilities: Capabilities | Mapping[str, Any] | None = None):
         self.config, self.weight_bytes = config, float(weight_bytes)
+        self.capabilities = capabilities
+        self.cost_family = cost_family(config, capabilities)
         self.memory_mode, self.window, self.block_size = memory_mode, int(window), int(block_size)
         self.bytes_read = 0.0
         self.flops = 0.0
         # Clover's cost does not depend on the context length (history is state), and the union
         # enters only through its sum over layers (routed-expert bytes, mean union): a decode's
         # forwards repeat a few (C, L, sum of the union) keys, priced once each
-        self._memo: dict | None = None if is_dense(config) else {}
+        self._memo: dict | None = {} if self.cost_family == "clover" else None
 
     def forward(self, n_commit_tokens: int, block_len: int, expert_union: Sequence[int] | None,
                 context_len: int) -> ForwardCost:
@@ -54,7 +60,8 @@ class CostMeter:
         if cost is None:
             cost = forward_cost(self.config, n_commit_tokens + block_len, union, weight_bytes=self.weight_bytes,
                                 n_commit_tokens=n_commit_tokens, block_len=block_len, memory_mode=self.memory_mode,
-                                window=self.window, commit_block_len=self.block_size, context_len=context_len)
+                                window=self.window, commit_block_len=self.block_size, context_len=context_len,
+                                capabilities=self.capabilities)
             if key is not None:
                 self._memo[key] = cost
         self.bytes_read += cost.bytes_read

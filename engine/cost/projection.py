@@ -23,9 +23,11 @@ from engine.cost.formulas import (
     UNION_ASSUMPTIONS,
     ForwardCost,
     _as_config,
+    cost_family,
     expected_union,
     forward_cost,
 )
+from engine.parallel_syntax import parse_parallel  # the one parser of the --parallel syntax
 
 
 @dataclass(frozen=True)
@@ -339,14 +341,20 @@ def _answer_written(row: Any) -> int:
 
 
 def _source_config(trace_like: Any) -> CloverConfig | None:
-    for cand in (_get(trace_like, "config"), _get(_get(trace_like, "meta", {}) or {}, "model_config")):
-        if isinstance(cand, CloverConfig):
-            return cand
-        if isinstance(cand, Mapping):
-            try:
-                return CloverConfig.from_dict(dict(cand))
-            except (TypeError, ValueError):
-                pass
+    """The Clover config of the model that recorded ``trace_like``, or None -- also for a model of
+    another cost family (`cost_family`: from ``meta["capabilities"]``, else the config's fields),
+    which has no Clover config to price its forwards or carry its expert union over."""
+    meta = _get(trace_like, "meta", {}) or {}
+    record = _get(meta, "capabilities")
+    for cand in (_get(trace_like, "config"), _get(meta, "model_config")):
+        if cand is None:
+            continue
+        if cost_family(cand, record) != "clover":
+            return None
+        try:
+            return CloverConfig.from_dict(dict(cand)) if isinstance(cand, Mapping) else _as_config(cand)
+        except (TypeError, ValueError, OSError):
+            pass
     model_id = _get(trace_like, "model_id")
     if isinstance(model_id, str):
         try:
@@ -622,8 +630,6 @@ def parse_split(text: str) -> dict[str, int]:
     Raises:
         ValueError: not ``ep=N`` and/or ``tp=N`` with ints >= 1 and, when both are given, equal.
     """
-    from engine.parallel import parse_parallel  # the one parser of the --parallel syntax
-
     usage = f"--parallel expects ep=N and/or tp=N with N >= 1 (e.g. ep=8, tp=8, ep=8,tp=8), got {text!r}"
     try:
         out = parse_parallel(text)

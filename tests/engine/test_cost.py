@@ -317,3 +317,31 @@ def test_meter_memo_by_summed_union_is_exact():
                             memory_mode="state+window", window=512, commit_block_len=32)
         assert got.to_dict() == want.to_dict()
     assert len(meter._memo) < 100  # keys repeat: far fewer pricings than forwards
+
+
+def test_formulas_are_picked_by_cost_family():
+    """forward_cost and the meter price a forward with its cost family's formulas: from the backbone's
+    capabilities when given, else from the config's fields (a trace recorded before capabilities)."""
+    from engine.backbones.base import Capabilities
+    from engine.cost import cost_family, dense_forward_cost
+    from engine.cost.dense import recompute_forward_cost
+    from engine.cost.meter import CostMeter
+
+    dense = dict(backbone="transformers", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=100)
+    assert cost_family(TINY) == cost_family("clover-test") == "clover"
+    assert cost_family(dense) == "kv_cache" and cost_family(dict(dense, kv_cache=False)) == "recompute"
+    kv = forward_cost(dense, 8, None, 2, 0, 8, context_len=50)
+    assert kv.to_dict() == dense_forward_cost(dense, 8, 2, 0, 8, context_len=50).to_dict()
+    # the capabilities name the family, whatever the config's legacy fields say
+    caps = Capabilities(family="masked_diffusion", cost_family="recompute")
+    want = recompute_forward_cost(dense, 8, 2, 0, 8, context_len=50).to_dict()
+    for given in (caps, caps.to_dict()):
+        assert cost_family(dense, given) == "recompute"
+        assert forward_cost(dense, 8, None, 2, 0, 8, context_len=50, capabilities=given).to_dict() == want
+    meter = CostMeter(dense, 2, "state", 0, 8, capabilities=caps)
+    assert meter.cost_family == "recompute" and meter._memo is None
+    assert meter.forward(0, 8, None, context_len=50).to_dict() == want
+    assert CostMeter(TINY, 2, "state", 0, 8).cost_family == "clover"
+    with pytest.raises(TypeError, match="hidden_size"):  # a recompute config without a dense shape
+        forward_cost({"backbone": "diffusion_gemma"}, 8, None)
