@@ -7,6 +7,7 @@ Modules::
     engine.data.open_tools open-vocabulary tool calls: names, keys and schemas from
                            disjoint train / eval vocabularies (copy from the schema)
     engine.data.open_words the large train vocabulary, harvested from real API names
+    engine.data.tool_words the hand-written word lists of both splits (disjoint), eval_words
     engine.data.packages   installed third-party sources, split by package
     engine.data.stdlib     the running CPython's standard-library sources, split by file
     engine.data.tokenizer  byte-level BPE with fixed special-token ids 0..7

@@ -43,70 +43,24 @@ from typing import Any
 
 from engine.data.agent import (CITIES, FIRST_NAMES, IM_END, IM_START, LAST_NAMES, SYSTEM_HEADER, CallTurn,
                                Conversation, FieldInfo, dumps, parse_call, score_call)
+from engine.data import tool_words as _words
 from engine.data.open_words import is_near, load_words, pseudo_word
 
-SPLITS = ("train", "eval")
-
 # ------------------------------------------------------------------ vocabularies (disjoint)
-VERBS = {
-    "train": ("get create update delete list send book cancel check find add remove schedule track "
-              "reserve search start stop archive approve assign publish upload rename share sync export "
-              "merge notify register renew reset restore submit verify order close open move").split(),
-    "eval": ("fetch void revoke enroll dispatch rebook reschedule annotate quarantine provision escalate "
-             "forecast reconcile pin mute clone deploy rollback throttle audit").split(),
-}
-NOUNS = {
-    "train": ("invoice ticket flight booking account payment message meeting package product user report "
-              "task project file folder note event contact subscription review coupon shipment playlist "
-              "recipe vehicle device alarm table room order customer").split(),
-    "eval": ("reservation voucher parcel itinerary ledger badge sensor warehouse patient prescription lease "
-             "course manuscript podcast greenhouse turbine locker permit grant kiosk").split(),
-}
-# attribute words of argument keys, each with the type its values take
-ATTRS = {
-    "train": dict(id="code", name="person", city="city", date="date", amount="number", count="integer",
-                  email="email", title="word", status="enum", priority="enum", color="enum", size="enum",
-                  price="number", quantity="integer", note="word", code="code", level="integer",
-                  limit="integer", region="city", language="enum", currency="enum", tags="array",
-                  owner="person", label="word", mode="enum", reason="word", duration="integer",
-                  weight="number", rating="integer", urgent="boolean", public="boolean", notify="boolean",
-                  address="object", contact="object", start="date", guests="integer"),
-    "eval": dict(seat="code", tenant="person", locale="enum", tier="enum", quota="integer", shelf="code",
-                 batch="code", ward="city", serial="code", vendor="person", deadline="date",
-                 humidity="number", altitude="number", margin="number", lane="integer", bay="integer",
-                 gauge="number", dosage="number", keywords="array", sealed="boolean", express="boolean",
-                 recurring="boolean", destination="object", sponsor="object", cohort="word", motto="word"),
-}
-MODIFIERS = {"train": "new max min first last home work primary".split(),
-             "eval": "backup peak spare outer inner interim".split()}
-ENUMS = {
-    "train": [["low", "normal", "high"], ["red", "green", "blue"], ["small", "medium", "large"],
-              ["draft", "active", "closed"], ["en", "de", "fr", "es"], ["EUR", "USD", "GBP"],
-              ["auto", "manual"], ["daily", "weekly", "monthly"]],
-    "eval": [["bronze", "silver", "gold", "platinum"], ["pt-BR", "ja-JP", "ko-KR"], ["alpha", "beta", "rc"],
-             ["north", "south", "east", "west"], ["standard", "priority", "overnight"]],
-}
-WORDS = {"train": ("alpha bravo harbor summit meadow copper violet orbit falcon maple delta nova "
-                   "lunar cedar prism ember").split(),
-         "eval": ("quartz tundra zephyr obsidian saffron juniper basalt monsoon walnut cobalt "
-                  "lagoon tangerine").split()}
-
-
-def eval_words() -> set[str]:
-    """Every lower-case word of the eval split's vocabulary: verbs, nouns, key attributes,
-    modifiers, value words and enum values (the words `engine.data.open_words` keeps away from)."""
-    out = set(VERBS["eval"]) | set(NOUNS["eval"]) | set(ATTRS["eval"]) | set(MODIFIERS["eval"]) | set(WORDS["eval"])
-    out |= {v.lower() for e in ENUMS["eval"] for v in e if v.isalpha()}
-    return out
-
+# The hand-written tables (engine.data.tool_words), the training verbs and nouns extended below.
+SPLITS = _words.SPLITS
+ATTRS, ENUMS, MODIFIERS, WORDS = _words.ATTRS, _words.ENUMS, _words.MODIFIERS, _words.WORDS
+eval_words = _words.eval_words
 
 # The large training vocabulary: real API words harvested from the training packages' function
 # names (engine.data.open_words), so there are too many training names to learn by heart and the
 # call has to copy the name from the schema. Eval split unchanged.
 _HARVEST = load_words()
 HARVESTED = {"verbs": tuple(_HARVEST["verbs"]), "nouns": tuple(_HARVEST["nouns"])}
-VERBS["train"] = VERBS["train"] + [w for w in HARVESTED["verbs"] if w not in VERBS["train"]]
-NOUNS["train"] = NOUNS["train"] + [w for w in HARVESTED["nouns"] if w not in NOUNS["train"]]
+VERBS = {**_words.VERBS, "train": _words.VERBS["train"] + [w for w in HARVESTED["verbs"]
+                                                            if w not in _words.VERBS["train"]]}
+NOUNS = {**_words.NOUNS, "train": _words.NOUNS["train"] + [w for w in HARVESTED["nouns"]
+                                                            if w not in _words.NOUNS["train"]]}
 OPEN_KEY_SHARE = 0.35  # training keys whose attribute is a harvested noun of a random type
 OPEN_ENUM_SHARE = 0.5  # training enums drawn from the harvested nouns
 OPEN_VALUE_SHARE = 0.5  # training word values drawn from the harvested nouns

@@ -18,8 +18,8 @@ whatever package versions are installed; ``python -m engine.data.open_words`` re
 
 Disjointness from the evaluation split: a harvested word is dropped when it shares a stem
 with any word of the eval vocabulary (`is_near`; "dispatch", "dispatcher" and "batches" are
-dropped because "dispatch" and "batch" are eval words). `engine.data.open_tools` asserts it
-at import.
+dropped because "dispatch" and "batch" are eval words; the eval vocabulary is
+`engine.data.tool_words.eval_words`). `engine.data.open_tools` asserts it at import.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ import collections
 import json
 import re
 from pathlib import Path
+
+from engine.data.packages import manifest, package_files
+from engine.data.tool_words import eval_words
 
 WORDS_PATH = Path(__file__).with_name("open_words.json")
 MIN_COUNT = 3  # a word must start (verb) or continue (noun) this many distinct function names
@@ -149,12 +152,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m engine.data.open_words", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(WORDS_PATH), help="JSON file to write (default %(default)s)")
     args = ap.parse_args(argv)
-    if not WORDS_PATH.is_file():  # open_tools reads the list at import: start from an empty one
-        WORDS_PATH.write_text(json.dumps({"verbs": [], "nouns": []}), encoding="utf-8")
-    from engine.data import open_tools
-    from engine.data.packages import manifest, package_files
-
-    words = harvest(package_files("train"), open_tools.eval_words())
+    words = harvest(package_files("train"), eval_words())
     m = manifest()
     versions = {name: info["version"] for name, info in m["packages"].items() if info["split"] == "train"}
     out = {"source": "def names of engine.data.packages TRAIN_PACKAGES (python -m engine.data.open_words)",
