@@ -47,6 +47,8 @@ from types import SimpleNamespace
 
 import torch
 
+from engine.eval_summary import summarise_open
+
 DEFAULT_SETTINGS = "1,8/0.90,8/0.95,8/0.99,32/0.90,32/0.95,32/0.99"
 
 _W: dict = {}
@@ -366,8 +368,6 @@ def main(argv: list[str] | None = None) -> int:
         rows = list(tqdm(pool.map(_decode_job, jobs), total=len(jobs), desc="block decoding"))
         open_report = None
         if args.open_tasks:
-            from engine.eval import summarise_open
-
             oj = [(kind, B, t, list(range(i, min(i + 5, args.open_tasks))), args.open_tasks, args.open_max_new_tokens)
                   for (kind, B, t) in parse_open_settings(args.open_settings) for i in range(0, args.open_tasks, 5)]
             orows: dict[str, list] = {}
