@@ -273,25 +273,6 @@ CONVERT_FIRST: dict[str, str] = {"qwen3_5_moe": "qwen3_5_moe", "qwen3_5_moe_text
 """``model_type`` -> ``engine.convert --from`` value, for formats that load after conversion to Clover."""
 
 
-def largest_trained_block(model_dir: str | Path) -> int | None:
-    """The largest block_size a block-diffusion adapter (``models/smollm2-bd``) was trained on,
-    from its ``config.json`` recipe (``--block-sizes``, default `engine.hf_train.DEFAULT_BLOCK_WEIGHTS`);
-    None where the directory does not say (Clover checkpoints, whose training mixes sizes up to
-    64 but whose config keeps no recipe). Larger blocks are outside the model's training: the
-    CLI says so.
-    """
-    try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-        recipe = cfg.get("recipe") if cfg.get("model_type") == "hf-block-diffusion" else None
-        if not isinstance(recipe, dict) or recipe.get("objective", "block-diffusion") != "block-diffusion":
-            return None
-        from engine.hf_train import parse_block_weights
-
-        return max(b for b, w in parse_block_weights(recipe.get("block_sizes")).items() if w > 0)
-    except (OSError, ValueError, AttributeError, TypeError):
-        return None
-
-
 def best_memory_mode(model_dir: str | Path) -> tuple[str, str]:
     """The memory mode to decode `model_dir` in by default, and why.
 

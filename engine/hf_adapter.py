@@ -255,6 +255,45 @@ def read_adapter_config(directory: str | Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("model_type") == ADAPTER_MODEL_TYPE else None
 
 
+DEFAULT_BLOCK_WEIGHTS = {4: 1.0, 8: 2.0, 16: 2.0, 32: 3.0}
+"""Block sizes an adapter is trained on by default (`engine.hf_train` ``--block-sizes``) -> weight."""
+
+
+def parse_block_weights(spec: str | None) -> dict[int, float]:
+    """``--block-sizes`` of `engine.hf_train` (``"4:1,8:2"`` -> ``{4: 1.0, 8: 2.0}``; a size without a
+    weight weighs 1); None or empty: `DEFAULT_BLOCK_WEIGHTS`. Kept in the adapter's recipe.
+
+    Raises:
+        ValueError: a block size < 1, or nothing given.
+    """
+    if not spec:
+        return dict(DEFAULT_BLOCK_WEIGHTS)
+    out = {}
+    for part in spec.split(","):
+        b, _, w = part.partition(":")
+        out[int(b)] = float(w or 1)
+    if any(b < 1 for b in out) or not out:
+        raise ValueError(f"--block-sizes {spec!r}: give e.g. 4:1,8:2,16:2,32:3")
+    return out
+
+
+def largest_trained_block(model_dir: str | Path) -> int | None:
+    """The largest block_size a block-diffusion adapter (``models/smollm2-bd``) was trained on,
+    from its ``config.json`` recipe (``--block-sizes`` of `engine.hf_train`, default `DEFAULT_BLOCK_WEIGHTS`);
+    None where the directory does not say (Clover checkpoints, whose training mixes sizes up to
+    64 but whose config keeps no recipe). Larger blocks are outside the model's training: the
+    CLI says so.
+    """
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+        recipe = cfg.get("recipe") if cfg.get("model_type") == "hf-block-diffusion" else None
+        if not isinstance(recipe, dict) or recipe.get("objective", "block-diffusion") != "block-diffusion":
+            return None
+        return max(b for b, w in parse_block_weights(recipe.get("block_sizes")).items() if w > 0)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
 def load_adapter_model(directory: str | Path, device: str | torch.device = "cpu",
                        dtype: torch.dtype | None = None, merge: bool = True,
                        adapter: bool = True) -> HFBlockDiffusionModel:
@@ -309,8 +348,6 @@ def load_adapter_model(directory: str | Path, device: str | torch.device = "cpu"
     model.model_id = directory.name if adapter else f"{spec.name} (unadapted)"
     model.chat_format = cfg.get("chat_format", "chatml")
     model.chat_system = cfg.get("chat_system", SMOLLM2_SYSTEM)  # the default system turn of engine.prompting
-    from engine.checkpoint import largest_trained_block  # checkpoint opens adapters through this module
-
     model.trained_block = largest_trained_block(directory) if adapter else None  # declared in its capabilities
     return model.eval()
 

@@ -60,11 +60,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.hf_adapter import (ADAPTER_MODEL_TYPE, BASES, MASK_EMBEDDING, base_spec, chat_prompt,
-                               load_base, locate_base)
+# parse_block_weights (--block-sizes, default engine.hf_adapter.DEFAULT_BLOCK_WEIGHTS) belongs to the
+# adapter's recipe, which engine.hf_adapter.largest_trained_block reads back
+from engine.hf_adapter import (ADAPTER_MODEL_TYPE, BASES, MASK_EMBEDDING, base_spec, chat_prompt, load_base,
+                               locate_base, parse_block_weights)
 from engine.hf_model import HFBlockConfig, HFBlockDiffusionModel, count_parameters
 
-DEFAULT_BLOCK_WEIGHTS = {4: 1.0, 8: 2.0, 16: 2.0, 32: 3.0}
 DEFAULT_DISTILL = Path("runs/smollm2/distill.jsonl")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -422,18 +423,6 @@ def lr_at(frac: float, base: float, warmup_frac: float = 0.03) -> float:
     if frac < warmup_frac:
         return base * frac / warmup_frac
     return base * 0.5 * (1 + math.cos(math.pi * min(1.0, (frac - warmup_frac) / (1 - warmup_frac))))
-
-
-def parse_block_weights(spec: str | None) -> dict[int, float]:
-    if not spec:
-        return dict(DEFAULT_BLOCK_WEIGHTS)
-    out = {}
-    for part in spec.split(","):
-        b, _, w = part.partition(":")
-        out[int(b)] = float(w or 1)
-    if any(b < 1 for b in out) or not out:
-        raise ValueError(f"--block-sizes {spec!r}: give e.g. 4:1,8:2,16:2,32:3")
-    return out
 
 
 def train(args) -> int:
