@@ -64,8 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-mode", default=None, choices=["state", "state+window"],
                    help="default: the model's best measured mode (engine.checkpoint.best_memory_mode: its "
                         "eval.json, else state+window when it has an attention window); state is Clover's own")
-    p.add_argument("--repetition-penalty", type=float, default=0.0, help="0 = off")
-    p.add_argument("--eos-bias-soft-limit", type=int, default=None, help="unset = off")
+    p.add_argument("--repetition-penalty", type=float, default=0.0, metavar="LOGITS",
+                   help="repetition control: lower by this many logits every token that would repeat a 3-gram "
+                        "seen in the last 64 positions (2.0 divides its odds by e^2, about 7.4); 0 = off "
+                        "(default %(default)s)")
+    p.add_argument("--eos-bias-soft-limit", type=int, default=None, metavar="TOKENS",
+                   help="progressive EOS bias: past this many generated tokens, add 0.1 logit per further token to "
+                        "end-of-text, so answers tend to end near that length; unset = off (default)")
     p.add_argument("--trace", type=Path, default=None, help="save the trace (.parquet or .arrow)")
     p.add_argument("--device", default="cpu", help="torch device to decode on: cpu, cuda, cuda:1 ... (default cpu)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "float64"],
