@@ -13,6 +13,10 @@ import unicodedata
 
 # Slot states of the block view, in legend order (see `clover_viz.figures.slot_states`).
 SLOT_STATES = ("masked", "prompt", "earlier", "eos", "forced", "accepted")
+# The block view's one extra state: at the last step of a stopped run, a slot written after a slot
+# still masked, which the run did not keep (`clover_viz.runs.dropped_at_stop`; the text view strikes it).
+DROPPED = "dropped"
+BLOCK_VIEW_STATES = (*SLOT_STATES, DROPPED)
 
 STATE_LABELS = {
     "masked": "masked",
@@ -21,6 +25,7 @@ STATE_LABELS = {
     "eos": "EOS-filled",
     "forced": "forced this step",
     "accepted": "accepted this step",
+    "dropped": "dropped at Stop",
 }
 
 STATE_COLORS = {
@@ -30,15 +35,17 @@ STATE_COLORS = {
     "eos": "#ddd6fe",
     "forced": "#f97316",
     "accepted": "#16a34a",  # legend swatch; cells shade by confidence (ACCEPTED_SCALE)
+    "dropped": "#fecdd3",
 }
 
 # Accepted cells: light (low confidence) -> dark (confidence 1). Most of the
 # range is spent above 0.8, where the thresholds users pick live.
 ACCEPTED_SCALE = ((0.0, "#dcfce7"), (0.8, "#86efac"), (0.95, "#22c55e"), (1.0, "#166534"))
 
-# Block-view z codes: a discrete band per state, accepted = 5 + confidence.
-STATE_CODES = {"masked": 0.0, "prompt": 1.0, "earlier": 2.0, "eos": 3.0, "forced": 4.0, "accepted": 5.0}
-Z_MAX = 6.0
+# Block-view z codes: a discrete band per state, accepted = 5 + confidence, dropped above it.
+STATE_CODES = {"masked": 0.0, "prompt": 1.0, "earlier": 2.0, "eos": 3.0, "forced": 4.0, "accepted": 5.0,
+               "dropped": 6.0}
+Z_MAX = 7.0
 
 FORCED_MARK = "#c2410c"
 ACCEPTED_MARK = "#0f172a"
@@ -65,6 +72,9 @@ def block_colorscale() -> list[list]:
     base = STATE_CODES["accepted"] / Z_MAX
     for frac, color in ACCEPTED_SCALE:
         scale.append([min(1.0, base + frac / Z_MAX), color])
+    lo = STATE_CODES[DROPPED] / Z_MAX  # a flat band above accepted's ramp
+    scale.append([lo + eps, STATE_COLORS[DROPPED]])
+    scale.append([1.0, STATE_COLORS[DROPPED]])
     return scale
 
 
@@ -82,7 +92,7 @@ def accepted_color(confidence: float) -> str:
 def state_color(state: str, confidence: float | None = None) -> str:
     """Colour of a block cell in ``state`` (accepted cells shade by ``confidence``)."""
     if state not in STATE_COLORS:
-        raise ValueError(f"unknown slot state {state!r}; expected one of {SLOT_STATES}")
+        raise ValueError(f"unknown slot state {state!r}; expected one of {BLOCK_VIEW_STATES}")
     if state == "accepted" and confidence is not None and confidence == confidence:
         return accepted_color(confidence)
     return STATE_COLORS[state]

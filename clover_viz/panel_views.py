@@ -37,7 +37,7 @@ from panel.widgets.slider import _SliderBase
 
 from clover_viz import figures as F
 from clover_viz.models import bundled_models
-from clover_viz.runs import RUN_LABELS, run_stats
+from clover_viz.runs import RUN_LABELS, diff_caption, run_stats
 from clover_viz.state import ExplorerState
 from engine.units import format_si
 
@@ -453,7 +453,8 @@ class RunSummary(pn.viewable.Viewer):
                 cell("tokens / forward", f"{st['tokens_per_forward']:.2f}", "clover-tpf",
                      f"{p.get('tokens_per_forward', 0):.2f}" if has else None),
                 cell("forced fills", str(st["n_forced"]), "clover-forced", str(p.get("n_forced")) if has else None),
-                cell(f"tokens/s (measured, {html.escape(st.get('device') or 'this machine')})",
+                cell(f"tokens/s (measured on {html.escape(st.get('device') or 'this machine')}: tokens ÷ "
+                     "whole decode time)",
                      format_si(st["tokens_per_s"], digits=3), "clover-tps",
                      format_si(p.get("tokens_per_s"), digits=3) if has else None),
                 cell("block · threshold", f"{st['block_size']} · {st['threshold']:.2f}"
@@ -580,9 +581,9 @@ class BlockView(pn.viewable.Viewer):
         else:  # the step's payload merged into that copy: no plotly validation per step
             heat, layout = F._block_payload(s.trace, pos)
             updates = {self._base.trace_index(F.BLOCK_TRACE): heat}
-            if s.trace.slot_index().revisable:  # rewritten / withdrawn slots (a revisable decoder's trace)
-                for name, props in (F.block_revision_marks(s.trace, pos) or {}).items():
-                    updates[self._base.trace_index(name)] = props
+            # the "dropped at Stop" legend entry; rewritten / withdrawn slots (a revisable decoder's trace)
+            for name, props in F.block_trace_updates(s.trace, pos).items():
+                updates[self._base.trace_index(name)] = props
             self.pane.object = self._base.updated(updates, layout)
 
     def __panel__(self) -> Any:
@@ -651,8 +652,11 @@ class CompareView(pn.viewable.Viewer):
         table = F.compare_table(cmp["previous"], cmp["current"], labels=RUN_LABELS)
         table.update_layout(title_text="", margin_t=10)  # the card's header names it
         self.table.show(table)
+        caption = diff_caption(cmp)
         self.pane.object = (
-            "<p style='font-size:13px;margin:8px 0 4px'>text difference "
+            (f"<p class='clover-diff-warning' style='font-size:13px;margin:8px 0 0;color:#b45309'><b>{caption}</b>"
+             "</p>" if caption else "")
+            + "<p style='font-size:13px;margin:8px 0 4px'>text difference "
             f"(<del style='background:#fee2e2'>{RUN_LABELS[0]} only</del> <ins style='background:#dcfce7;"
             f"text-decoration:none'>{RUN_LABELS[1]} only</ins>)</p>"
             "<div style='max-height:240px;overflow:auto;border:1px solid #e2e8f0;padding:6px;word-break:break-all'>"

@@ -113,6 +113,41 @@ def dropped_at_stop(trace: Trace) -> dict[str, Any] | None:
     return {"block": b, "first_gap": gap, "slots": slots, "n_dropped": len(slots), "n_forced_dropped": n_forced}
 
 
+def forced_past_answer(trace: Trace) -> int:
+    """How many forced fills wrote slots at or after the kept answer's end: end-of-text slots (and any
+    slot after the first EOS) that cost forwards but are not tokens -- the CLI's note
+    (`engine.generate.forced_past_answer`, the same count). Counted over the finished run's kept
+    tokens; for a stopped run the slots dropped at Stop (`dropped_at_stop`) are left out: they are
+    counted there."""
+    from engine.generate import forced_past_answer as _past
+
+    n_prompt = len(trace.prompt_ids) if trace.prompt_ids is not None else 0
+    n = _past(trace, n_prompt + len(generated_ids(trace)))
+    gone = dropped_at_stop(trace)
+    return max(0, n - (gone["n_forced_dropped"] if gone else 0))
+
+
+def prompt_of(trace: Trace | None) -> str | None:
+    """The prompt a run decoded, as the user gave it: ``meta["prompt"]`` (before any chat template),
+    else its prompt ids as text; None when the trace records neither."""
+    if trace is None:
+        return None
+    given = (trace.meta or {}).get("prompt")
+    if isinstance(given, str):
+        return given
+    ids = trace.prompt_ids
+    if ids is None or len(ids) == 0:
+        return None
+    return "".join(trace.token_str(int(t)) for t in ids)
+
+
+def model_of(trace: Trace | None) -> str | None:
+    """How a run's model is named: its ``meta["model_label"]``, else its ``model_id``."""
+    if trace is None:
+        return None
+    return (trace.meta or {}).get("model_label") or trace.model_id
+
+
 def run_stats(trace: Trace | None) -> dict[str, Any] | None:
     """The numbers the views show for one run (None without a trace).
 
@@ -120,7 +155,8 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
     ``tokens_per_s`` (measured on the machine that ran it), ``device`` (where it ran, from the
     trace's meta: ``"cpu"``, ``"cuda:0 (NVIDIA H200)"``; None for traces recorded before it was
     kept), ``stop_reason``,
-    ``block_size``, ``threshold``, ``policy``, ``text``.
+    ``block_size``, ``threshold``, ``policy``, ``memory_mode``, ``text``; ``n_forced_past_answer``
+    (`forced_past_answer`), ``model`` (`model_of`) and ``prompt`` (`prompt_of`).
 
     While a decode runs, ``n_tokens`` (and so tokens / forward and tokens/s) counts what the
     run would keep if it ended now -- `generated_ids` -- the same definition as the final
@@ -145,7 +181,11 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
         "block_size": dc.get("block_size"),
         "threshold": dc.get("threshold"),
         "policy": dc.get("policy"),
+        "memory_mode": dc.get("memory_mode"),
         "text": "".join(trace.token_str(t) for t in ids),
+        "n_forced_past_answer": forced_past_answer(trace) if trace.decode_end is not None else 0,
+        "model": model_of(trace),
+        "prompt": prompt_of(trace),
     }
 
 
@@ -167,4 +207,23 @@ def compare(previous: Trace | None, current: Trace | None) -> dict[str, Any] | N
     return {"previous": prev, "current": cur, **compare_runs(prev, cur)}
 
 
-__all__ = ["RUN_LABELS", "compare", "generated_ids", "run_stats"]
+def diff_caption(cmp: dict[str, Any]) -> str:
+    """What the text difference below a comparison compares, in plain words (HTML-escaped): a
+    warning when the two runs decoded different prompts (the difference then sets unrelated answers
+    side by side) or ran different models (two models' answers, not a setting's effect); else ``""``."""
+    import html
+
+    prompts = cmp.get("prompt", {}).get("same") is False
+    m = cmp.get("model", {})
+    models = m.get("same") is False
+    if prompts:
+        return html.escape("different prompts" + (f" and different models ({m['a']} vs {m['b']})" if models else "")
+                           + ": the text difference compares unrelated answers")
+    if models:
+        return html.escape(f"different models ({m['a']} vs {m['b']}): the text difference compares the two models' "
+                           "answers to the same prompt, not the effect of a setting")
+    return ""
+
+
+__all__ = ["RUN_LABELS", "compare", "diff_caption", "dropped_at_stop", "forced_past_answer", "generated_ids",
+           "model_of", "prompt_of", "run_stats"]

@@ -57,7 +57,7 @@ from clover_viz.models import (
     load_model_cached,
     resolve_model,
 )
-from clover_viz.runs import compare, dropped_at_stop, generated_ids
+from clover_viz.runs import compare, dropped_at_stop, forced_past_answer, generated_ids, model_of, prompt_of
 from engine.cost import DEFAULT_DEVICE, DEVICES, UNION_ASSUMPTIONS
 from engine.events import BlockStart, DecodeEnd, StepEvent
 from engine.policies import POLICIES
@@ -240,6 +240,7 @@ class ExplorerState(param.Parameterized):
     speed = param.Number(default=8.0, bounds=(0.5, 60.0), doc="Playback speed, steps per second.")
 
     _examples: dict[str, str] = EXAMPLE_PROMPTS  # the example set on offer (`_use_examples`)
+    generate_button: str = "Generate"  # what the front end calls its decode button (the notebook's: "Decode")
     _typed: str = ""  # the last prompt the user wrote (not an example): YOUR_PROMPT restores it
     _syncing_example: bool = False  # the picker follows the prompt: do not write the prompt back
 
@@ -524,7 +525,7 @@ class ExplorerState(param.Parameterized):
         if self._closed:
             return False
         if not self.prompt or not self.prompt.strip():
-            self.error = "The prompt is empty: type a prompt or pick an example, then Generate."
+            self._refuse(f"The prompt is empty: type a prompt or pick an example, then {self.generate_button}.")
             return False
         if self.loading:  # a background load (start_load): decode once it is done
             self._generate_when_loaded = True
@@ -546,7 +547,7 @@ class ExplorerState(param.Parameterized):
             detail = str(exc)
             if "tokens but the model's context" in detail:  # say what the user sees: characters, too
                 detail += f" (the prompt box holds {len(self.prompt):,} characters; nothing was cut)"
-            self.error = f"Cannot decode: {detail}"
+            self._refuse(f"Cannot decode: {detail}")
             return False
         self.error = ""
         if config is not None:
@@ -599,6 +600,15 @@ class ExplorerState(param.Parameterized):
                            + (" · prompt " + given.note if given.wrapped else ""))
         run.thread.start()
         return True
+
+    def _refuse(self, error: str) -> None:
+        """A `generate` that did not start: set `error`, and say in `status` that no new decode
+        started -- the line must not keep reading as the outcome of this attempt (a previous
+        run's "done: ..."); the run on display stays."""
+        self.error = error
+        if not self.running:
+            shown = " (the run on display is the previous one)" if self.trace is not None else ""
+            self.status = f"not decoded: the new decode did not start, see the error{shown}"
 
     def stop(self) -> None:
         """Cancel the running decode; it stops after its current forward and keeps what it wrote.
@@ -685,8 +695,13 @@ class ExplorerState(param.Parameterized):
         else:
             dc = (self.trace.decode_config if self.trace is not None else None) or {}
             mode = dc.get("memory_mode", self.memory_mode)
+            past = forced_past_answer(self.trace) if self.trace is not None else 0
+            # as the CLI's note: forced fills of end-of-text slots are forwards spent, not tokens
+            forced = f"{end.n_forced} forced" + (
+                f" ({past} of them wrote end-of-text slots at or after the answer's end: forwards, not tokens)"
+                if past else "")
             self.status = (f"done: {len(end.tokens)} tokens in {end.nfe} forwards ({tpf} tokens/forward), "
-                           f"{end.n_forced} forced, memory {mode}, stop: {end.stop_reason}"
+                           f"{forced}, memory {mode}, stop: {end.stop_reason}"
                            + past_training_note(dc.get("block_size"), self._trained_block)
                            + chat_template_note(self.trace))
         assert run is not None and not run.superseded, run
@@ -753,9 +768,19 @@ class ExplorerState(param.Parameterized):
         """Show a recorded trace for replay: a path or the bytes of a .parquet / .arrow file,
         or a `Trace` already in memory.
 
-        The current run becomes `previous`; a running decode is cancelled. The settings
-        widgets take the trace's settings (without re-decoding). Returns False and sets
+        The current run becomes `previous`; a running decode is cancelled. Returns False and sets
         `error` for a file that is not a trace.
+
+        The rule for the settings (`_take_trace_settings`): a loaded trace is shown as recorded
+        (its own model, settings and prompt, whatever model is loaded), and the settings -- what
+        Generate decodes with next -- take over every setting of the trace that the loaded model
+        can run and a control can show: block size, threshold, policy, memory mode, max new
+        tokens, the repetition and EOS-bias processors, and the prompt (``meta["prompt"]``, else
+        its prompt ids as text). Nothing is re-decoded. Generate always decodes with the loaded
+        model, never the trace's. The status line lists the settings taken and those not taken
+        (with why: a memory mode the loaded model cannot run, a value no control offers, a
+        decoder field without a control), and names the model Generate decodes with -- and the
+        trace's, when they differ.
         """
         if isinstance(source, Trace):
             loaded = source
@@ -784,7 +809,7 @@ class ExplorerState(param.Parameterized):
         self._quiet = True
         try:
             with param.parameterized.batch_call_watchers(self):
-                self._show_settings(loaded.decode_config or {})
+                taken, left = self._take_trace_settings(loaded)
                 self.trace = loaded
                 self.running = False
                 self.playing = False
@@ -792,12 +817,110 @@ class ExplorerState(param.Parameterized):
                 self.position = 0
                 self.progress = 100
                 self.trace_version += 1
-                label = (loaded.meta or {}).get("model_label") or loaded.model_id
-                self.status = (f"loaded trace{' ' + name if name else ''}: {len(loaded)} steps from {label}; "
-                               "press play to replay")
+                self.status = (f"loaded trace{' ' + name if name else ''}: {len(loaded)} steps from "
+                               f"{model_of(loaded)}; press play to replay. " + self._settings_note(loaded, taken, left))
         finally:
             self._quiet = False
         return True
+
+    def _take_trace_settings(self, trace: Trace) -> tuple[list[str], list[str]]:
+        """Set every setting of ``trace`` the loaded model can run and a control can show (the rule of
+        `load_trace`), without re-decoding. Returns (settings taken, settings not taken with why)."""
+        from engine.decoder import DecodeConfig
+
+        dc = trace.decode_config or {}
+        loaded = self._loaded
+        taken: list[str] = []
+        left: list[str] = []
+        quiet, self._quiet = self._quiet, True
+        try:
+            bs = dc.get("block_size")
+            if bs in BLOCK_SIZES:
+                self.block_size = bs
+                taken.append(f"block size {bs}")
+            elif bs is not None:
+                left.append(f"block size {bs} (the control offers {', '.join(map(str, BLOCK_SIZES))})")
+            thr = dc.get("threshold")
+            lo, hi = self.param.threshold.bounds
+            if isinstance(thr, (int, float)) and lo <= thr <= hi:
+                self.threshold = float(thr)
+                taken.append(f"threshold {thr:g}")
+            elif thr is not None:
+                left.append(f"threshold {thr:g} (the slider spans {lo:g}-{hi:g})")
+            pol = dc.get("policy")
+            if pol in self.param.policy.objects:
+                self.policy = pol
+                taken.append(f"policy {pol}")
+            elif pol is not None:
+                left.append(f"policy {pol} (not offered here)")
+            mode = dc.get("memory_mode")
+            if mode in MEMORY_MODES:
+                if mode == "state+window" and loaded is not None and not loaded.window_available:
+                    left.append(f"memory mode {mode} ({loaded.label} has no attention window)")
+                else:
+                    self.memory_mode = mode
+                    taken.append(f"memory mode {mode}")
+            elif mode is not None:
+                left.append(f"memory mode {mode} (not offered here)")
+            n = dc.get("max_new_tokens")
+            if isinstance(n, int) and MAX_NEW_TOKENS_MIN <= n <= MAX_NEW_TOKENS_MAX:
+                self.max_new_tokens = n
+                taken.append(f"max new tokens {n}")
+            elif n is not None:
+                left.append(f"max new tokens {n} (the control takes {MAX_NEW_TOKENS_MIN}-{MAX_NEW_TOKENS_MAX})")
+            rp = dc.get("repetition_penalty")
+            if isinstance(rp, (int, float)) and rp <= 0:
+                self.repetition_control = False
+                taken.append("repetition penalty off")
+            elif isinstance(rp, (int, float)):
+                lo, hi = self.param.repetition_penalty.bounds
+                if lo <= rp <= hi:
+                    self.repetition_control, self.repetition_penalty = True, float(rp)
+                    taken.append(f"repetition penalty {rp:g}")
+                else:
+                    left.append(f"repetition penalty {rp:g} (the control takes {lo:g}-{hi:g})")
+            if "eos_bias_soft_limit" in dc:
+                lim = dc["eos_bias_soft_limit"]
+                lo, hi = self.param.eos_soft_limit.bounds
+                if lim is None:
+                    self.eos_bias = False
+                    taken.append("EOS bias off")
+                elif isinstance(lim, int) and lo <= lim <= hi:
+                    self.eos_bias, self.eos_soft_limit = True, lim
+                    taken.append(f"EOS bias after {lim} tokens")
+                else:
+                    left.append(f"EOS bias soft limit {lim} (the control takes {lo}-{hi})")
+            text = prompt_of(trace)
+            if text and text.strip():
+                self.prompt = text
+                taken.append("prompt")
+            else:
+                left.append("prompt (the trace records none)")
+        finally:
+            self._quiet = quiet
+        # decoder fields no control sets: Generate uses the decoder's defaults for them
+        defaults = DecodeConfig().to_dict()
+        covered = {"block_size", "threshold", "policy", "memory_mode", "max_new_tokens", "repetition_penalty",
+                   "eos_bias_soft_limit"}
+        for key, value in dc.items():
+            if key not in covered and key in defaults and value != defaults[key]:
+                left.append(f"{key.replace('_', ' ')} {value} (no control: {self.generate_button} uses "
+                            f"{defaults[key]})")
+        return taken, left
+
+    def _settings_note(self, trace: Trace, taken: list[str], left: list[str]) -> str:
+        """The status line's account of `_take_trace_settings`: what was taken, what not, and the model
+        Generate decodes with (naming the trace's too when they differ)."""
+        button = self.generate_button
+        note = f"Settings for {button} taken from the trace: {', '.join(taken) if taken else 'none'}"
+        if left:
+            note += f"; not taken: {'; '.join(left)}"
+        loaded = self._loaded
+        if loaded is not None:
+            note += f". {button} decodes with the loaded model, {loaded.label}"
+            if trace.model_id is not None and trace.model_id != loaded.model_id:
+                note += f", not with the trace's model {model_of(trace)}"
+        return note + "."
 
     def _show_settings(self, dc: dict[str, Any]) -> None:
         """Set the settings a run's decode config can be shown with (block size, threshold,
@@ -822,7 +945,7 @@ class ExplorerState(param.Parameterized):
             ValueError: when there is no trace to save.
         """
         if self.trace is None or len(self.trace) == 0:
-            raise ValueError("there is no run to save yet: Generate first")
+            raise ValueError(f"there is no run to save yet: {self.generate_button} first")
         with tempfile.TemporaryDirectory() as tmp:
             path = self.trace.save(Path(tmp) / f"trace.{format}", format=format)
             return io.BytesIO(path.read_bytes())

@@ -65,7 +65,7 @@ import plotly.graph_objects as go
 from clover_viz import figures as F
 from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS
 from clover_viz.models import DEFAULT_MODEL_DIR, LoadedModel, resolve_model
-from clover_viz.runs import RUN_LABELS
+from clover_viz.runs import RUN_LABELS, diff_caption, forced_past_answer
 from clover_viz.state import BLOCK_SIZES, ExplorerState
 
 _LIVE_MIN_INTERVAL_S = 0.05  # redraw at most ~20 times a second while decoding
@@ -327,6 +327,7 @@ class Explorer:
                 self.state.use_model(loaded)
             else:
                 self.state.load_trace(obj)
+        self.state.generate_button = "Decode"  # the state's messages name this front end's button
         self.prompt = self.state.prompt  # the prompt given, else the model's default example (as in the app)
         self._step = 0
         self._block = None
@@ -578,8 +579,13 @@ class Explorer:
 
     # ------------------------------------------------------------------ callbacks
     def _show_error(self, exc: BaseException | str) -> None:
-        """Put an error in the status line (a widget callback's exception only reaches the log console)."""
-        msg = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        """Put an error in the status line (a widget callback's exception only reaches the log console).
+
+        A ValueError (a setting or an input refused, with its reason) shows its message alone; any
+        other exception is named by its type. `decode` raises the same text again: it must not
+        prefix it a second time ("ValueError: ValueError: ...")."""
+        msg = (exc if isinstance(exc, str) else str(exc) if isinstance(exc, ValueError)
+               else f"{type(exc).__name__}: {exc}")
         self._last_error = msg
         self.status.value = f'<span style="color:#b91c1c"><b>error:</b> {html.escape(msg)}</span>'
 
@@ -707,8 +713,11 @@ class Explorer:
         if live is None:
             return
         st = live.summary()
+        past = forced_past_answer(live)
+        forced = f"{st['n_forced']} forced" + (
+            f" ({past} of them end-of-text slots at or after the answer's end: forwards, not tokens)" if past else "")
         self.status.value = (f"NFE {st['nfe']} · {st['n_tokens']} tokens · {st['tokens_per_forward']:.2f} "
-                             f"tokens/forward · {st['n_forced']} forced · {st['wall_s']:.2f} s · "
+                             f"tokens/forward · {forced} · {st['wall_s']:.2f} s · "
                              f"stop: {st['stop_reason']} · {html.escape(_settings_line(live.decode_config))}")
         self._show_comparison()
 
@@ -784,7 +793,9 @@ class Explorer:
         if cmp is None:
             return
         F.refresh_figure(self.compare_fig, F.compare_table(cmp["previous"], cmp["current"], labels=RUN_LABELS))
-        self.compare.value = (f"<p>text difference (<del>{RUN_LABELS[0]} only</del>, <ins>{RUN_LABELS[1]} only"
+        caption = diff_caption(cmp)
+        self.compare.value = ((f"<p style='color:#b45309'><b>{caption}</b></p>" if caption else "")
+                              + f"<p>text difference (<del>{RUN_LABELS[0]} only</del>, <ins>{RUN_LABELS[1]} only"
                               "</ins>):</p>" + cmp["text"]["diff_html"])
 
 

@@ -29,6 +29,11 @@ A revisable decoder (DiffusionGemma, `engine.diffusion_gemma`) can replace a wri
 hovers name the token the slot held. `block_revision_marks(trace, step)` gives those
 markers' data (None for accept-once traces, whose figures are unchanged).
 
+At the last step of a stopped run the block view shows one more state, ``dropped`` (legend
+``DROPPED_SWATCH``, "dropped at Stop"): slots written after a still-masked slot, which the run
+did not keep (`clover_viz.runs.dropped_at_stop`). `block_trace_updates(trace, step)` gives every
+non-cell trace's properties (that legend entry, the revision markers) for a view that merges payloads.
+
 Modules and API (all return ``plotly.graph_objects.Figure`` unless noted), every
 name importable from ``clover_viz.figures``:
 
@@ -77,10 +82,12 @@ from clover_viz.figures._common import _Index as _Index
 from clover_viz.figures._common import _index as _index
 from clover_viz.figures._common import _resolve_step as _resolve_step
 from clover_viz.figures.block import (
+    DROPPED_SWATCH,
     REMASKED_MARKS,
     REWRITTEN_MARKS,
     block_figure,
     block_revision_marks,
+    block_trace_updates,
     confidence_heatmap,
     slot_states,
     update_block_figure,
@@ -101,7 +108,7 @@ from clover_viz.figures.text import text_figure, text_html
 
 __all__ = [
     "ACCEPTED_MARKS", "BLOCK_TRACE", "CONFIDENCE_TRACE", "EOS_MARKS", "EXPERT_TRACE", "FORCED_MARKS",
-    "REMASKED_MARKS", "REWRITTEN_MARKS", "block_revision_marks",
+    "DROPPED_SWATCH", "REMASKED_MARKS", "REWRITTEN_MARKS", "block_revision_marks", "block_trace_updates",
     "COMPARE_ROWS", "COMPARE_TABLE_HEIGHT", "COST_SUMMARY_CLASS", "MEMORY_TRACE", "NOT_APPLICABLE",
     "TEXT_PROMPT_TRACE", "TEXT_TRACE", "block_figure", "compare_runs", "compare_table", "confidence_heatmap",
     "cost_figure", "cost_summary_html", "cumulative_tokens_figure", "expert_union_figure",

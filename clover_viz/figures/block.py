@@ -10,6 +10,12 @@ withdrawn) adds two marker traces to the block view: ``REWRITTEN_MARKS`` on slot
 rewrote (the cell shows the new token; its hover names the previous one) and
 ``REMASKED_MARKS`` on slots it withdrew (masked again; hover names the token they held).
 Traces of accept-once decoders draw exactly as before, without these traces.
+
+At the last step of a stopped run, the slots the run wrote but did not keep -- written after a
+slot still masked when it stopped (`clover_viz.runs.dropped_at_stop`, struck through in the text
+view too) -- show the block view's own state ``dropped`` (`clover_viz.colors.DROPPED`): a pale red
+cell with the token struck through, a hover saying how it was written and why it was dropped,
+the count in the title, and the legend entry ``DROPPED_SWATCH`` (in the legend only then).
 """
 
 from __future__ import annotations
@@ -35,12 +41,14 @@ from clover_viz.figures._common import (
     _threshold,
     _tok,
 )
+from clover_viz.runs import dropped_at_stop
 
 _BLOCK_COLS = 8
 _CELL_H = 46
 
 REWRITTEN_MARKS = "rewritten this step"
 REMASKED_MARKS = "withdrawn this step"
+DROPPED_SWATCH = C.STATE_LABELS[C.DROPPED]  # the legend entry of the dropped state ("dropped at Stop")
 _REWRITTEN_COLOR = "#be123c"
 _REMASKED_COLOR = "#475569"
 
@@ -75,8 +83,17 @@ def _top_text(trace: Any, top_tokens: np.ndarray, top_probs: np.ndarray, k: int 
 
 def _block_payload(trace: Any, step: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(heatmap properties, layout properties) of the block view at ``step``."""
-    heat, layout, _ = _block_view(trace, step)
+    heat, layout, _, _ = _block_view(trace, step)
     return heat, layout
+
+
+def block_trace_updates(trace: Any, step: int | None = None) -> dict[str, dict[str, Any]]:
+    """What `update_block_figure` writes into the block view's traces other than the cells, at
+    ``step``: ``{trace name: properties}`` -- the ``DROPPED_SWATCH`` legend entry (shown only at the
+    last step of a stopped run that dropped slots) and, for a revisable trace, the revision
+    markers (`block_revision_marks`). A view that merges the cells' payload merges these too."""
+    _, _, marks, swatch = _block_view(trace, step)
+    return {DROPPED_SWATCH: swatch, **(marks or {})}
 
 
 def block_revision_marks(trace: Any, step: int | None = None) -> dict[str, dict[str, Any]] | None:
@@ -90,9 +107,11 @@ def block_revision_marks(trace: Any, step: int | None = None) -> dict[str, dict[
     return _block_view(trace, step)[2]
 
 
-def _block_view(trace: Any, step: int | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
-    """(heatmap properties, layout properties, revision marks or None) of the block view at
-    ``step``; the marks (``{trace name: properties}``) only for a revisable trace."""
+def _block_view(trace: Any, step: int | None
+                ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None, dict[str, Any]]:
+    """(heatmap properties, layout properties, revision marks or None, the dropped legend entry's
+    properties) of the block view at ``step``; the marks (``{trace name: properties}``) only for a
+    revisable trace."""
     i = _resolve_step(trace, step)
     idx = _index(trace)
     ev = idx.steps[i]
@@ -111,6 +130,9 @@ def _block_view(trace: Any, step: int | None) -> tuple[dict[str, Any], dict[str,
     custom: list[list[list[str]]] = [[["", ""] for _ in range(cols)] for _ in range(rows)]
     conf_now = np.asarray(ev.confidence, dtype=np.float64)
     block_steps = idx.steps_of[b]
+    gone = dropped_at_stop(trace) if i == len(trace) - 1 else None
+    dropped = frozenset(gone["slots"]) if gone is not None and gone["block"] == b else frozenset()
+    kinds = (idx.written_kind[b] if b not in idx.revised else idx.written_as_of(b, i)[3]) if dropped else None
     for s in range(L):
         r, c = divmod(s, cols)
         st = states[s]
@@ -145,7 +167,16 @@ def _block_view(trace: Any, step: int | None) -> tuple[dict[str, Any], dict[str,
                     detail += f", conf {conf:.3f}"
                 if rewritten[s] and j == i:
                     detail += _previous_text(trace, "rewritten this step; it held", int(previous[s]))
-                if st != "eos":
+                if s in dropped:  # written, then not kept when the run stopped
+                    head = (f"slot {s} · pos {pos} · <b>{C.STATE_LABELS[C.DROPPED]}</b><br>token {label} "
+                            f"(id {token})")
+                    detail = (f"{kinds[s]} at iteration {k_in + 1} of this block (step {j + 1})"
+                              + (f", conf {conf:.3f}" if conf == conf else "")
+                              + f"<br>not kept: slot {gone['first_gap']} was still masked when the run stopped, "
+                              "and a stopped run keeps a block only up to its first masked slot")
+                    text[r][c] = f"<span style='color:#64748b'><s>{text[r][c]}</s></span>"
+                    st = C.DROPPED
+                elif st != "eos":
                     detail += "<br>top candidates then:<br>" + _top_text(trace, wev.top_tokens[s], wev.top_probs[s])
             z[r][c] = C.STATE_CODES[st] + (float(conf_now[s]) if st == "accepted" else 0.5)
         custom[r][c] = [st, f"{head}<br>{detail}"]
@@ -156,6 +187,8 @@ def _block_view(trace: Any, step: int | None) -> tuple[dict[str, Any], dict[str,
         f", {n_eos} EOS-filled" if n_eos else "")
     if revisable:
         wrote += f" ({int(rewritten.sum())} rewritten), {int(remasked.sum())} withdrawn"
+    if dropped:
+        wrote += f" · {len(dropped)} dropped at Stop (written after slot {gone['first_gap']}, still masked)"
     title = (
         f"Block {b} · iteration {int(ev.step_index) + 1} of {len(block_steps)} · step {i + 1}/{len(trace)}"
         f"<br><sup>{wrote} · {n_masked} still masked"
@@ -192,7 +225,7 @@ def _block_view(trace: Any, step: int | None) -> tuple[dict[str, Any], dict[str,
                 "text": [f"slot {s}: {'rewritten' if m is rewritten else 'withdrawn'}, it held "
                          f"{C.plotly_text(_tok(trace, int(previous[s])))} (id {int(previous[s])})" for s in slots],
             }
-    return heat, layout, marks
+    return heat, layout, marks, {"showlegend": bool(dropped)}
 
 
 def _previous_text(trace: Any, what: str, token: int) -> str:
@@ -220,7 +253,7 @@ def block_figure(trace: Any, step: int | None = None) -> go.Figure:
     (``REWRITTEN_MARKS``) and withdrawn ones a crossed circle (``REMASKED_MARKS``), and
     their hovers name the token they held.
     """
-    heat, layout, marks = _block_view(trace, step)
+    heat, layout, marks, swatch = _block_view(trace, step)
     fig = go.Figure()
     fig.add_trace(
         go.Heatmap(
@@ -238,10 +271,11 @@ def block_figure(trace: Any, step: int | None = None) -> go.Figure:
             **heat,
         )
     )
-    for state in C.SLOT_STATES:  # legend swatches
+    for state in C.BLOCK_VIEW_STATES:  # legend swatches (dropped: only where a slot is)
         fig.add_trace(
             go.Scatter(
-                x=[None], y=[None], mode="markers", name=C.STATE_LABELS[state], showlegend=True,
+                x=[None], y=[None], mode="markers", name=C.STATE_LABELS[state],
+                showlegend=swatch["showlegend"] if state == C.DROPPED else True,
                 marker=dict(symbol="square", size=13, color=C.STATE_COLORS[state],
                             line=dict(width=1, color="#94a3b8")),
                 hoverinfo="skip",
@@ -271,12 +305,14 @@ def update_block_figure(fig: go.Figure, trace: Any, step: int | None = None) -> 
     Raises:
         ValueError: if ``fig`` has no ``BLOCK_TRACE`` heatmap.
     """
-    heat, layout, marks = _block_view(trace, step)
+    heat, layout, marks, swatch = _block_view(trace, step)
     cells = _find(fig, BLOCK_TRACE)
     present = {t.name for t in fig.data}
     with fig.batch_update():
         cells.update(**heat)
         fig.update_layout(**layout)
+        if DROPPED_SWATCH in present:
+            _find(fig, DROPPED_SWATCH).update(**swatch)
         for name in (REWRITTEN_MARKS, REMASKED_MARKS):
             if name in present:
                 _find(fig, name).update(**(marks[name] if marks is not None else {"x": [], "y": [], "text": []}))

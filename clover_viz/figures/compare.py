@@ -18,11 +18,16 @@ from clover_viz.figures._common import _base_layout
 # =============================================================================== comparing runs
 def _run_info(run: Any) -> dict[str, Any]:
     if hasattr(run, "summary") and callable(run.summary):
+        from clover_viz.runs import model_of, prompt_of
+
         info = dict(run.summary())
         info["text"] = "".join(run.token_str(int(t)) for t in run.generated_tokens)
         dc = getattr(run, "decode_config", None) or {}
         info.setdefault("threshold", dc.get("threshold"))
         info.setdefault("block_size", dc.get("block_size"))
+        info.setdefault("memory_mode", dc.get("memory_mode"))
+        info.setdefault("model", model_of(run))
+        info.setdefault("prompt", prompt_of(run))
         return info
     if isinstance(run, Mapping):
         return dict(run)
@@ -30,6 +35,7 @@ def _run_info(run: Any) -> dict[str, Any]:
 
 
 _COMPARE_KEYS = ("block_size", "threshold", "nfe", "n_tokens", "tokens_per_forward", "n_forced", "wall_s")
+_SETTING_KEYS = ("model", "memory_mode", "prompt")  # what the runs were, before the numbers
 
 
 def compare_runs(a: Any, b: Any) -> dict[str, Any]:
@@ -40,9 +46,16 @@ def compare_runs(a: Any, b: Any) -> dict[str, Any]:
     "delta"}`` (delta None when not numeric), and ``text`` with ``a``, ``b``,
     ``same`` (bool), ``common_prefix`` (characters), ``similarity``
     (difflib ratio) and ``diff_html`` (insertions green, deletions red).
+
+    Also ``model``, ``memory_mode`` and ``prompt``: ``{"a", "b", "same"}`` (``same`` None when
+    either run does not record it): two runs of different models or prompts are not a setting's
+    effect, and the views say so.
     """
     ia, ib = _run_info(a), _run_info(b)
     out: dict[str, Any] = {}
+    for k in _SETTING_KEYS:
+        va, vb = ia.get(k), ib.get(k)
+        out[k] = {"a": va, "b": vb, "same": None if va is None or vb is None else va == vb}
     for k in _COMPARE_KEYS:
         va, vb = ia.get(k), ib.get(k)
         num = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
@@ -69,8 +82,9 @@ def compare_runs(a: Any, b: Any) -> dict[str, Any]:
     return out
 
 
-COMPARE_TABLE_HEIGHT = 110 + 24 * (len(_COMPARE_KEYS) + 1)
-"""Height in px of every `compare_table` figure (one row per metric plus the text row): fixed,
+COMPARE_TABLE_HEIGHT = 110 + 24 * (len(_SETTING_KEYS) + len(_COMPARE_KEYS) + 1)
+"""Height in px of every `compare_table` figure (model, memory mode and prompt rows, one row per
+metric, the text row): fixed,
 so a view can reserve the space before the first comparison and never re-flow."""
 
 COMPARE_ROWS: dict[str, tuple[str, int]] = {
@@ -100,8 +114,29 @@ def _format_metric(value: Any, decimals: int, sign: bool = False) -> str:
     return f"{value:{'+' if sign else ''},.{decimals}f}"
 
 
+def _setting_rows(cmp: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The table's first rows: which model, memory mode and prompt each run had (the change column
+    says "different" / "same"; a run that does not record one shows "–")."""
+    def cell(v: Any) -> str:
+        return "–" if v is None else C.plotly_text(str(v))
+
+    m, mm, pr = cmp["model"], cmp["memory_mode"], cmp["prompt"]
+    change = {True: "same", False: "different", None: ""}
+    prompt = {True: "same prompt", False: "different prompts", None: "not recorded"}[pr["same"]]
+
+    def length(v: Any) -> str:
+        return "–" if v is None else f"{len(v):,} chars"
+
+    return [("model", cell(m["a"]), cell(m["b"]), change[m["same"]]),
+            ("memory mode", cell(mm["a"]), cell(mm["b"]), change[mm["same"]]),
+            ("prompt", length(pr["a"]), length(pr["b"]), prompt)]
+
+
 def compare_table(a: Any, b: Any, labels: tuple[str, str] = ("previous", "new")) -> go.Figure:
     """`compare_runs` as a small plotly table: metric, previous, new, change.
+
+    The first rows say what the two runs were: model, memory mode and whether they decoded the
+    same prompt (its length in characters beside "same prompt" / "different prompts").
 
     Every row has a human label (`COMPARE_ROWS`: "NFE (forwards)", "wall time (s)", ...) and
     one precision for both runs and the change: counts as integers, ratios and seconds to two
@@ -109,7 +144,7 @@ def compare_table(a: Any, b: Any, labels: tuple[str, str] = ("previous", "new"))
     ("±0.00" in a two-decimal row).
     """
     cmp = compare_runs(a, b)
-    rows = []
+    rows = _setting_rows(cmp)
     for k in _COMPARE_KEYS:
         label, decimals = COMPARE_ROWS[k]
         delta = cmp[k]["delta"]
@@ -117,7 +152,8 @@ def compare_table(a: Any, b: Any, labels: tuple[str, str] = ("previous", "new"))
                      "" if delta is None else _format_metric(delta, decimals, sign=True)))
     t = cmp["text"]
     rows.append(("text", "", "", "identical" if t["same"] else
-                 f"differs after {t['common_prefix']} chars (similarity {t['similarity']:.2f})"))
+                 f"differs after {t['common_prefix']} chars (similarity {t['similarity']:.2f})"
+                 + (", unrelated: different prompts" if cmp["prompt"]["same"] is False else "")))
     cols = list(zip(*rows))
     fig = go.Figure(go.Table(
         header=dict(values=["metric", labels[0], labels[1], "change"], fill_color="#e2e8f0", align="left",

@@ -114,7 +114,8 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
     rate_tab = [
         row(["tokens/s", whole_h, dec_h], head=True),
         row([f"measured here ({run_dt if weight_bytes is not None else 'as run'}"
-             f"{', as run' if weight_bytes is not None else ''})", f"<b>{_fmt(p.measured_tokens_per_s)}</b>",
+             f"{', as run' if weight_bytes is not None else ''}): answer tokens ÷ the decode's wall time "
+             "(decode phase: less the prompt forward's)", f"<b>{_fmt(p.measured_tokens_per_s)}</b>",
              dec(lambda d: d.measured_tokens_per_s)]),
     ]
     if src is not None:
@@ -160,7 +161,10 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
             f"as long as {need:.2f} AR steps, so it needs <b>{need:.2f}</b> tokens per forward to match; this run "
             f"wrote {dp.tokens_per_forward:.2f}.")
     notes.append(f"<b>as run</b> = the cost model's bytes at the dtype the model ran in here ({run_dt}); "
-                 "<b>measured</b> = wall time on this machine; <b>projected</b> = roofline max(bytes / bandwidth, "
+                 "<b>measured</b> = wall time on this machine: the whole run's figure divides the answer tokens by "
+                 "the whole decode's wall time (the headline's tokens/s), the decode phase's leaves the prompt "
+                 "forward's time and tokens out (so it is higher), and the Cost chart's curve divides the slots "
+                 "written by the forwards' own time alone; <b>projected</b> = roofline max(bytes / bandwidth, "
                  f"FLOPs / peak) on {dev} from engine.cost, bf16 weights whatever the run's dtype, not measured.")
     out.append("<div style='color:#475569;margin-top:4px'>" + "<br>".join(notes) + "</div>")
     return f"<div class='{COST_SUMMARY_CLASS}' style='font-size:13px;line-height:1.5'>{''.join(out)}</div>"
@@ -272,8 +276,9 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
     m_last = measured[np.isfinite(measured)]
     # over the forwards' own wall times (the curve); the app's headline divides by the whole decode's,
     # which adds the explorer's own per-step work (events, cost meter)
-    summ = (f"measured {format_si(float(m_last[-1]) if m_last.size else None, digits=3, missing='n/a')} tok/s over "
-            "the forwards' own time (the run's headline divides by the whole decode's)")
+    summ = (f"measured {format_si(float(m_last[-1]) if m_last.size else None, digits=3, missing='n/a')} tok/s = "
+            "slots written ÷ the forwards' own wall time, leaving out the work between forwards (the headline and "
+            "the table's whole run divide answer tokens by the whole decode's time)")
     if proj is not None:
         summ += (f" · projected {config} on {proj.device}: {format_si(proj.target.tokens_per_s, digits=3, missing='n/a')}"
                  f" tok/s whole run")

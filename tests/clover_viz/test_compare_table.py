@@ -24,8 +24,8 @@ def _cells(a: dict, b: dict) -> dict[str, tuple[str, str, str]]:
 
 def test_every_row_has_a_human_label():
     rows = _cells(PREVIOUS, CURRENT)
-    assert list(rows) == ["block size", "threshold", "NFE (forwards)", "tokens generated", "tokens per forward",
-                          "forced fills", "wall time (s)", "text"]
+    assert list(rows) == ["model", "memory mode", "prompt", "block size", "threshold", "NFE (forwards)",
+                          "tokens generated", "tokens per forward", "forced fills", "wall time (s)", "text"]
     assert not {"nfe", "n tokens", "n forced", "wall s", "tokens_per_forward"} & set(rows)
 
 
