@@ -5,7 +5,7 @@
 * `run_stats(trace)` -- the headline numbers of one run by that rule (NFE, tokens, tokens
   per forward, forced fills, wall time, tokens/s, settings, text).
 * `compare(previous, current)` -- the comparison both front ends show: `run_stats` of each
-  and `clover_viz.figures.compare_runs` of the two (its deltas and text diff). The table
+  and `compare_runs` of the two (its deltas and text diff). The table
   both draw is ``figures.compare_table`` of the same two `run_stats`.
 
 No Panel or ipywidgets import: the Panel views, the notebook `Explorer` and the session
@@ -16,11 +16,15 @@ Tests: ``.venv/bin/python -m pytest tests/clover_viz/test_live_views.py tests/ap
 
 from __future__ import annotations
 
+import difflib
+import html
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from clover_viz import colors as C
 from engine.trace import Trace
 
 RUN_LABELS = ("previous", "this run")  # how every view names the two runs it compares
@@ -192,15 +196,13 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
 def compare(previous: Trace | None, current: Trace | None) -> dict[str, Any] | None:
     """The previous run against the current one (None unless both exist).
 
-    Returns ``figures.compare_runs(run_stats(previous), run_stats(current))`` -- per metric
+    Returns ``compare_runs(run_stats(previous), run_stats(current))`` -- per metric
     (``block_size``, ``threshold``, ``nfe``, ``n_tokens``, ``tokens_per_forward``,
     ``n_forced``, ``wall_s``) ``{"a": previous, "b": current, "delta"}``, and ``text``
     (``same``, ``common_prefix`` in characters, ``similarity``, ``diff_html``) -- plus
     ``previous`` and ``current``: the two `run_stats` (what ``figures.compare_table``
     draws).
     """
-    from clover_viz.figures import compare_runs
-
     prev, cur = run_stats(previous), run_stats(current)
     if prev is None or cur is None:
         return None
@@ -227,3 +229,68 @@ def diff_caption(cmp: dict[str, Any]) -> str:
 
 __all__ = ["RUN_LABELS", "compare", "diff_caption", "dropped_at_stop", "forced_past_answer", "generated_ids",
            "model_of", "prompt_of", "run_stats"]
+
+
+# ------------------------------------------------------------------------ two runs compared
+def _run_info(run: Any) -> dict[str, Any]:
+    if hasattr(run, "summary") and callable(run.summary):
+        info = dict(run.summary())
+        info["text"] = "".join(run.token_str(int(t)) for t in run.generated_tokens)
+        dc = getattr(run, "decode_config", None) or {}
+        info.setdefault("threshold", dc.get("threshold"))
+        info.setdefault("block_size", dc.get("block_size"))
+        info.setdefault("memory_mode", dc.get("memory_mode"))
+        info.setdefault("model", model_of(run))
+        info.setdefault("prompt", prompt_of(run))
+        return info
+    if isinstance(run, Mapping):
+        return dict(run)
+    raise TypeError(f"compare_runs takes two Traces or summary dicts (trace.summary() + 'text'), got {type(run).__name__}")
+
+
+_COMPARE_KEYS = ("block_size", "threshold", "nfe", "n_tokens", "tokens_per_forward", "n_forced", "wall_s")
+_SETTING_KEYS = ("model", "memory_mode", "prompt")  # what the runs were, before the numbers
+
+
+def compare_runs(a: Any, b: Any) -> dict[str, Any]:
+    """Compare two runs (``a`` = previous, ``b`` = new): Traces or summary dicts (with ``text`` for the diff).
+
+    Returns a dict: one entry per metric in ``block_size, threshold, nfe,
+    n_tokens, tokens_per_forward, n_forced, wall_s`` holding ``{"a", "b",
+    "delta"}`` (delta None when not numeric), and ``text`` with ``a``, ``b``,
+    ``same`` (bool), ``common_prefix`` (characters), ``similarity``
+    (difflib ratio) and ``diff_html`` (insertions green, deletions red).
+
+    Also ``model``, ``memory_mode`` and ``prompt``: ``{"a", "b", "same"}`` (``same`` None when
+    either run does not record it): two runs of different models or prompts are not a setting's
+    effect, and the views say so.
+    """
+    ia, ib = _run_info(a), _run_info(b)
+    out: dict[str, Any] = {}
+    for k in _SETTING_KEYS:
+        va, vb = ia.get(k), ib.get(k)
+        out[k] = {"a": va, "b": vb, "same": None if va is None or vb is None else va == vb}
+    for k in _COMPARE_KEYS:
+        va, vb = ia.get(k), ib.get(k)
+        num = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
+        out[k] = {"a": va, "b": vb, "delta": (vb - va) if num else None}
+    ta, tb = str(ia.get("text") or ""), str(ib.get("text") or "")
+    prefix = 0
+    for ca, cb in zip(ta, tb):
+        if ca != cb:
+            break
+        prefix += 1
+    sm = difflib.SequenceMatcher(a=ta, b=tb, autojunk=False)
+    parts = []
+    for op, a0, a1, b0, b1 in sm.get_opcodes():
+        if op == "equal":
+            parts.append(html.escape(ta[a0:a1]))
+        if op in ("delete", "replace"):
+            parts.append(f'<del style="background:#fee2e2;color:#991b1b">{html.escape(ta[a0:a1])}</del>')
+        if op in ("insert", "replace"):
+            parts.append(f'<ins style="background:#dcfce7;color:#166534;text-decoration:none">{html.escape(tb[b0:b1])}</ins>')
+    out["text"] = {
+        "a": ta, "b": tb, "same": ta == tb, "common_prefix": prefix, "similarity": round(sm.ratio(), 4),
+        "diff_html": f'<div style="font-family:{C.MONO};white-space:pre-wrap;font-size:12px">{"".join(parts)}</div>',
+    }
+    return out

@@ -958,19 +958,27 @@ class ExplorerState(param.Parameterized):
     def cost_projection(self, device: str | None = None) -> Any:
         """`engine.cost.project_trace` of the displayed trace on `device` (None when it has no steps).
 
-        The source model's config comes from the trace's metadata (recorded by `generate`).
+        The source model's config comes from the trace's metadata (recorded by `generate`); it is
+        priced as a Clover model only when its cost family is ``clover`` (the trace's recorded
+        capabilities). For another family (a causal LM, masked diffusion) there are no measured expert
+        unions to carry over: the 35B-A3B projection falls back to independent routing, and the
+        projection says so in its ``union_assumption``.
         """
+        from engine.backbones.base import cost_family_of
         from engine.config import CloverConfig
         from engine.cost import project_trace
 
         if self.trace is None or len(self.trace) == 0:
             return None
-        cfg = (self.trace.meta or {}).get("model_config")
-        source = CloverConfig.from_dict(cfg) if isinstance(cfg, dict) else None
+        meta = self.trace.meta or {}
+        cfg = meta.get("model_config")
+        family = cost_family_of(meta.get("capabilities"), cfg if isinstance(cfg, dict) else None)
+        source = CloverConfig.from_dict(cfg) if isinstance(cfg, dict) and family == "clover" else None
         mode = (self.trace.decode_config or {}).get("memory_mode", "state")
         window = source.attention_window if (source is not None and mode == "state+window") else 0
         return project_trace(self.trace, device or self.device, source_config=source,
-                             union_assumption=self.union_assumption, memory_mode=mode, window=window)
+                             union_assumption=self.union_assumption, memory_mode=mode, window=window,
+                             fallback_union="independent")
 
     # ------------------------------------------------------------------ break-even
     def _break_even_key(self) -> tuple[str, int, str] | None:

@@ -42,7 +42,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from engine.backbones.base import capabilities_of
+from engine.backbones.base import OBSERVABLES, capabilities_of
 from engine.cost.meter import CostMeter
 from engine.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
 from engine.model import MEMORY_MODES, CloverModel
@@ -398,6 +398,7 @@ class BlockDecoder(HookRegistry):
                 fn(ev)
 
         state = self.model.setup_state(1, dc.memory_mode)
+        undeclared = {name: None for name in OBSERVABLES if not self.capabilities.emits(name)}
         meter = (CostMeter(cfg, self.model.dtype.itemsize, dc.memory_mode, state.window, block_size, self.capabilities)
                  if observers else None)
         select = SlotSelector(dc, cfg, self._undecodable(cfg.vocab_size, cfg.eos_token_id).to(self.model.device))
@@ -430,6 +431,8 @@ class BlockDecoder(HookRegistry):
                 n_forced += step.n_forced
                 if observers:
                     t_obs = time.perf_counter()
+                    if undeclared:  # record only what the backbone declares it observes (its Capabilities)
+                        out = dataclasses.replace(out, **undeclared)
                     cost = meter.forward(n_commit, blk.L, None if out.expert_union is None else
                                          out.expert_union.tolist(), context_len=blk.pos0 - n_commit)
                     emit(self._step_event(blk, step, out, n_commit + blk.L, t_obs - t0, dc.top_candidates, cost))

@@ -192,12 +192,7 @@ def describe_cycles(graph: dict[str, dict[str, int]], root: Path = ROOT) -> list
     return lines
 
 
-KNOWN_CYCLE_EDGES: dict[tuple[str, str], str] = {
-    ("clover_viz.runs", "clover_viz.figures"): (
-        "runs.compare calls figures.compare_runs, while figures.block / .text / .compare read runs "
-        "(dropped_at_stop, model_of, prompt_of); to go: compare_runs (pure data: deltas and text diff) "
-        "moves down into clover_viz.runs and clover_viz.figures.compare re-exports it"),
-}
+KNOWN_CYCLE_EDGES: dict[tuple[str, str], str] = {}
 """Edges that close a cycle still to be broken, each with its plan. The graph less these edges must
 have no cycle, and each must still close one (a stale entry fails too: delete it)."""
 

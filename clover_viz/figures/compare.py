@@ -4,9 +4,6 @@
 
 from __future__ import annotations
 
-import difflib
-import html
-from collections.abc import Mapping
 from typing import Any
 
 import plotly.graph_objects as go
@@ -15,71 +12,7 @@ from clover_viz import colors as C
 from clover_viz.figures._common import _base_layout
 
 
-# =============================================================================== comparing runs
-def _run_info(run: Any) -> dict[str, Any]:
-    if hasattr(run, "summary") and callable(run.summary):
-        from clover_viz.runs import model_of, prompt_of
-
-        info = dict(run.summary())
-        info["text"] = "".join(run.token_str(int(t)) for t in run.generated_tokens)
-        dc = getattr(run, "decode_config", None) or {}
-        info.setdefault("threshold", dc.get("threshold"))
-        info.setdefault("block_size", dc.get("block_size"))
-        info.setdefault("memory_mode", dc.get("memory_mode"))
-        info.setdefault("model", model_of(run))
-        info.setdefault("prompt", prompt_of(run))
-        return info
-    if isinstance(run, Mapping):
-        return dict(run)
-    raise TypeError(f"compare_runs takes two Traces or summary dicts (trace.summary() + 'text'), got {type(run).__name__}")
-
-
-_COMPARE_KEYS = ("block_size", "threshold", "nfe", "n_tokens", "tokens_per_forward", "n_forced", "wall_s")
-_SETTING_KEYS = ("model", "memory_mode", "prompt")  # what the runs were, before the numbers
-
-
-def compare_runs(a: Any, b: Any) -> dict[str, Any]:
-    """Compare two runs (``a`` = previous, ``b`` = new): Traces or summary dicts (with ``text`` for the diff).
-
-    Returns a dict: one entry per metric in ``block_size, threshold, nfe,
-    n_tokens, tokens_per_forward, n_forced, wall_s`` holding ``{"a", "b",
-    "delta"}`` (delta None when not numeric), and ``text`` with ``a``, ``b``,
-    ``same`` (bool), ``common_prefix`` (characters), ``similarity``
-    (difflib ratio) and ``diff_html`` (insertions green, deletions red).
-
-    Also ``model``, ``memory_mode`` and ``prompt``: ``{"a", "b", "same"}`` (``same`` None when
-    either run does not record it): two runs of different models or prompts are not a setting's
-    effect, and the views say so.
-    """
-    ia, ib = _run_info(a), _run_info(b)
-    out: dict[str, Any] = {}
-    for k in _SETTING_KEYS:
-        va, vb = ia.get(k), ib.get(k)
-        out[k] = {"a": va, "b": vb, "same": None if va is None or vb is None else va == vb}
-    for k in _COMPARE_KEYS:
-        va, vb = ia.get(k), ib.get(k)
-        num = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
-        out[k] = {"a": va, "b": vb, "delta": (vb - va) if num else None}
-    ta, tb = str(ia.get("text") or ""), str(ib.get("text") or "")
-    prefix = 0
-    for ca, cb in zip(ta, tb):
-        if ca != cb:
-            break
-        prefix += 1
-    sm = difflib.SequenceMatcher(a=ta, b=tb, autojunk=False)
-    parts = []
-    for op, a0, a1, b0, b1 in sm.get_opcodes():
-        if op == "equal":
-            parts.append(html.escape(ta[a0:a1]))
-        if op in ("delete", "replace"):
-            parts.append(f'<del style="background:#fee2e2;color:#991b1b">{html.escape(ta[a0:a1])}</del>')
-        if op in ("insert", "replace"):
-            parts.append(f'<ins style="background:#dcfce7;color:#166534;text-decoration:none">{html.escape(tb[b0:b1])}</ins>')
-    out["text"] = {
-        "a": ta, "b": tb, "same": ta == tb, "common_prefix": prefix, "similarity": round(sm.ratio(), 4),
-        "diff_html": f'<div style="font-family:{C.MONO};white-space:pre-wrap;font-size:12px">{"".join(parts)}</div>',
-    }
-    return out
+from clover_viz.runs import _COMPARE_KEYS, _SETTING_KEYS, compare_runs  # noqa: E402  (the data; this module draws it)
 
 
 COMPARE_TABLE_HEIGHT = 110 + 24 * (len(_SETTING_KEYS) + len(_COMPARE_KEYS) + 1)

@@ -52,14 +52,15 @@ class BlockOutput:
 
     Attributes:
         logits: [B, L, V] fp32 logits of the block slots.
-        expert_union: [N] int64 distinct routed experts over all T tokens of the forward, per layer
-            (empty for a dense backbone).
+        expert_union: [N] int64 distinct routed experts over all T tokens of the forward, per layer,
+            or None for a dense backbone. The decoder records only the observables a backbone
+            declares (`Capabilities.observables`); the others are recorded as None.
         memory_share: [N, B, L] fp32 softmax mass on the memory unit (head mean), or None.
         state_norm: [N] fp32 Frobenius norm of each layer's recurrent state after the commit, or None.
     """
 
     logits: torch.Tensor
-    expert_union: torch.Tensor
+    expert_union: torch.Tensor | None
     memory_share: torch.Tensor | None = None
     state_norm: torch.Tensor | None = None
 

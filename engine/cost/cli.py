@@ -221,7 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ua = float(ua)
             except ValueError:
                 pass
-            p = project_trace(trace, device, args.config, ua, source_config=args.trace_config)
+            # a trace of another cost family (a causal LM) has no measured unions: independent routing
+            p = project_trace(trace, device, args.config, ua, source_config=args.trace_config,
+                              fallback_union="independent")
             print(format_trace_projection(p, args.trace))
             return 0
         cfg = _as_config(args.config)
