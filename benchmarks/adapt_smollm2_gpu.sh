@@ -22,7 +22,7 @@ PY=${PYTHON:-.venv/bin/python}
 OUT=${1:-runs/smollm2-bd-gpu}
 
 if [ "${TINY:-0}" = 1 ]; then
-    "$PY" -m engine.hf_train --tiny --out "$OUT" --max-steps 4 --batch 4 --accum 1 --minutes 1 --no-progress
+    "$PY" -m engine.training.causal_lm --tiny --out "$OUT" --max-steps 4 --batch 4 --accum 1 --minutes 1 --no-progress
     "$PY" -m engine.eval --model "$OUT" --prompts 2 --max-new-tokens 8 --settings 1,8/0.95 --compare-base \
         --base-settings 8/0.95 --speed-prompts 1 --speed-block-sizes 4,8
     exit 0
@@ -34,7 +34,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 DATA=${DATA:-runs/smollm2/distill-gpu.jsonl}
 t0=$(date +%s)
-timeout 150 "$PY" -m engine.hf_train distill --out "$DATA" --n 30000 --batch 1024 --max-new-tokens 96 \
+timeout 150 "$PY" -m engine.training.causal_lm distill --out "$DATA" --n 30000 --batch 1024 --max-new-tokens 96 \
     --device cuda --dtype bf16 --threads 4 || echo "distill stopped at its time limit ($(wc -l < "$DATA") answers)"
 "$PY" -m engine.train --init-from smollm2-135m-instruct --objective block-diffusion --out "$OUT" --data "$DATA" \
     --device cuda --dtype bf16 --minutes 5.5 --batch 64 --accum 1 --lr 1e-3 --lora-r 32 --lora-alpha 64 \

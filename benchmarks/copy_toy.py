@@ -56,8 +56,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.config import CloverConfig  # noqa: E402
-from engine.model import CloverModel  # noqa: E402
+from engine.backbones.clover.config import CloverConfig  # noqa: E402
+from engine.backbones.clover.model import CloverModel  # noqa: E402
 from engine.training.surgery import INDUCTION_TAPS, init_induction_heads, tiny_config  # noqa: E402
 from engine.threads import add_threads_argument, configure_threads  # noqa: E402
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.config import CloverConfig  # noqa: E402
+from engine.backbones.clover.config import CloverConfig  # noqa: E402
 from engine.cost import ar_step_cost, expected_union, forward_cost, get_device  # noqa: E402
 from engine.threads import add_threads_argument, configure_threads  # noqa: E402
 

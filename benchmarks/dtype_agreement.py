@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     from engine.checkpoint import load_model, load_tokenizer
     from engine.data.agent import eval_tasks
     from engine.data.stdlib import stdlib_files
-    from engine.decoder import BlockDecoder, DecodeConfig
-    from engine.events import StepEvent
+    from engine.decoding.decoder import BlockDecoder, DecodeConfig
+    from engine.recording.events import StepEvent
 
     ref = load_model(args.model)
     low = load_model(args.model, dtype=getattr(torch, args.dtype))

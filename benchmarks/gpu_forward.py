@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/gpu_forward.py                       # clover-35b-a3b, bf16, on the GPU
     .venv/bin/python benchmarks/gpu_forward.py --preset clover-test --device cpu --repeats 3   # CPU / CI
 
-The model is built directly on ``--device`` in ``--dtype`` (`engine.model.random_model`: the
+The model is built directly on ``--device`` in ``--dtype`` (`engine.backbones.clover.model.random_model`: the
 35B-A3B preset in bf16, ~69 GB, never exists on the host). Its state sits at position
 ``--position`` (history is state: the content does not change the time). Forwards timed, each
 the median of ``--repeats`` after ``--warmup``:
@@ -27,7 +27,7 @@ tokens per forward: AR is 1 / time; a block of L tokens at TPF t takes L / t for
 them the fused commit, so tokens/s = L / ((L / t - 1) * t_block + t_commit).
 
 On CUDA a second table (`graph_table`, skip with ``--no-graphs``) times each forward eagerly and
-replayed from a CUDA graph (`engine.cuda_graphs`) with the model's own router, beside the kernels
+replayed from a CUDA graph (`engine.backbones.clover.cuda_graphs`) with the model's own router, beside the kernels
 one eager forward launches.
 """
 
@@ -105,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1 or args.warmup < 0 or args.position < 0 or any(b < 1 for b in args.blocks):
         ap.error("--repeats and --blocks must be >= 1, --warmup and --position >= 0")
 
-    from engine.config import CloverConfig
+    from engine.backbones.clover.config import CloverConfig
     from engine.cost import forward_cost, get_device
-    from engine.model import random_model
+    from engine.backbones.clover.model import random_model
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -192,12 +192,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def graph_table(model, shapes, ids, position: int, repeats: int, warmup: int, sync) -> None:
-    """Eager forward vs CUDA-graph replay (`engine.cuda_graphs`) per shape, the model's own router:
+    """Eager forward vs CUDA-graph replay (`engine.backbones.clover.cuda_graphs`) per shape, the model's own router:
     median ms of each, kernels launched by one eager forward (torch.profiler's CUDA events) against
     the one graph launch of a replay, and the time a replay saves per eager kernel launch."""
     from torch.profiler import DeviceType, ProfilerActivity, profile
 
-    from engine.cuda_graphs import disable_cuda_graphs, enable_cuda_graphs
+    from engine.backbones.clover.cuda_graphs import disable_cuda_graphs, enable_cuda_graphs
 
     print("| forward | eager ms | graph replay ms | eager / replay | kernels per eager forward | "
           "launches per replay | saved per kernel (us) |")

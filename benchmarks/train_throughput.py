@@ -90,11 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--steps must be >= 1 and --peak-n >= 64")
     threads = configure_threads(args.threads)
 
-    from engine.model import CloverModel
+    from engine.backbones.clover.model import CloverModel
     from engine.training.surgery import small_config, tiny_config
     from engine.training.loop import ROW_SHAPE, make_optimizer
 
-    from engine.config import CloverConfig
+    from engine.backbones.clover.config import CloverConfig
 
     cfg = {"tiny": tiny_config, "small": small_config, "test": lambda: CloverConfig.from_name("clover-test")}[args.size]()
     T, rows = ROW_SHAPE[32]

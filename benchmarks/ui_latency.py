@@ -50,7 +50,7 @@ PROMPT = "def f(x):\n    return x\n\n"  # code: a trained model does not end it 
 
 def record(path: Path, tokens: int, threshold: float) -> None:
     from clover_viz.models import load_demo_model
-    from engine.decoder import BlockDecoder, DecodeConfig
+    from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     demo = load_demo_model()
     print(f"recording a {tokens}-token trace with {demo.label} (block 32, threshold {threshold}) ...", flush=True)
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rerecord or not args.long_trace.is_file():
         record(args.long_trace, args.long_forwards, 1.0)
 
-    from engine.trace import Trace
+    from engine.recording.trace import Trace
 
     results = {}
     for name, path in (("short", args.trace), ("long", args.long_trace)):

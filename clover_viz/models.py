@@ -68,7 +68,7 @@ class ModelSpec:
 class LoadedModel:
     """A model ready to decode: the model, its tokenizer, and how to label it in the UI.
 
-    ``decoder``: an ``engine.decoder.BlockDecoder`` over this model to decode with instead
+    ``decoder``: an ``engine.decoding.decoder.BlockDecoder`` over this model to decode with instead
     of a new one (a notebook handed one over; its registered hooks then fire too), or None.
     """
 
@@ -185,7 +185,7 @@ def build_model(spec: ModelSpec) -> LoadedModel:
     """
 
     from engine.checkpoint import load_model, load_tokenizer
-    from engine.model import random_model
+    from engine.backbones.clover.model import random_model
     from engine.tokenizer import byte_tokenizer
 
     if spec.kind == "random":
@@ -214,7 +214,7 @@ def build_model(spec: ModelSpec) -> LoadedModel:
 
 class _RevisableModel:
     """What `LoadedModel` reads from a model (``config``, ``model_id``), for a decoder that runs its
-    own sampler (`engine.diffusion_gemma.DiffusionGemmaDecoder`)."""
+    own sampler (`engine.backbones.diffusion_gemma.DiffusionGemmaDecoder`)."""
 
     def __init__(self, decoder: Any):
         self.decoder, self.config, self.model_id = decoder, decoder.info, decoder.model_id
@@ -241,7 +241,7 @@ class _RevisableSession:
 
     def generate(self, prompt: Any, hooks: Any = (), record_trace: bool = True, cancel: Any = None,
                  config: Any = None) -> Any:
-        from engine.diffusion_gemma import DiffusionGemmaDecodeConfig
+        from engine.backbones.diffusion_gemma import DiffusionGemmaDecodeConfig
 
         dg = config if isinstance(config, DiffusionGemmaDecodeConfig) or config is None else \
             DiffusionGemmaDecodeConfig(max_new_tokens=int(config.max_new_tokens))

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from clover_viz import colors as C
-from engine.trace import Trace
+from engine.recording.trace import Trace
 
 RUN_LABELS = ("previous", "this run")  # how every view names the two runs it compares
 
@@ -41,7 +41,7 @@ def generated_ids(trace: Trace) -> list[int]:
     pre-filled) slots up to the first slot still masked, cut before the first EOS, stopping
     there -- exactly what the decoder keeps when it stops now (``stop_reason`` cancelled).
     Finished blocks are cached, so a live call costs the running block only. The EOS id is
-    the trace's (`engine.slot_index.SlotIndex.eos_id`: the model config's, else learned from
+    the trace's (`engine.recording.slot_index.SlotIndex.eos_id`: the model config's, else learned from
     an EOS-filled slot).
     """
     if trace.decode_end is not None:
@@ -92,7 +92,7 @@ def dropped_at_stop(trace: Trace) -> dict[str, Any] | None:
     still masked when it stopped.
 
     A decode stopped mid-block keeps that block's written slots only up to its first masked slot
-    (`engine.decoder.finished_tokens`: the text must be contiguous); slots written after the gap
+    (`engine.decoding.decoder.finished_tokens`: the text must be contiguous); slots written after the gap
     -- accepted or forced, irrevocably while the run went on -- are dropped with it.
 
     Returns:

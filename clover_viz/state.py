@@ -59,10 +59,10 @@ from clover_viz.models import (
 )
 from clover_viz.runs import compare, dropped_at_stop, forced_past_answer, generated_ids, model_of, prompt_of
 from engine.cost import DEFAULT_DEVICE, DEVICES, UNION_ASSUMPTIONS
-from engine.events import BlockStart, DecodeEnd, StepEvent
-from engine.policies import POLICIES
+from engine.recording.events import BlockStart, DecodeEnd, StepEvent
+from engine.decoding.policies import POLICIES
 from engine.prompting import model_input
-from engine.trace import Trace
+from engine.recording.trace import Trace
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX = 1, 2048
@@ -474,12 +474,12 @@ class ExplorerState(param.Parameterized):
             self.generate()
 
     def decode_config(self, loaded: LoadedModel | None = None) -> Any:
-        """The `engine.decoder.DecodeConfig` of the current settings.
+        """The `engine.decoding.decoder.DecodeConfig` of the current settings.
 
         Raises:
             ValueError: for settings the model cannot run (``state+window`` without a window).
         """
-        from engine.decoder import DecodeConfig
+        from engine.decoding.decoder import DecodeConfig
 
         _check_memory_mode(self.memory_mode, loaded or self._loaded)
         return DecodeConfig(
@@ -512,7 +512,7 @@ class ExplorerState(param.Parameterized):
         """Start decoding `prompt` with the current settings in a worker thread.
 
         Args:
-            config: an ``engine.decoder.DecodeConfig`` to decode with instead of the one the
+            config: an ``engine.decoding.decoder.DecodeConfig`` to decode with instead of the one the
                 settings make (a notebook's, with fields the settings do not cover); the
                 settings take its values where they can show them.
 
@@ -520,7 +520,7 @@ class ExplorerState(param.Parameterized):
         (and sets `error`, keeping the runs on display) when the prompt, the model or the
         settings are unusable.
         """
-        from engine.decoder import BlockDecoder
+        from engine.decoding.decoder import BlockDecoder
 
         if self._closed:
             return False
@@ -826,7 +826,7 @@ class ExplorerState(param.Parameterized):
     def _take_trace_settings(self, trace: Trace) -> tuple[list[str], list[str]]:
         """Set every setting of ``trace`` the loaded model can run and a control can show (the rule of
         `load_trace`), without re-decoding. Returns (settings taken, settings not taken with why)."""
-        from engine.decoder import DecodeConfig
+        from engine.decoding.decoder import DecodeConfig
 
         dc = trace.decode_config or {}
         loaded = self._loaded
@@ -965,7 +965,7 @@ class ExplorerState(param.Parameterized):
         projection says so in its ``union_assumption``.
         """
         from engine.backbones.base import cost_family_of
-        from engine.config import CloverConfig
+        from engine.backbones.clover.config import CloverConfig
         from engine.cost import project_trace
 
         if self.trace is None or len(self.trace) == 0:

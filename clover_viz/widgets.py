@@ -246,7 +246,7 @@ class Explorer:
     and a decode's overrides or a widget change become it once that decode has started.
 
     Args:
-        model_or_trace: an ``engine.trace.Trace``; a path to a saved trace
+        model_or_trace: an ``engine.recording.trace.Trace``; a path to a saved trace
             (``.parquet`` / ``.arrow``); a ``CloverModel``; a ``BlockDecoder`` (its model,
             tokenizer and config; its registered hooks fire too); or a checkpoint
             directory (loaded once per process by `clover_viz.models`, as the Panel app does).
@@ -254,7 +254,7 @@ class Explorer:
             which the app opens too (a labelled random clover-test while it holds no checkpoint).
         tokenizer: the model's tokenizer (ignored for a trace; read from a
             checkpoint directory when not given).
-        decode_config: an ``engine.decoder.DecodeConfig``, or a dict of its fields (the others
+        decode_config: an ``engine.decoding.decoder.DecodeConfig``, or a dict of its fields (the others
             take the defaults). Default, and for the fields a dict leaves out: for a checkpoint
             directory the app's settings (block 32, threshold 0.95, 128 new tokens, the model's
             best measured memory mode); for a model object ``DecodeConfig()``.
@@ -269,8 +269,8 @@ class Explorer:
 
     def __init__(self, model_or_trace: Any = None, tokenizer: Any = None, decode_config: Any = None,
                  prompt: str | None = None) -> None:
-        from engine.decoder import BlockDecoder, DecodeConfig
-        from engine.trace import Trace
+        from engine.decoding.decoder import BlockDecoder, DecodeConfig
+        from engine.recording.trace import Trace
 
         settings: dict[str, Any] = {"auto_redecode": False}
         if prompt:
@@ -748,7 +748,7 @@ class Explorer:
         ``cancelled``) and is returned.
 
         Returns:
-            the decode's ``engine.trace.Trace``.
+            the decode's ``engine.recording.trace.Trace``.
 
         Raises:
             ValueError: when the Explorer was made from a trace (no model), or the prompt or

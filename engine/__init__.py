@@ -20,15 +20,15 @@ Public API::
     CloverConfig.from_name("clover-test" | "clover-35b-a3b")
     CloverModel(config); model.setup_state(batch, memory_mode); model(block, state, commit_ids, block_size)
     BlockDecoder(model, tokenizer, DecodeConfig(...)).generate(prompt, hooks=...) -> DecodeResult
-    BlockStart, StepEvent, BlockEnd, DecodeEnd      (events, engine.events)
-    Trace (engine.trace): record / save / load Parquet or Arrow
+    BlockStart, StepEvent, BlockEnd, DecodeEnd      (events, engine.recording.events)
+    Trace (engine.recording.trace): record / save / load Parquet or Arrow
     load_model, save_model, load_tokenizer          (engine.checkpoint; load_model opens every format
                                                      model_format names)
     python -m engine.convert --from qwen3_5_moe SRC --out DST   (a Qwen3.5-MoE checkpoint -> Clover)
     forward_cost, DEVICES                            (engine.cost)
 """
 
-from engine.config import CloverConfig
+from engine.backbones.clover.config import CloverConfig
 
 # The rest is imported on first use (PEP 562), so `python -m engine.cost` / `engine.checkpoint`
 # do not import their own module twice.
@@ -36,11 +36,11 @@ _LAZY = {
     "load_model": "engine.checkpoint", "save_model": "engine.checkpoint", "load_tokenizer": "engine.checkpoint",
     "model_format": "engine.checkpoint",
     "DEVICES": "engine.cost", "forward_cost": "engine.cost",
-    "BlockDecoder": "engine.decoder", "DecodeConfig": "engine.decoder", "DecodeResult": "engine.decoder",
-    "BlockEnd": "engine.events", "BlockStart": "engine.events", "DecodeEnd": "engine.events",
-    "ProcessorFiring": "engine.events", "StepEvent": "engine.events",
-    "CloverModel": "engine.model", "CloverState": "engine.model",
-    "Trace": "engine.trace",
+    "BlockDecoder": "engine.decoding.decoder", "DecodeConfig": "engine.decoding.decoder", "DecodeResult": "engine.decoding.decoder",
+    "BlockEnd": "engine.recording.events", "BlockStart": "engine.recording.events", "DecodeEnd": "engine.recording.events",
+    "ProcessorFiring": "engine.recording.events", "StepEvent": "engine.recording.events",
+    "CloverModel": "engine.backbones.clover.model", "CloverState": "engine.backbones.clover.model",
+    "Trace": "engine.recording.trace",
 }
 
 

@@ -16,7 +16,7 @@ There is no checksum in the format, so flipped bits inside tensor *data* are
 not detected (a flipped header is).
 
 Tensor names are transformers' Qwen3.5-MoE names where the tensors mean the same thing
-(``model.layers.{i}.mlp.experts.gate_up_proj`` ...; `engine.model.CloverModel`); checkpoints
+(``model.layers.{i}.mlp.experts.gate_up_proj`` ...; `engine.backbones.clover.model.CloverModel`); checkpoints
 written under older project names load through `LEGACY_KEYS`.
 
 `load_model` opens every format the engine decodes, chosen by ``config.json``'s ``model_type``
@@ -50,7 +50,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from engine.backbones.registry import DESCRIPTIONS, MODEL_TYPES, loader_for
-from engine.config import CloverConfig
+from engine.backbones.clover.config import CloverConfig
 
 DEFAULT_MODEL_DIR = "models/clover-tiny"
 """The bundled model every entry point opens by default (relative to the repository root)."""
@@ -191,13 +191,13 @@ def load_model(
       `CloverConfig`, the model is built on the CPU, the weights are loaded with `load_weights`
       (strict; older names through `LEGACY_KEYS`), then moved to `device` / `dtype`.
     * ``hf-block-diffusion``: an adapter directory over a pinned transformers base
-      (`engine.hf_adapter.load_adapter_model`).
+      (`engine.backbones.causal_lm.adapter.load_adapter_model`).
     * ``llama`` / ``qwen2`` / ``qwen3``: a transformers ``save_pretrained`` directory, decoded as
-      a block-diffusion model with token shift (`engine.hf_model.wrap_pretrained`).
+      a block-diffusion model with token shift (`engine.backbones.causal_lm.model.wrap_pretrained`).
     * ``Dream`` / ``llada``: a masked diffusion checkpoint, bidirectional with a full recompute
-      per forward (`engine.masked_diffusion.load_masked_diffusion`).
+      per forward (`engine.backbones.masked_diffusion.load_masked_diffusion`).
     * ``diffusion_gemma``: transformers' DiffusionGemma (revisable commits, its own sampler): the
-      return value is an `engine.diffusion_gemma.DiffusionGemmaDecoder` (``.generate(prompt)``
+      return value is an `engine.backbones.diffusion_gemma.DiffusionGemmaDecoder` (``.generate(prompt)``
       gives text, tokens and a trace), not a model for `BlockDecoder`.
 
     A transformers Qwen3.5-MoE directory (``qwen3_5_moe``, ``qwen3_5_moe_text``) is refused with
@@ -253,7 +253,7 @@ def load_clover(directory: str | Path, device: str | torch.device = "cpu",
     except (ValueError, TypeError) as e:
         raise ValueError(f"{config_path} is not a valid Clover config: {e}") from e
 
-    from engine.model import CloverModel  # here, so saving and checking work without the model
+    from engine.backbones.clover.model import CloverModel  # here, so saving and checking work without the model
 
     model = CloverModel(config)
     load_weights(model, directory)
@@ -553,7 +553,7 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
     """
     path = Path(path_or_dir)
     if path.is_dir() and _hf_kind(path / CONFIG_NAME) == "adapter":
-        from engine.hf_adapter import load_adapter_tokenizer
+        from engine.backbones.causal_lm.adapter import load_adapter_tokenizer
 
         return load_adapter_tokenizer(path)
     if path.is_dir():
@@ -571,7 +571,7 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
 
 # --------------------------------------------------------------------------- helpers
 def _hf_kind(config_path: Path) -> str | None:
-    """``"adapter"`` (engine.hf_adapter), ``"transformers"`` (a plain Llama / Qwen2 / Qwen3
+    """``"adapter"`` (engine.backbones.causal_lm.adapter), ``"transformers"`` (a plain Llama / Qwen2 / Qwen3
     ``save_pretrained`` directory) or None (a Clover checkpoint, or no readable / known config)."""
     try:
         fmt = model_format(config_path.parent)
@@ -763,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Save a randomly initialised Clover model of a preset as a checkpoint directory.",
     )
     parser.add_argument("--init", required=True, metavar="PRESET",
-                        help="preset name, e.g. clover-test (see engine.config.PRESETS)")
+                        help="preset name, e.g. clover-test (see engine.backbones.clover.config.PRESETS)")
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="torch seed for the initialisation")
     parser.add_argument("--max-shard-bytes", type=int, default=None,
@@ -780,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
         config = CloverConfig.from_name(args.init)
     except ValueError as e:
         parser.error(str(e))
-    from engine.model import CloverModel
+    from engine.backbones.clover.model import CloverModel
     from engine.tokenizer import byte_tokenizer
 
     estimate = _min_param_bytes(config)

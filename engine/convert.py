@@ -69,7 +69,7 @@ from engine.checkpoint import (
     _weight_files,
     save_model,
 )
-from engine.config import CloverConfig
+from engine.backbones.clover.config import CloverConfig
 
 SOURCE_FORMATS = ("qwen3_5_moe",)
 """Values of ``--from``."""
@@ -311,7 +311,7 @@ def init_clover_parameters(model: torch.nn.Module, init: CloverInit) -> list[str
     """Set every Clover-only parameter (`CLOVER_ONLY`) as `init` says; returns their names.
 
     Attention memory gates: ``mem_a`` / ``mem_b`` weights N(0, 0.02), ``mem_A_log`` = log U(1, 16),
-    ``mem_dt_bias`` as flash-linear-attention's GatedDeltaNet (`engine.clover.ops.dt_bias_init`),
+    ``mem_dt_bias`` as flash-linear-attention's GatedDeltaNet (`engine.backbones.clover.ops.dt_bias_init`),
     like a fresh `CloverModel` but from a generator seeded with ``init.seed`` (the global torch RNG
     is left alone); ``mem_w`` = 0 in both mixers, so the memory logit is the bias alone.
     """
@@ -418,7 +418,7 @@ def build_model(src: str | Path, *, name: str | None = None, window: int = DEFAU
         ValueError: an unsupported or damaged source (`read_source_config`, `clover_config`,
             `SourceWeights`, `copy_shared_weights`), or a Clover parameter left unfilled.
     """
-    from engine.model import CloverModel
+    from engine.backbones.clover.model import CloverModel
 
     src = Path(src)
     scfg = read_source_config(src)
@@ -541,7 +541,7 @@ def measure_agreement(src: str | Path, model, tokenizer=None, *, prompts: int = 
     dtype. Per prompt, the source's greedy continuation (``max_new_tokens``, stopping at EOS) is the
     reference. Per memory mode (``state+window`` when the model has a window, and ``state``):
 
-    * ``greedy``: share of the ``max_new_tokens`` positions where `engine.decoder.BlockDecoder`
+    * ``greedy``: share of the ``max_new_tokens`` positions where `engine.decoding.decoder.BlockDecoder`
       (``block_size=1``, no tokenizer, so only MASK is banned) writes the reference's token (both
       sequences padded with EOS after they stop); ``greedy_prefix``: mean common-prefix length / max_new_tokens;
     * ``teacher_forced``: share of reference tokens the MASK slot's argmax gives when the history is
@@ -565,7 +565,7 @@ def measure_agreement(src: str | Path, model, tokenizer=None, *, prompts: int = 
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from engine.decoder import BlockDecoder, DecodeConfig
+    from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     cfg = model.config
     hf_logging.disable_progress_bar()

@@ -8,11 +8,11 @@
 or with the venv activated). ``--threads`` defaults to ``OMP_NUM_THREADS`` if
 set, else half the CPUs (1-4): see `engine.threads`.
 
-Experts split across processes (`engine.parallel`; one process per GPU, gloo on the CPU):
+Experts split across processes (`engine.backbones.clover.parallel`; one process per GPU, gloo on the CPU):
 
     torchrun --nproc-per-node 2 -m engine.generate --model models/clover-tiny --prompt "..." --parallel ep=2
 
-Heads split across processes (tensor parallel, `engine.parallel.shard_heads`), alone or with the experts
+Heads split across processes (tensor parallel, `engine.backbones.clover.parallel.shard_heads`), alone or with the experts
 split over the same ranks: ``--parallel tp=2`` or ``--parallel ep=2,tp=2``.
 
 Rank 0 prints the text, the summary and the bytes each rank read, and saves the trace.
@@ -76,10 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "float64"],
                    help="cast the weights to this dtype (default: as stored); state and confidences stay fp32")
     p.add_argument("--cuda-graphs", action="store_true",
-                   help="replay the denoising forward from CUDA graphs (engine.cuda_graphs; needs --device cuda)")
+                   help="replay the denoising forward from CUDA graphs (engine.backbones.clover.cuda_graphs; needs --device cuda)")
     p.add_argument("--parallel", default=None, metavar="ep=N[,tp=N]",
                    help="expert (ep) and/or tensor (tp) parallel over the N processes started by "
-                        "torchrun --nproc-per-node N (engine.parallel)")
+                        "torchrun --nproc-per-node N (engine.backbones.clover.parallel)")
     p.add_argument("--parallel-timeout", type=float, default=None, metavar="S",
                    help="seconds a collective waits for the other ranks before failing (default 60)")
     from engine.threads import add_threads_argument
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main_parallel(args, threads)
     from engine.backbones.base import capabilities_of
     from engine.checkpoint import load_model, load_tokenizer
-    from engine.decoder import BlockDecoder
+    from engine.decoding.decoder import BlockDecoder
 
     try:
         dc = _decode_config(args)
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cuda_graphs:
             if not caps.cuda_graphs:
                 raise ValueError(f"--cuda-graphs covers Clover checkpoints; {args.model} is another format")
-            from engine.cuda_graphs import enable_cuda_graphs
+            from engine.backbones.clover.cuda_graphs import enable_cuda_graphs
 
             enable_cuda_graphs(model)  # ValueError off CUDA
         tokenizer = load_tokenizer(args.model)
@@ -181,7 +181,7 @@ def _check_inputs(args) -> None:
     if isinstance(args.prompt, str) and args.prompt and not args.prompt.strip():
         raise ValueError("the prompt is only whitespace; give some text to continue")
     if args.trace is not None:
-        from engine.trace import trace_format
+        from engine.recording.trace import trace_format
 
         try:
             trace_format(args.trace)
@@ -208,7 +208,7 @@ def _check_model_dir(model: str) -> None:
 def _decode_config(args):
     """The `DecodeConfig` of the command line (raises ValueError / TypeError for bad values)."""
     from engine.checkpoint import best_memory_mode
-    from engine.decoder import DecodeConfig
+    from engine.decoding.decoder import DecodeConfig
 
     if args.memory_mode is None:  # the model's best measured mode, labelled in the summary line
         args.memory_mode, args.memory_mode_why = (best_memory_mode(args.model) if Path(args.model).is_dir()
@@ -224,7 +224,7 @@ def forced_past_answer(trace, end_position: int) -> int:
     prompt length + kept tokens) -- end-of-text slots and anything after the first EOS.
 
     Args:
-        trace: the decode's `engine.trace.Trace` (None: 0).
+        trace: the decode's `engine.recording.trace.Trace` (None: 0).
         end_position: the first position after the kept answer.
     """
     if trace is None:
@@ -251,9 +251,9 @@ def _policy_label(dc) -> str:
 
 
 def _main_revisable(args, decoder, threads: int) -> int:
-    """A DiffusionGemma directory: its own revisable sampler (`engine.diffusion_gemma`); of the block
+    """A DiffusionGemma directory: its own revisable sampler (`engine.backbones.diffusion_gemma`); of the block
     settings only ``--max-new-tokens`` applies (its canvas length and entropy rule replace the rest)."""
-    from engine.diffusion_gemma import DiffusionGemmaDecodeConfig
+    from engine.backbones.diffusion_gemma import DiffusionGemmaDecodeConfig
 
     tok = None
     try:
@@ -281,9 +281,9 @@ def _main_parallel(args, threads: int) -> int:
     experts and / or heads; rank 0 reports."""
     import torch.distributed as dist
 
-    from engine import parallel
+    from engine.backbones.clover import parallel
     from engine.checkpoint import load_model, load_tokenizer
-    from engine.decoder import BlockDecoder
+    from engine.decoding.decoder import BlockDecoder
 
     rank = int(os.environ.get("RANK", "0"))
     try:

@@ -12,7 +12,7 @@ layout, its code prompts none) decodes the text as given.
 
 `model_input` is that rule. The CLI (`engine.generate`), the explorer's session state
 (`clover_viz.state.ExplorerState`, behind both the Panel app and the notebook
-``Explorer``), `engine.sweep` and `engine.hf_eval` all call it, and the explorer records
+``Explorer``), `engine.sweep` and `engine.eval.chat` all call it, and the explorer records
 its result in the trace (``meta["model_input"]``) so the views can show the exact text
 that was decoded.
 

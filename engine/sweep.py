@@ -6,7 +6,7 @@
 
 Every combination of the comma lists (``--block-size``, ``--threshold``, ``--policy``,
 ``--memory-mode``, ...) is one *setting*; every (model, setting, task) is one *cell*, one
-`engine.decoder.BlockDecoder.generate` call. The output folder holds
+`engine.decoding.decoder.BlockDecoder.generate` call. The output folder holds
 
 * ``results.parquet`` -- one row per cell (`RESULT_SCHEMA`): model, setting, task, generated
   tokens, NFE, tokens per forward, forced fills, stop reason, text, the agent scores where the
@@ -14,13 +14,13 @@ Every combination of the comma lists (``--block-size``, ``--threshold``, ``--pol
   them), the cost model's bytes and FLOPs, the path of the saved trace (relative to the
   folder), and the volatile columns `VOLATILE_COLUMNS` (wall time, worker);
 * ``summary.parquet`` -- one row per (model, task set, setting), printed at the end;
-* ``traces/<cell_id>.parquet`` -- each cell's `engine.trace.Trace` (unless ``--no-traces``).
+* ``traces/<cell_id>.parquet`` -- each cell's `engine.recording.trace.Trace` (unless ``--no-traces``).
 
 Task sets: ``agent-eval:N`` (the first N held-out tool-call tasks of
 `engine.data.agent.eval_tasks`, scored), ``chat-eval:N`` (the first N fixed chat prompts of
 `engine.data.chat_prompts.eval_prompts`, wrapped in a user turn for chat models, unscored) and
 ``prompts:FILE`` (one prompt per line, ``#`` lines skipped, unscored). Models: checkpoint
-directories (`engine.checkpoint.load_model`) or ``random:PRESET[:SCALE]`` (`engine.model.random_model`
+directories (`engine.checkpoint.load_model`) or ``random:PRESET[:SCALE]`` (`engine.backbones.clover.model.random_model`
 with seed 0 and weight scale SCALE, default 1, with the byte tokenizer).
 
 Execution. Cells run serially (``--workers 1``), on a local process pool (``--workers N``,
@@ -164,7 +164,7 @@ def load_sweep_model(spec: str):
             (DiffusionGemma runs its own sampler).
     """
     if spec.startswith("random:"):
-        from engine.model import random_model
+        from engine.backbones.clover.model import random_model
         from engine.tokenizer import byte_tokenizer
 
         parts = spec.split(":")
@@ -191,12 +191,12 @@ def load_sweep_model(spec: str):
 
     if capabilities_of(model).revises_commits:
         raise ValueError(f"model {spec!r}: a revisable sampler (DiffusionGemma) has its own generate; "
-                         "sweeps drive engine.decoder.BlockDecoder")
+                         "sweeps drive engine.decoding.decoder.BlockDecoder")
     return model, load_tokenizer(spec)
 
 
 def _decode_config(values: dict):
-    from engine.decoder import DecodeConfig
+    from engine.decoding.decoder import DecodeConfig
 
     return DecodeConfig(**values)
 
@@ -292,7 +292,7 @@ def run_cell(cell: Cell, model, tokenizer, traces: bool = True) -> tuple[dict, b
 
     Args:
         cell: the `Cell`; model, tokenizer: loaded from ``cell.model`` (`load_sweep_model`).
-        traces: record the decode's `engine.trace.Trace` (and the cost model's bytes / FLOPs).
+        traces: record the decode's `engine.recording.trace.Trace` (and the cost model's bytes / FLOPs).
 
     Returns:
         ``(row, trace_parquet_bytes)``: the row as a dict with the `RESULT_SCHEMA` columns (``worker``
@@ -300,7 +300,7 @@ def run_cell(cell: Cell, model, tokenizer, traces: bool = True) -> tuple[dict, b
     """
     import torch
 
-    from engine.decoder import BlockDecoder, DecodeConfig
+    from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     cfg = DecodeConfig(**cell.config)
     prompt = cell.task.prompt

@@ -25,7 +25,7 @@ share S of batches associative-recall rows (``--recall-block-size``, ``--recall-
 models/clover-tiny/README.md.
 
 ``--init-from`` naming a pinned pretrained base with ``--objective block-diffusion`` runs the
-transformers adaptation recipe instead (`engine.hf_train`).
+transformers adaptation recipe instead (`engine.training.causal_lm`).
 
 Writes ``train_log.jsonl`` (loss, tokens/s, held-out metrics) and, every
 ``--save-every-min`` minutes and at the end, the checkpoint (``config.json``,
@@ -60,24 +60,24 @@ __all__ = [  # re-exported: `from engine.train import X` keeps working
 
 def _hf_objective(argv: list[str] | None) -> bool:
     """``--objective block-diffusion`` with ``--init-from`` naming a pinned pretrained base
-    (`engine.hf_adapter.BASES`, e.g. ``smollm2-135m-instruct``): the transformers adaptation recipe."""
+    (`engine.backbones.causal_lm.adapter.BASES`, e.g. ``smollm2-135m-instruct``): the transformers adaptation recipe."""
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
     if "--objective" not in args and not any(a.startswith("--objective=") for a in args):
         return False
-    from engine.hf_adapter import BASES
+    from engine.backbones.causal_lm.adapter import BASES
 
     return any(a in BASES or a.split("=", 1)[-1] in BASES for a in args)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line: `engine.hf_train.main` for an adaptation run (`_hf_objective`), else
+    """The command line: `engine.training.causal_lm.main` for an adaptation run (`_hf_objective`), else
     `engine.training.loop.main`."""
-    if _hf_objective(argv):  # adapting a pretrained transformers model: engine.hf_train
+    if _hf_objective(argv):  # adapting a pretrained transformers model: engine.training.causal_lm
         import sys
 
-        from engine.hf_train import main as hf_main
+        from engine.training.causal_lm import main as hf_main
 
         return hf_main(list(sys.argv[1:] if argv is None else argv))
     from engine.training.loop import main as train_main

@@ -37,7 +37,7 @@ def test_train_gpu_script_parses():
 
 def test_adapt_smollm2_gpu_script_parses():
     pytest.importorskip("peft")
-    from engine.hf_train import build_parser
+    from engine.training.causal_lm import build_parser
 
     cmds = _commands("adapt_smollm2_gpu.sh", "engine.train")
     assert len(cmds) == 1

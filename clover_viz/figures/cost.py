@@ -52,7 +52,7 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
       forward the target would need to match AR (`engine.cost.ar_break_even_tokens_per_forward`).
 
     Args:
-        trace: an `engine.trace.Trace` with at least one step.
+        trace: an `engine.recording.trace.Trace` with at least one step.
         projection: its `engine.cost.TraceProjection` (`ExplorerState.cost_projection`), or
             None when it has none: the projected cells then read "n/a".
         step: the global step the "this forward" row describes (None = the last).
@@ -303,7 +303,7 @@ def roofline_figure(trace: Any | None = None, device: str = "h800", config: str 
     ``arithmetic_intensity``: bytes as run, in the run's dtype). ``trace=None`` draws the
     devices and the AR point only.
     """
-    from engine.config import CloverConfig
+    from engine.backbones.clover.config import CloverConfig
     from engine.cost import (
         DEVICES,
         ar_step_cost,

@@ -1,8 +1,8 @@
 """The backbone protocol: what the block decoder calls on a model, and what a model declares it can do.
 
 Wing: ``backbones`` (above ``recording``, below ``cost`` and ``decoding``). Every model family the
-engine decodes -- Clover (`engine.model`), a causal LM with token shift (`engine.hf_model`), masked
-diffusion (`engine.masked_diffusion`), DiffusionGemma (`engine.diffusion_gemma`) -- implements
+engine decodes -- Clover (`engine.backbones.clover.model`), a causal LM with token shift (`engine.backbones.causal_lm.model`), masked
+diffusion (`engine.backbones.masked_diffusion`), DiffusionGemma (`engine.backbones.diffusion_gemma`) -- implements
 `Backbone` and declares a `Capabilities` record. The decoder, the cost model, the explorer's views
 and the command lines ask `capabilities_of(model)` what a model can do (which memory modes run,
 which observables its forwards emit, how its forwards are priced, whether it revises what it
@@ -82,9 +82,9 @@ class Capabilities:
             (`engine.prompting`).
         chat_system: the default system turn of that template (None: no system turn).
         largest_trained_block: the largest block_size it was trained on, or None when unknown.
-        cuda_graphs: `engine.cuda_graphs` can capture its forward.
+        cuda_graphs: `engine.backbones.clover.cuda_graphs` can capture its forward.
         trains_in_parallel: it has ``forward_train`` (one forward over a whole noisy sequence), which the
-            parallel verifier of `engine.speculative` and `engine.train` use.
+            parallel verifier of `engine.decoding.speculative` and `engine.train` use.
     """
 
     family: str

@@ -20,26 +20,26 @@ from typing import Any, Callable
 
 MODEL_TYPES: dict[str, str] = {
     "clover": "engine.checkpoint:load_clover",
-    "hf-block-diffusion": "engine.hf_adapter:load_adapter_model",
-    "llama": "engine.hf_model:load_pretrained_backbone",
-    "qwen2": "engine.hf_model:load_pretrained_backbone",
-    "qwen3": "engine.hf_model:load_pretrained_backbone",
-    "dream": "engine.masked_diffusion:load_masked_diffusion",
-    "llada": "engine.masked_diffusion:load_masked_diffusion",
-    "diffusion_gemma": "engine.diffusion_gemma:load_diffusion_gemma",
+    "hf-block-diffusion": "engine.backbones.causal_lm.adapter:load_adapter_model",
+    "llama": "engine.backbones.causal_lm.model:load_pretrained_backbone",
+    "qwen2": "engine.backbones.causal_lm.model:load_pretrained_backbone",
+    "qwen3": "engine.backbones.causal_lm.model:load_pretrained_backbone",
+    "dream": "engine.backbones.masked_diffusion:load_masked_diffusion",
+    "llada": "engine.backbones.masked_diffusion:load_masked_diffusion",
+    "diffusion_gemma": "engine.backbones.diffusion_gemma:load_diffusion_gemma",
 }
 """``model_type`` (lower case) -> ``"module:function"`` of its loader. A ``config.json`` without a
 ``model_type`` is a Clover checkpoint (as older saves were)."""
 
 DESCRIPTIONS: dict[str, str] = {
     "clover": "a Clover checkpoint (config.json + model.safetensors, engine.checkpoint.save_model)",
-    "hf-block-diffusion": "an adapter directory over a pinned transformers base (engine.hf_adapter)",
-    "llama": "a transformers causal LM decoded block-wise with token shift (engine.hf_model)",
-    "qwen2": "a transformers causal LM decoded block-wise with token shift (engine.hf_model)",
-    "qwen3": "a transformers causal LM decoded block-wise with token shift (engine.hf_model)",
-    "dream": "a Dream masked-diffusion checkpoint (engine.masked_diffusion)",
-    "llada": "a LLaDA masked-diffusion checkpoint (engine.masked_diffusion)",
-    "diffusion_gemma": "transformers' DiffusionGemma, revisable commits (engine.diffusion_gemma)",
+    "hf-block-diffusion": "an adapter directory over a pinned transformers base (engine.backbones.causal_lm.adapter)",
+    "llama": "a transformers causal LM decoded block-wise with token shift (engine.backbones.causal_lm.model)",
+    "qwen2": "a transformers causal LM decoded block-wise with token shift (engine.backbones.causal_lm.model)",
+    "qwen3": "a transformers causal LM decoded block-wise with token shift (engine.backbones.causal_lm.model)",
+    "dream": "a Dream masked-diffusion checkpoint (engine.backbones.masked_diffusion)",
+    "llada": "a LLaDA masked-diffusion checkpoint (engine.backbones.masked_diffusion)",
+    "diffusion_gemma": "transformers' DiffusionGemma, revisable commits (engine.backbones.diffusion_gemma)",
 }
 """``model_type`` -> one line for error messages and ``--help``."""
 

@@ -107,8 +107,8 @@ def measure_break_even(model, block_sizes=(4, 8, 16, 32), prefix_len: int = 256,
     """Time one-slot and L-slot denoising forwards of ``model`` after a committed prefix.
 
     Args:
-        model: a model of the decoder protocol (`engine.model.CloverModel`,
-            `engine.hf_model.HFBlockDiffusionModel`, `engine.masked_diffusion` models).
+        model: a model of the decoder protocol (`engine.backbones.clover.model.CloverModel`,
+            `engine.backbones.causal_lm.model.HFBlockDiffusionModel`, `engine.backbones.masked_diffusion` models).
         block_sizes: the L values (each >= 1).
         prefix_len: committed tokens before the timed forwards (random ordinary ids; the cost
             of a forward does not depend on which ids), committed `PREFIX_CHUNK` per forward.

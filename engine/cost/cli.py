@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from engine.config import CloverConfig
+from engine.backbones.clover.config import CloverConfig
 from engine.cost.devices import DEFAULT_DEVICE, DEVICES, Device, get_device, ridge_point
 from engine.cost.formulas import (
     MEMORY_MODES,
@@ -209,11 +209,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         device = get_device(args.device)
         if args.trace:
             try:
-                from engine.trace import (
+                from engine.recording.trace import (
                     Trace,  # lazy: the cost model does not need it otherwise
                 )
             except ImportError as e:
-                print(f"--trace needs engine.trace (Trace.load), which is not available here: {e}", file=sys.stderr)
+                print(f"--trace needs engine.recording.trace (Trace.load), which is not available here: {e}", file=sys.stderr)
                 return 2
             trace = Trace.load(args.trace)
             ua: str | float = args.union_assumption

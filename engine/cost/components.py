@@ -26,8 +26,8 @@ WEIGHT_COMPONENTS = (
 )
 COMPONENTS = WEIGHT_COMPONENTS + ("state_read", "state_write", "window_kv", "block_attention")
 
-# A transformers causal LM adapted to block diffusion (`engine.hf_model`): history in a KV cache;
-# masked diffusion (`engine.masked_diffusion`) uses the same keys with the cache entries at 0.
+# A transformers causal LM adapted to block diffusion (`engine.backbones.causal_lm.model`): history in a KV cache;
+# masked diffusion (`engine.backbones.masked_diffusion`) uses the same keys with the cache entries at 0.
 DENSE_WEIGHT_COMPONENTS = ("embedding", "attention_mixers", "mlp", "norms", "lm_head")
 DENSE_COMPONENTS = DENSE_WEIGHT_COMPONENTS + ("kv_cache_read", "kv_cache_write", "attention")
 

@@ -1,7 +1,7 @@
 """Bytes read and FLOPs of one forward of a dense transformer: the ``kv_cache`` cost family
-(`dense_forward_cost`: Llama, Qwen2, Qwen3 adapted to block diffusion by `engine.hf_model`;
+(`dense_forward_cost`: Llama, Qwen2, Qwen3 adapted to block diffusion by `engine.backbones.causal_lm.model`;
 docs/architecture.md §4 and §7) and the ``recompute`` family (`recompute_forward_cost`: masked
-diffusion without a cache, `engine.masked_diffusion`). `engine.cost.formulas.forward_cost` picks
+diffusion without a cache, `engine.backbones.masked_diffusion`). `engine.cost.formulas.forward_cost` picks
 between them and Clover's formulas by the model's cost family.
 """
 
@@ -31,7 +31,7 @@ def _field_getter(config: Any):
 def dense_param_counts(config: Any) -> dict[str, int]:
     """Per-layer and model-wide parameter counts of a Llama / Qwen2 / Qwen3-style dense transformer.
 
-    ``config``: an `engine.hf_model.HFBlockConfig` or its ``to_dict()``.
+    ``config``: an `engine.backbones.causal_lm.model.HFBlockConfig` or its ``to_dict()``.
     Returns ``attention`` (q, k, v, o per layer), ``mlp`` (gate, up, down per
     layer), ``norms`` (all RMSNorm weights), ``embedding`` and ``lm_head``
     (V x H each; a tied head is the same tensor, still read for the logits).
@@ -74,7 +74,7 @@ def dense_forward_cost(
       query scoring the whole context and all T tokens of the forward (an upper
       bound for the causal commit rows), 4 per normalised element.
 
-    ``config`` is an `engine.hf_model.HFBlockConfig` or its ``to_dict()``; the
+    ``config`` is an `engine.backbones.causal_lm.model.HFBlockConfig` or its ``to_dict()``; the
     returned `ForwardCost` is keyed by `DENSE_COMPONENTS`.
     """
     T, C, L = check_token_counts(n_tokens, n_commit_tokens, block_len)
@@ -121,7 +121,7 @@ def recompute_forward_cost(
     canvas_tail: int = 0,
     act_bytes: float = 2,
 ) -> ForwardCost:
-    """One forward of a masked diffusion model without a cache (Dream / LLaDA, `engine.masked_diffusion`).
+    """One forward of a masked diffusion model without a cache (Dream / LLaDA, `engine.backbones.masked_diffusion`).
 
     Every forward recomputes the whole sequence: the ``context_len`` tokens of
     history, the C newly committed ones, the L block slots and ``canvas_tail``

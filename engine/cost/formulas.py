@@ -87,7 +87,7 @@ from typing import Any
 import numpy as np
 
 from engine.backbones.base import COST_FAMILIES, Capabilities, cost_family_of
-from engine.config import CloverConfig
+from engine.backbones.clover.config import CloverConfig
 from engine.cost.components import (COMPONENTS, DENSE_COMPONENTS, DENSE_WEIGHT_COMPONENTS, NORM_FLOPS_PER_ELEMENT,
                                     WEIGHT_COMPONENTS, ForwardCost, check_token_counts)
 from engine.cost.dense import dense_forward_cost, recompute_forward_cost
@@ -159,7 +159,7 @@ def param_counts(config: CloverConfig | str) -> dict[str, int]:
     # GDN: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj.
     gdn_matmul = channels * H + Hv * Dv * H + 2 * Hv * H + H * Hv * Dv
     conv = channels * cfg.linear_conv_kernel_dim
-    # A_log, dt_bias, block temperature (per value head, as engine.model), w_mem, b_mem.
+    # A_log, dt_bias, block temperature (per value head, as engine.backbones.clover.model), w_mem, b_mem.
     gdn_small = Hv + Hv + Hv + Hv * Dk + Hv
     # Attention: q_proj (query + gate), k_proj, v_proj, o_proj, mem_a, mem_b.
     attn_matmul = 2 * Hq * hd * H + 2 * Hkv * hd * H + H * Hq * hd + 2 * Hkv * H
@@ -320,7 +320,7 @@ def forward_cost(
     if family == "kv_cache":
         return dense_forward_cost(config, n_tokens, weight_bytes, n_commit_tokens, block_len,
                                   context_len=context_len, act_bytes=act_bytes, include_kv=include_state)
-    if family == "recompute":  # masked diffusion (engine.masked_diffusion): no cache, full recompute
+    if family == "recompute":  # masked diffusion (engine.backbones.masked_diffusion): no cache, full recompute
         tail = config.get("canvas_tail", 0) if isinstance(config, Mapping) else getattr(config, "canvas_tail", 0)
         return recompute_forward_cost(config, n_tokens, weight_bytes, n_commit_tokens, block_len,
                                       context_len=context_len, canvas_tail=int(tail or 0), act_bytes=act_bytes)

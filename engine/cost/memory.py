@@ -21,7 +21,7 @@ Tests: ``.venv/bin/python -m pytest tests/engine/test_cost_routing_memory.py -q`
 
 from __future__ import annotations
 
-from engine.config import CloverConfig
+from engine.backbones.clover.config import CloverConfig
 from engine.cost.formulas import STATE_BYTES, _as_config, forward_cost
 
 

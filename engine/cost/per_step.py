@@ -76,7 +76,7 @@ def bytes_per_written_token(trace: Any) -> np.ndarray:
     EOS-filled); NaN where the step has no cost (``bytes_read`` None) or wrote nothing.
 
     Args:
-        trace: an `engine.trace.Trace`.
+        trace: an `engine.recording.trace.Trace`.
     """
     idx = trace.slot_index()
     written = idx.n_accepted + idx.n_forced + idx.n_eos
@@ -91,7 +91,7 @@ def running_tokens_per_s(trace: Any) -> np.ndarray:
     cumulative ``wall_s``; NaN while the cumulative wall time is 0.
 
     Args:
-        trace: an `engine.trace.Trace`.
+        trace: an `engine.recording.trace.Trace`.
     """
     idx = trace.slot_index()
     cum_tok = np.cumsum(idx.n_accepted + idx.n_forced)
@@ -181,7 +181,7 @@ def project_forwards_roofline(trace: Any, config: Any, device: Device | str,
     forward where that assumption cannot be used (no measured unions or no source config).
 
     Args:
-        trace: an `engine.trace.Trace`.
+        trace: an `engine.recording.trace.Trace`.
         config: the target `CloverConfig` or preset name.
         device: a `Device` or name.
 

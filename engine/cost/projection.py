@@ -3,7 +3,7 @@
 for a target model (default ``clover-35b-a3b``).
 
 `project_parallel` / `project_parallel_table`: one forward split over several GPUs (expert and
-tensor parallel, as `engine.parallel` splits the model): bytes and FLOPs per GPU, their roofline
+tensor parallel, as `engine.backbones.clover.parallel` splits the model): bytes and FLOPs per GPU, their roofline
 time, and a ring all-reduce communication term at the datasheet interconnect bandwidth
 (`INTERCONNECT_BYTES_PER_S`; collective latency not modelled unless given).
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.config import CloverConfig
+from engine.backbones.clover.config import CloverConfig
 from engine.cost.devices import DEFAULT_DEVICE, Device, get_device
 from engine.cost.formulas import (
     UNION_ASSUMPTIONS,
@@ -27,7 +27,7 @@ from engine.cost.formulas import (
     expected_union,
     forward_cost,
 )
-from engine.parallel_syntax import parse_parallel  # the one parser of the --parallel syntax
+from engine.backbones.clover.parallel_syntax import parse_parallel  # the one parser of the --parallel syntax
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,7 @@ def _to_list(col: Any) -> list[Any]:
 def _step_rows(trace_like: Any) -> list[Any]:
     """Rows (mappings or objects) from a list, a trace with ``steps``, or a table of columns."""
     if isinstance(trace_like, (str, bytes, Path)):
-        raise TypeError("project_trace takes a trace object or rows, not a path; load it with engine.trace.Trace.load")
+        raise TypeError("project_trace takes a trace object or rows, not a path; load it with engine.recording.trace.Trace.load")
     if isinstance(trace_like, Sequence):
         return list(trace_like)
     steps = getattr(trace_like, "steps", None)
@@ -444,7 +444,7 @@ def project_trace(
     Both in ``weight_bytes`` (BF16) whatever dtype the run used.
 
     Args:
-        trace_like: an ``engine.trace.Trace`` (duck-typed: ``.steps``,
+        trace_like: an ``engine.recording.trace.Trace`` (duck-typed: ``.steps``,
             ``.summary()``, ``.model_id``, ``.decode_config``), a list of
             dicts or objects with ``n_tokens_forward``, ``expert_union`` (per
             layer; -1 = no MoE), ``n_written`` (or the accepted / forced /
@@ -580,7 +580,7 @@ _REPLICATED = ("embedding", "norms", "routers", "lm_head")
 class ParallelForward:
     """One forward of a model split over ``gpus`` GPUs, per GPU (labelled "projected").
 
-    ``ep`` and ``tp`` split over the same GPUs, as `engine.parallel` does: each is 1 or ``gpus``.
+    ``ep`` and ``tp`` split over the same GPUs, as `engine.backbones.clover.parallel` does: each is 1 or ``gpus``.
 
     Attributes:
         config_name, device: the model and the device (`engine.cost.devices.DEVICES`).
@@ -625,7 +625,7 @@ class ParallelForward:
 
 
 def parse_split(text: str) -> dict[str, int]:
-    """``"ep=8"`` -> ``{"ep": 8}``; ``"ep=8,tp=8"`` -> ``{"ep": 8, "tp": 8}`` (the `engine.parallel` syntax).
+    """``"ep=8"`` -> ``{"ep": 8}``; ``"ep=8,tp=8"`` -> ``{"ep": 8, "tp": 8}`` (the `engine.backbones.clover.parallel` syntax).
 
     Raises:
         ValueError: not ``ep=N`` and/or ``tp=N`` with ints >= 1 and, when both are given, equal.
@@ -657,7 +657,7 @@ def project_parallel(
 ) -> ParallelForward:
     """Bytes and FLOPs per GPU of one forward split over GPUs, its roofline time and a communication term.
 
-    Per GPU, from the single-GPU `forward_cost` breakdown (what `engine.parallel` keeps on a rank):
+    Per GPU, from the single-GPU `forward_cost` breakdown (what `engine.backbones.clover.parallel` keeps on a rank):
 
     * ``routed_experts`` bytes and FLOPs / ep: the union's experts fall on the ep shards evenly (exact
       in expectation under independent routing; with correlated routing the busiest shard sets the
@@ -669,7 +669,7 @@ def project_parallel(
     * ``embedding``, ``norms``, ``routers``, ``lm_head``: replicated, read in full by every GPU
       (norm FLOPs counted in full too: an upper bound, they are < 0.1 % of a forward's).
 
-    Communication (what `engine.parallel` runs, not an all-to-all dispatch): per layer one
+    Communication (what `engine.backbones.clover.parallel` runs, not an all-to-all dispatch): per layer one
     all_reduce of the mixer output and one of the shared-expert output ([T, hidden], ``act_bytes``
     per element) with tp, one of the routed-expert output plus one 8-byte union count with ep. A ring
     all-reduce over G GPUs sends ``2 (G - 1) / G`` times the message from each GPU, at

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.config import CloverConfig
+from engine.backbones.clover.config import CloverConfig
 from engine.cost.formulas import _as_config, ar_step_cost, forward_cost
 
 
@@ -67,7 +67,7 @@ def union_by_tokens(steps: Iterable[Any]) -> dict[int, np.ndarray]:
     """Measured unions grouped by the forward's token count T.
 
     Args:
-        steps: step events (``engine.events.StepEvent`` or anything with
+        steps: step events (``engine.recording.events.StepEvent`` or anything with
             ``n_tokens_forward`` and ``expert_union``), e.g. ``trace.steps`` of several
             traces chained. Steps whose ``expert_union`` is None are skipped.
 

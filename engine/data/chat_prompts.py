@@ -3,7 +3,7 @@
 `training_prompts(n, seed)` draws deterministic prompts from templates x topics
 (explanations, facts, lists, short poems, how-tos, comparisons, synonyms and
 opposites, short messages, arithmetic, translation, small Python functions). The base model's own greedy answers to them are the
-self-distillation data of `engine.hf_train`. The evaluation prompts are a
+self-distillation data of `engine.training.causal_lm`. The evaluation prompts are a
 separate, hand-written file (`EVAL_PROMPTS_FILE`) that this generator never
 produces (tests check that the two sets are disjoint).
 """

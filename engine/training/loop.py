@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from engine.checkpoint import load_model, save_model
-from engine.model import CloverModel
+from engine.backbones.clover.model import CloverModel
 from engine.training.masking import mask_blocks
 from engine.training.probes import heldout_loss, open_name_probe, quick_agent_eval, value_probe
 from engine.training.rows import RECALL_VOCABS, RowSource, pack_conversations

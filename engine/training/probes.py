@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 import torch
 import torch.nn.functional as F
 
-from engine.model import CloverModel
+from engine.backbones.clover.model import CloverModel
 
 
 @torch.no_grad()
@@ -40,7 +40,7 @@ def heldout_loss(model: CloverModel, batches: list[tuple[torch.Tensor, torch.Ten
 def quick_agent_eval(model, tokenizer, n: int, memory_mode: str) -> dict:
     """Exact match / value accuracy of tool calls at block 32 / 0.95 on `n` held-out tasks."""
     from engine.data.agent import eval_tasks, score_call
-    from engine.decoder import BlockDecoder, DecodeConfig
+    from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     model.eval()
     dec = BlockDecoder(model, tokenizer, DecodeConfig(block_size=32, threshold=0.95, max_new_tokens=96,

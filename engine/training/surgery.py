@@ -14,8 +14,8 @@ import re
 
 import torch
 
-from engine.config import CloverConfig
-from engine.model import CloverModel
+from engine.backbones.clover.config import CloverConfig
+from engine.backbones.clover.model import CloverModel
 
 
 def tiny_config(vocab_size: int = 4096) -> CloverConfig:

@@ -28,7 +28,7 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ga
 
     Args:
         union_as_tensor: return the expert union as a 0-d int64 tensor on x's device instead of a
-            Python int, so the call makes no host sync (CUDA-graph capture, `engine.cuda_graphs`).
+            Python int, so the call makes no host sync (CUDA-graph capture, `engine.backbones.clover.cuda_graphs`).
 
     Raises:
         ValueError: D or F not 16-byte aligned, or torch has no ``_grouped_mm``.

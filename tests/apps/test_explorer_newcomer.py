@@ -15,7 +15,7 @@ pytest.importorskip("panel")
 
 from clover_viz.runs import forced_past_answer, run_stats  # noqa: E402
 from clover_viz.state import ExplorerState  # noqa: E402
-from engine.trace import Trace  # noqa: E402
+from engine.recording.trace import Trace  # noqa: E402
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 SMALL_TRACE = ROOT / "tests" / "data" / "small_trace.parquet"
@@ -74,7 +74,7 @@ def test_a_memory_mode_the_loaded_model_cannot_run_is_not_taken():
     import dataclasses
 
     from clover_viz.models import LoadedModel, ModelSpec, load_model_cached
-    from engine.model import CloverModel
+    from engine.backbones.clover.model import CloverModel
 
     def loader(spec):
         base = load_model_cached(ModelSpec("random"))

@@ -31,7 +31,7 @@ def _small_explorer(**cfg):
     """An Explorer over the loud random clover-test with a byte tokenizer (fast decodes)."""
     from record_trace import loud_clover_test  # tests/clover_viz/record_trace.py
 
-    from engine.decoder import DecodeConfig
+    from engine.decoding.decoder import DecodeConfig
     from engine.tokenizer import byte_tokenizer
 
     dc = DecodeConfig(**{"block_size": 4, "threshold": 0.9, "max_new_tokens": 4, **cfg})

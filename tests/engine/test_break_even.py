@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.cost.break_even import BreakEven, format_break_even, measure_break_even
-from engine.model import random_model
+from engine.backbones.clover.model import random_model
 
 
 def test_formula_and_speedup_agree():

@@ -14,7 +14,7 @@ import pytest
 
 from engine.checkpoint import load_model, load_tokenizer
 from engine.data.agent import eval_tasks, parse_call, score_call
-from engine.decoder import BlockDecoder, DecodeConfig
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "clover-tiny"
 PINNED_TASK = 3  # held-out task 3: update_address, a `confirm_*` field repeating the customer id

@@ -1,4 +1,4 @@
-"""Long tool-call chains (`engine.chains`): each round, decoded from the carried state, equals
+"""Long tool-call chains (`engine.experiments.chains`): each round, decoded from the carried state, equals
 `BlockDecoder.generate` on the same prompt, with the same processor firings.
 
 Run: ``.venv/bin/python -m pytest tests/engine/test_chains.py -q``
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from engine import experiments as X
-from engine.chains import chain_prompts, decode_chain
+from engine.experiments.chains import chain_prompts, decode_chain
 from engine.data.agent import EVAL_SEED_START, generate_conversation
-from engine.decoder import BlockDecoder, DecodeConfig
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
 BASE = {"block_size": 32, "threshold": 0.95, "max_new_tokens": 64, "memory_mode": "state+window"}
 SETTINGS = {"off": DecodeConfig(**BASE), "repetition": DecodeConfig(**BASE, repetition_penalty=2.0),
@@ -71,7 +71,7 @@ def test_prompts_extend_each_other_and_errors(bundled):
 
 
 def test_turn_per_call_chain_keeps_calls_and_responses(bundled):
-    from engine.chains import turn_per_call_chain
+    from engine.experiments.chains import turn_per_call_chain
 
     _, tok = bundled
     conv = generate_conversation(random.Random(EVAL_SEED_START + 11), n_rounds=6)

@@ -5,7 +5,7 @@ Run: .venv/bin/python -m pytest tests/engine/test_checkpoint.py -q
 Every case runs on two models: a small stand-in module (tied weights, int and
 non-persistent buffers) loaded with `load_weights`, and the real
 `CloverModel` of the ``clover-test`` preset loaded with `load_model` (skipped
-only while ``engine/model.py`` does not exist).
+only while ``engine/backbones/clover/model.py`` does not exist).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from engine.checkpoint import (
     main,
     save_model,
 )
-from engine.config import CloverConfig
+from engine.backbones.clover.config import CloverConfig
 from engine.tokenizer import byte_tokenizer
 
 
@@ -52,7 +52,7 @@ class StandIn(nn.Module):
 
 
 def _clover(seed: int) -> nn.Module:
-    from engine.model import CloverModel
+    from engine.backbones.clover.model import CloverModel
 
     torch.manual_seed(seed)
     return CloverModel(CloverConfig.from_name("clover-test"))

@@ -36,15 +36,15 @@ def _capture_parser(monkeypatch, module: str, argv: list[str]) -> argparse.Argum
 
 
 # (module, argv that reaches its parser): engine.train --objective block-diffusion --init-from <a pinned base>
-# and engine.eval on a transformers model dispatch to engine.hf_train / engine.hf_eval, listed by their own name.
+# and engine.eval on a transformers model dispatch to engine.training.causal_lm / engine.eval.chat, listed by their own name.
 CLIS = [
     ("engine.generate", []),
     ("engine.eval", []),
-    ("engine.hf_eval", []),
+    ("engine.eval.chat", []),
     ("engine.sweep", []),
     ("engine.train", []),
-    ("engine.hf_train", []),
-    ("engine.hf_train", ["distill"]),
+    ("engine.training.causal_lm", []),
+    ("engine.training.causal_lm", ["distill"]),
     ("engine.checkpoint", []),
     ("engine.cost", []),
     ("engine.convert", []),

@@ -1,4 +1,4 @@
-"""torch.compile of the Clover decode (engine.compiled): the same tokens as eager, refused where it cannot run."""
+"""torch.compile of the Clover decode (engine.backbones.clover.compiled): the same tokens as eager, refused where it cannot run."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.backbones.base import Capabilities
-from engine.compiled import compile_layers, compiler_available
+from engine.backbones.clover.compiled import compile_layers, compiler_available
 
 
 def test_refuses_a_model_without_clover_layers():
@@ -35,7 +35,7 @@ def test_compiled_decode_writes_the_eager_tokens(monkeypatch):
     block_size 1 and block 8 decode the eager tokens with the same expert unions, and the graph really ran (Dynamo compiled
     it, and the step forwards went through it rather than the eager stack)."""
     import engine
-    from engine.decoder import BlockDecoder, DecodeConfig
+    from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     torch.set_num_threads(1)
     model = engine.load_model("models/clover-tiny")
@@ -68,7 +68,7 @@ def test_compiled_decode_writes_the_eager_tokens(monkeypatch):
     # the eager few-token path must not run: a forward the graph takes runs pairwise_experts inside
     # it, and one it leaves eager has more pairs (the grouped loop); were Dynamo to give up on the
     # graph (a recompile limit, a skipped frame), the wrapper would run the stack eagerly, here
-    import engine.clover.moe as moe
+    import engine.backbones.clover.moe as moe
 
     monkeypatch.setattr(moe, "few_token_experts", counting("few_token_experts", moe.few_token_experts))
     calls["few_token_experts"] = 0

@@ -27,7 +27,7 @@ from engine.convert import (
     main,
     mask_token,
 )
-from engine.decoder import BlockDecoder, DecodeConfig
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_TOKENIZER = ROOT / "models" / "clover-tiny" / "tokenizer.json"
@@ -189,7 +189,7 @@ def test_continued_training_runs_on_a_converted_model_and_refuses_a_foreign_toke
 
 
 def test_a_tokenizer_whose_mask_id_is_an_ordinary_token_is_refused(tmp_path):
-    from engine.config import CloverConfig
+    from engine.backbones.clover.config import CloverConfig
     from engine.tokenizer import byte_tokenizer
     from engine.training.loop import check_tokenizer_fits
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine import cost
-from engine.config import CloverConfig
+from engine.backbones.clover.config import CloverConfig
 from engine.cost import (
     COMPONENTS,
     DEVICES,
@@ -286,7 +286,7 @@ def test_cli_prints_breakdown_and_devices(capsys):
 def test_param_counts_and_state_bytes_with_and_without_attention_conv(kernel):
     import dataclasses
 
-    from engine.model import CloverModel
+    from engine.backbones.clover.model import CloverModel
 
     cfg = dataclasses.replace(TINY, attention_conv_kernel_dim=kernel)
     assert cost.param_counts(cfg)["total"] == sum(p.numel() for p in CloverModel(cfg).parameters())

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import CloverConfig
+from engine.backbones.clover.config import CloverConfig
 from engine.cost import (
     DecodePhase,
     ar_break_even_tokens_per_forward,
@@ -26,8 +26,8 @@ from engine.cost import (
     recorded_weight_bytes,
     target_union,
 )
-from engine.decoder import BlockDecoder, DecodeConfig
-from engine.model import random_model
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
+from engine.backbones.clover.model import random_model
 
 TINY = CloverConfig.from_name("clover-test")
 

@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from engine.config import CloverConfig
+from engine.backbones.clover.config import CloverConfig
 from engine.cost import forward_cost, param_counts
 from engine.cost.cli import main
 from engine.cost.devices import Device

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_slot_index import events  # tests/engine/test_slot_index.py
 
-from engine.config import CloverConfig
+from engine.backbones.clover.config import CloverConfig
 from engine.cost import (
     ar_step_cost,
     ar_tokens_per_s,
@@ -27,7 +27,7 @@ from engine.cost import (
     roofline_time_s,
     target_union,
 )
-from engine.trace import Trace
+from engine.recording.trace import Trace
 
 NAN = np.nan
 

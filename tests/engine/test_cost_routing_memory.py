@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engine.config import CloverConfig
+from engine.backbones.clover.config import CloverConfig
 from engine.cost import expected_union, union_for_bytes_ratio
 from engine.cost.memory import ar_history_bytes, ar_kv_cache_bytes, clover_state_bytes, crossover_tokens
 from engine.cost.routing import effective_tokens, net_gain, union_by_tokens, weights_bytes_ratio
@@ -67,7 +67,7 @@ def test_union_by_tokens_groups_and_masks_layers_without_moe():
 
 # ------------------------------------------------------------------------------ memory
 def test_clover_state_bytes_equals_the_allocated_state():
-    from engine.model import random_model
+    from engine.backbones.clover.model import random_model
 
     for name in ("clover-test",):
         model = random_model(name)

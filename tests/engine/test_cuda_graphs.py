@@ -1,4 +1,4 @@
-"""CUDA graphs for the denoising forward (engine.cuda_graphs).
+"""CUDA graphs for the denoising forward (engine.backbones.clover.cuda_graphs).
 
 On the CPU: the graph-safe forward (what a capture records) equals the forward, in both memory
 modes and past the window's wrap, and it makes no host sync -- checked by a dispatch mode that
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.model import random_model
+from engine.backbones.clover.model import random_model
 
 # ops that make the host wait for the device (a value read back, or an output shape that
 # depends on the data) or copy a host tensor in: none may run inside a CUDA-graph capture
@@ -102,7 +102,7 @@ def test_sync_free_experts_need_a_sync_free_impl():
 
 
 def test_enable_refuses_a_model_off_cuda():
-    from engine.cuda_graphs import enable_cuda_graphs
+    from engine.backbones.clover.cuda_graphs import enable_cuda_graphs
 
     model = random_model("clover-test")
     with pytest.raises(ValueError, match="CUDA device"):
@@ -113,8 +113,8 @@ def test_enable_refuses_a_model_off_cuda():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 @pytest.mark.parametrize("mode", ["state", "state+window"])
 def test_decode_with_cuda_graphs_writes_the_eager_tokens(mode):
-    from engine.cuda_graphs import disable_cuda_graphs, enable_cuda_graphs
-    from engine.decoder import BlockDecoder, DecodeConfig
+    from engine.backbones.clover.cuda_graphs import disable_cuda_graphs, enable_cuda_graphs
+    from engine.decoding.decoder import BlockDecoder, DecodeConfig
     from engine.tokenizer import byte_tokenizer
 
     model = random_model("clover-test", seed=5, weight_scale=15.0, device="cuda")

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from engine.backbones.base import Capabilities
-from engine.config import CloverConfig
-from engine.decoder import BlockDecoder, DecodeConfig
-from engine.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
-from engine.model import CloverModel, ModelOutput
-from engine.policies import Entropy, Factor, Margin, TopK
+from engine.backbones.clover.config import CloverConfig
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
+from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
+from engine.backbones.clover.model import CloverModel, ModelOutput
+from engine.decoding.policies import Entropy, Factor, Margin, TopK
 from engine.tokenizer import byte_tokenizer
 from helpers import CFG_CONV, ReferenceDriven, loud_model
 
@@ -430,7 +430,7 @@ def test_observer_time_is_reported_apart_from_the_decode(tmp_path):
     assert sum(ev.wall_s for ev in steps) <= r.wall_s - r.observer_s
     # the trace keeps it, through a save and load
     assert r.trace.decode_end.observer_s == r.observer_s
-    from engine.trace import Trace
+    from engine.recording.trace import Trace
 
     path = tmp_path / "t.parquet"
     r.trace.save(path)

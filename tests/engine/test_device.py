@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.decoder import BlockDecoder, DecodeConfig
-from engine.model import random_model
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
+from engine.backbones.clover.model import random_model
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA = torch.cuda.is_available()

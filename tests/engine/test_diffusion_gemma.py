@@ -1,4 +1,4 @@
-"""engine.diffusion_gemma: DiffusionGemma's own sampler recorded as events and a Trace, and
+"""engine.backbones.diffusion_gemma: DiffusionGemma's own sampler recorded as events and a Trace, and
 the revision fields (rewritten / remasked / previous_tokens) through traces, the slot index
 and the block view.
 
@@ -24,13 +24,13 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
     EntropyBoundSamplerConfig,
 )
 
-from engine.diffusion_gemma import (
+from engine.backbones.diffusion_gemma import (
     DiffusionGemmaDecodeConfig,
     DiffusionGemmaDecoder,
     load_diffusion_gemma,
 )
-from engine.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
-from engine.trace import Trace
+from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
+from engine.recording.trace import Trace
 
 SMALL_TRACE = Path(__file__).resolve().parents[1] / "data" / "small_trace.parquet"
 PROMPT = [2, 5, 6, 7, 8]

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from engine.checkpoint import MODEL_DTYPES, load_model, save_model
-from engine.config import CloverConfig
-from engine.decoder import BlockDecoder, DecodeConfig
-from engine.events import StepEvent
-from engine.model import CloverModel
+from engine.backbones.clover.config import CloverConfig
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
+from engine.recording.events import StepEvent
+from engine.backbones.clover.model import CloverModel
 from engine.tokenizer import byte_tokenizer
 
 # Long enough for a prefill of several commit blocks before the first decoded block.

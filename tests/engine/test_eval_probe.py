@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.checkpoint import load_tokenizer
-from engine.config import CloverConfig
+from engine.backbones.clover.config import CloverConfig
 from engine.eval import value_probe
 
 TOK = load_tokenizer("models/clover-tiny")

@@ -13,7 +13,7 @@ import pytest
 
 from engine import experiments as X
 from engine.data.agent import eval_tasks
-from engine.decoder import DecodeConfig
+from engine.decoding.decoder import DecodeConfig
 
 EOS = 3
 
@@ -221,8 +221,8 @@ def test_decode_tasks_records_every_write(bundled):
 
 
 def test_task_run_from_a_saved_trace_equals_the_live_one(bundled, tmp_path):
-    from engine.decoder import BlockDecoder
-    from engine.trace import Trace
+    from engine.decoding.decoder import BlockDecoder
+    from engine.recording.trace import Trace
 
     model, tok = bundled
     cfg = DecodeConfig(block_size=16, threshold=0.9, max_new_tokens=40, memory_mode="state+window")

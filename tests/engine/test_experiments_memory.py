@@ -1,4 +1,4 @@
-"""`engine.experiments_memory`: the allocation tracker and chunked prefill behind notebook 06.
+"""`engine.experiments.memory`: the allocation tracker and chunked prefill behind notebook 06.
 
 Run: ``.venv/bin/python -m pytest tests/engine/test_experiments_memory.py -q``
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.experiments_memory import PeakMemory, decode_step_s, long_context_model, prefill, prefill_peak_bytes
+from engine.experiments.memory import PeakMemory, decode_step_s, long_context_model, prefill, prefill_peak_bytes
 
 
 def test_peak_memory_counts_allocations_views_and_frees():

@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.clover.moe import SMALL_PAIRS, few_token_experts, pairwise_experts
-from engine.clover.ops import causal_conv_step, delta_update, rope, rope_angles
-from engine.compiled import compiler_available
-from engine.decoder import BlockDecoder, DecodeConfig
-from engine.model import random_model
+from engine.backbones.clover.moe import SMALL_PAIRS, few_token_experts, pairwise_experts
+from engine.backbones.clover.ops import causal_conv_step, delta_update, rope, rope_angles
+from engine.backbones.clover.compiled import compiler_available
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
+from engine.backbones.clover.model import random_model
 from kernels.moe import routed_experts
 
 

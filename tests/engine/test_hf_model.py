@@ -1,4 +1,4 @@
-"""The transformers backbone (engine.hf_model) on tiny random Llama / Qwen2 models saved by transformers.
+"""The transformers backbone (engine.backbones.causal_lm.model) on tiny random Llama / Qwen2 models saved by transformers.
 
 Covers the whole path: KV prefix + bidirectional window with token shift equals a
 from-scratch recompute, block_size=1 equals the model's own greedy ``generate``,
@@ -15,8 +15,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from engine.checkpoint import load_model  # noqa: E402
-from engine.decoder import BlockDecoder, DecodeConfig  # noqa: E402
-from engine.hf_model import HFBlockDiffusionModel, block_window_mask  # noqa: E402
+from engine.decoding.decoder import BlockDecoder, DecodeConfig  # noqa: E402
+from engine.backbones.causal_lm.model import HFBlockDiffusionModel, block_window_mask  # noqa: E402
 
 V = 128
 PROMPT = [5, 9, 33, 17, 60, 4, 8, 21, 70, 11]
@@ -85,8 +85,8 @@ def test_kv_prefix_and_token_shift_match_recompute(tiny):
 
 
 def test_events_trace_cost_and_none_fields(tiny, tmp_path):
-    from engine.events import StepEvent
-    from engine.trace import Trace
+    from engine.recording.events import StepEvent
+    from engine.recording.trace import Trace
 
     model, _ = tiny
     events = []

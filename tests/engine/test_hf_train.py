@@ -1,4 +1,4 @@
-"""The block-diffusion adaptation recipe (engine.hf_train) on a tiny random Llama, CPU, seconds."""
+"""The block-diffusion adaptation recipe (engine.training.causal_lm) on a tiny random Llama, CPU, seconds."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from engine.hf_train import build_example, main  # noqa: E402
+from engine.training.causal_lm import build_example, main  # noqa: E402
 
 MASK = 99
 
@@ -44,7 +44,7 @@ def test_example_layout_token_shift_and_mask():
 
 def test_tiny_training_runs_saves_loads_and_resumes(tmp_path):
     from engine.checkpoint import load_model
-    from engine.decoder import BlockDecoder, DecodeConfig
+    from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     out = tmp_path / "bd"
     args = ["--tiny", "--out", str(out), "--max-steps", "6", "--minutes", "5", "--no-progress", "--accum", "1"]
@@ -62,7 +62,7 @@ def test_tiny_training_runs_saves_loads_and_resumes(tmp_path):
 
 
 def test_train_cli_dispatches_to_adaptation(monkeypatch):
-    import engine.hf_train as hf
+    import engine.training.causal_lm as hf
     from engine import train
 
     seen = {}
@@ -105,7 +105,7 @@ def test_gpu_script_cpu_path_on_tiny_config(tmp_path):
 def test_chat_rows_target_exactly_one_assistant_turn():
     """Open-vocabulary tool-call chats become (prompt, one assistant turn) rows: the answer is a
     whole assistant turn through its <|im_end|>, never a tool response or a user turn."""
-    from engine.hf_train import ExampleSource
+    from engine.training.causal_lm import ExampleSource
     from engine.tokenizer import byte_tokenizer
 
     tok = byte_tokenizer()
@@ -169,7 +169,7 @@ def _tiny_distill(path, n=12):
 def test_heldout_rows_are_scored_never_trained_and_full_finetune_compares(tmp_path, capsys):
     """--heldout-rows N keeps the file's last N rows out of training and logs their losses with the same
     noise each time; --full-finetune trains every weight (the LoRA comparison) and writes no weights."""
-    from engine.hf_train import ExampleSource
+    from engine.training.causal_lm import ExampleSource
     from engine.tokenizer import byte_tokenizer
 
     data = _tiny_distill(tmp_path / "d.jsonl")
@@ -192,8 +192,8 @@ def test_heldout_rows_are_scored_never_trained_and_full_finetune_compares(tmp_pa
     assert (tmp_path / "lora" / "adapter_model.safetensors").is_file()
     assert not (tmp_path / "full" / "adapter_model.safetensors").exists()  # a measurement run writes no weights
     # the score is a fixed-noise measurement: the same model scores the same twice
-    from engine.hf_train import heldout_loss, make_trainable, tiny_lm
-    from engine.hf_model import HFBlockConfig, HFBlockDiffusionModel
+    from engine.training.causal_lm import heldout_loss, make_trainable, tiny_lm
+    from engine.backbones.causal_lm.model import HFBlockConfig, HFBlockDiffusionModel
 
     lm = tiny_lm()
     plm, mask_init = make_trainable(lm, 8, 16, 319)

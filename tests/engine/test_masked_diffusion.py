@@ -1,4 +1,4 @@
-"""Dream / LLaDA-style masked diffusion (engine.masked_diffusion) on tiny random checkpoints.
+"""Dream / LLaDA-style masked diffusion (engine.backbones.masked_diffusion) on tiny random checkpoints.
 
 A tiny random Qwen2 saved by transformers and written as a Dream checkpoint, and a tiny
 random Llama written with LLaDA's weight names, load by path through ``load_model``; their
@@ -19,11 +19,11 @@ transformers = pytest.importorskip("transformers")
 
 from engine.checkpoint import load_model, model_format  # noqa: E402
 from engine.cost import forward_cost  # noqa: E402
-from engine.decoder import BlockDecoder, DecodeConfig  # noqa: E402
-from engine.masked_diffusion import (  # noqa: E402
+from engine.decoding.decoder import BlockDecoder, DecodeConfig  # noqa: E402
+from engine.backbones.masked_diffusion import (  # noqa: E402
     MaskedDiffusionModel, load_masked_diffusion, save_masked_diffusion,
 )
-from engine.policies import POLICIES  # noqa: E402
+from engine.decoding.policies import POLICIES  # noqa: E402
 
 V, MASK = 128, 126
 PROMPT = [5, 9, 33, 17, 60, 4, 8, 21, 70, 11]

@@ -6,8 +6,8 @@ Run: .venv/bin/python -m pytest tests/engine/test_model.py -q
 import pytest
 import torch
 
-from engine.config import CloverConfig
-from engine.model import CloverModel
+from engine.backbones.clover.config import CloverConfig
+from engine.backbones.clover.model import CloverModel
 
 CFG = CloverConfig.from_name("clover-test")
 

@@ -11,7 +11,7 @@ import pytest
 
 from engine.checkpoint import load_model, load_tokenizer
 from engine.data.agent import eval_tasks
-from engine.decoder import BlockDecoder, DecodeConfig
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "clover-tiny"
 CODE_PROMPT = "import os\n\n\ndef read_lines(path):\n"

@@ -16,7 +16,7 @@ import types
 import pytest
 
 from engine.backbones.base import Capabilities
-from engine.model import CloverModel, random_model
+from engine.backbones.clover.model import CloverModel, random_model
 from engine.prompting import chatml_prompt, in_chat_layout, model_input
 from engine.tokenizer import byte_tokenizer
 
@@ -74,7 +74,7 @@ def test_the_rule():
 
 
 def test_the_adapter_template_is_the_same_text():
-    from engine.hf_adapter import SMOLLM2_SYSTEM, chat_prompt
+    from engine.backbones.causal_lm.adapter import SMOLLM2_SYSTEM, chat_prompt
 
     chat = _Declares(Capabilities(family="causal_lm", chat_template="chatml", chat_system=SMOLLM2_SYSTEM))
     assert chat_prompt(QUESTION) == model_input(QUESTION, chat).text
@@ -110,9 +110,9 @@ def test_sweep_and_eval_use_the_same_rule(chat_model, tmp_path):
     `decode_task` decodes an agent prompt (already a conversation) as given, for a chat model too."""
     from engine import sweep
     from engine.data.agent import eval_tasks
-    from engine.decoder import DecodeConfig
+    from engine.decoding.decoder import DecodeConfig
     from engine.experiments import decode_task
-    from engine.trace import Trace
+    from engine.recording.trace import Trace
 
     tok = byte_tokenizer()
     task = sweep.SweepTask("chat-eval:1", 0, QUESTION, "chat")

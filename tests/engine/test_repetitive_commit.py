@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from engine.checkpoint import load_model, load_tokenizer
-from engine.decoder import BlockDecoder, DecodeConfig
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
 from helpers import ReferenceDriven
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "clover-tiny"

@@ -1,4 +1,4 @@
-"""engine.slot_index.SlotIndex through Trace.slot_index, and Trace.model_config.
+"""engine.recording.slot_index.SlotIndex through Trace.slot_index, and Trace.model_config.
 
 A hand-made trace whose every write is known (two blocks of block_size 4, the second
 L=3; a prompt slot; accepted, forced and EOS-filled slots), so expected values are
@@ -14,10 +14,10 @@ import json
 import numpy as np
 import pytest
 
-from engine.config import CloverConfig
-from engine.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
-from engine.slot_index import WRITE_KINDS, SlotIndex
-from engine.trace import Trace
+from engine.backbones.clover.config import CloverConfig
+from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
+from engine.recording.slot_index import WRITE_KINDS, SlotIndex
+from engine.recording.trace import Trace
 
 M, EOS = 99, 2  # MASK and EOS ids
 NAN = np.nan

@@ -2,7 +2,7 @@
 
 CI installs the base (`.ci/install`); without it these tests skip, except the ones
 that check the missing-base message. The first load dequantises the GGUF (~40 s on
-2 busy cores) and caches it (engine.hf_adapter.cache_dir); later loads take seconds.
+2 busy cores) and caches it (engine.backbones.causal_lm.adapter.cache_dir); later loads take seconds.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import hf_adapter
-from engine.hf_adapter import BASES, MissingBaseError, chat_prompt, locate_base
+from engine.backbones.causal_lm import adapter as hf_adapter
+from engine.backbones.causal_lm.adapter import BASES, MissingBaseError, chat_prompt, locate_base
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "models" / "smollm2-bd"
@@ -36,14 +36,14 @@ needs_base = pytest.mark.skipif(not _installed(), reason=f"base not installed ({
 @pytest.fixture(scope="module")
 def base():
     torch.set_num_threads(1)
-    from engine.hf_adapter import base_block_model, load_base_tokenizer
+    from engine.backbones.causal_lm.adapter import base_block_model, load_base_tokenizer
 
     return base_block_model(), load_base_tokenizer()[1]
 
 
 @needs_base
 def test_block_size_1_reproduces_generate(base):
-    from engine.decoder import BlockDecoder, DecodeConfig
+    from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     model, tok = base
     dec = BlockDecoder(model, tok, DecodeConfig(block_size=1, max_new_tokens=16))
@@ -62,7 +62,7 @@ def test_shipped_adapter_loads_and_decodes_pinned_answer():
     import json
 
     from engine.checkpoint import load_model, load_tokenizer
-    from engine.decoder import BlockDecoder, DecodeConfig
+    from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     torch.set_num_threads(1)
     model = load_model(SHIPPED)
@@ -125,7 +125,7 @@ def test_tools_adapter_writes_a_pinned_unseen_tool_call_exactly(block_size):
     at 32 / 0.95 (28, 31)."""
     from engine.checkpoint import load_model, load_tokenizer
     from engine.data.open_tools import eval_turns, score_turn
-    from engine.decoder import BlockDecoder, DecodeConfig
+    from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     torch.set_num_threads(1)
     model, tok = load_model(TOOLS), load_tokenizer(TOOLS)
@@ -144,7 +144,7 @@ def test_cli_notes_a_chatml_prompt_a_block_past_training_and_stays_quiet(capsys)
     block_size above the adapter's largest trained block gets a note, and transformers' loading
     progress bar and peft's FutureWarning stay out of the output."""
     from engine import generate
-    from engine.hf_adapter import chat_prompt
+    from engine.backbones.causal_lm.adapter import chat_prompt
 
     prompt = chat_prompt("Name three primary colours.")
     assert generate.main(["--model", "models/smollm2-bd", "--prompt", prompt, "--block-size", "64",
@@ -158,9 +158,9 @@ def test_cli_notes_a_chatml_prompt_a_block_past_training_and_stays_quiet(capsys)
 
 @needs_base
 def test_open_turns_scored_for_the_base_generate_reference(monkeypatch):
-    """`engine.hf_eval --open-settings base,...` adds the unadapted base's own greedy generate on the
+    """`engine.eval.chat --open-settings base,...` adds the unadapted base's own greedy generate on the
     open-vocabulary turns (what adaptation started from), scored like the block settings."""
-    from engine import hf_eval
+    from engine.eval import chat as hf_eval
     from engine.checkpoint import load_model, load_tokenizer
 
     assert hf_eval.parse_open_settings("base,1,32/0.9") == [("base-generate", 0, 0.0), ("adapted", 1, 0.95),

@@ -1,4 +1,4 @@
-"""Self-speculative decoding (`engine.speculative`): the accept rule on a scripted model, and
+"""Self-speculative decoding (`engine.decoding.speculative`): the accept rule on a scripted model, and
 lossless output -- token for token the greedy ``block_size = 1`` decode -- on random models and
 the bundled model, with both verifiers.
 
@@ -14,10 +14,10 @@ import torch
 from helpers import CFG_CONV, loud_model
 
 from engine.backbones.base import Capabilities
-from engine.config import CloverConfig
-from engine.decoder import BlockDecoder, DecodeConfig
-from engine.model import CloverModel, ModelOutput
-from engine.speculative import (
+from engine.backbones.clover.config import CloverConfig
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
+from engine.backbones.clover.model import CloverModel, ModelOutput
+from engine.decoding.speculative import (
     SpeculativeConfig,
     SpeculativeDecoder,
     greedy_reference,

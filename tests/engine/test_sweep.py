@@ -50,7 +50,7 @@ def test_serial_table(serial):
         assert (r["exact_match"] is None) == r["task_set"].startswith("prompts")  # only agent tasks are scored
         trace = serial.out_dir / r["trace_path"]
         assert trace.is_file()
-        from engine.trace import Trace
+        from engine.recording.trace import Trace
 
         tr = Trace.load(trace)
         assert tr.nfe == r["nfe"] and tr.model_id == MODEL

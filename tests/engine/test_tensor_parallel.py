@@ -1,4 +1,4 @@
-"""engine.parallel.shard_heads: the Clover model's heads (attention and GDN) and shared experts split
+"""engine.backbones.clover.parallel.shard_heads: the Clover model's heads (attention and GDN) and shared experts split
 over 2 processes (gloo, CPU) decode the tokens one process decodes, confidences within 1e-5, in both
 memory modes; with the experts split as well (ep=2,tp=2) too."""
 
@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 from helpers import free_port, loud_model
 
-from engine.decoder import BlockDecoder, DecodeConfig
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
 PROMPT = list(b"The quick brown fox jumps over the lazy dog. " * 2)
 MODES = ("state", "state+window")
@@ -47,7 +47,7 @@ def _head_bytes(model, r) -> float:
 def _tp_rank(rank: int, port: int, out: str, ep: bool) -> None:
     import torch.distributed as dist
 
-    from engine import parallel
+    from engine.backbones.clover import parallel
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
@@ -112,9 +112,9 @@ def _bad_rank(rank: int, port: int, out: str) -> None:
 
     import torch.distributed as dist
 
-    from engine import parallel
-    from engine.config import CloverConfig
-    from engine.model import random_model
+    from engine.backbones.clover import parallel
+    from engine.backbones.clover.config import CloverConfig
+    from engine.backbones.clover.model import random_model
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
@@ -138,7 +138,7 @@ def test_tp_refuses_indivisible_heads(tmp_path):
 
 
 def test_shard_heads_needs_distributed():
-    from engine import parallel
+    from engine.backbones.clover import parallel
 
     with pytest.raises(RuntimeError, match="torch.distributed"):
         parallel.shard_heads(loud_model())

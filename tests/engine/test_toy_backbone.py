@@ -29,8 +29,8 @@ def toy_dir(tmp_path_factory):
 
 def test_decoder_trace_and_cost(toy_dir, tmp_path):
     from engine.checkpoint import load_model, load_tokenizer, supported_formats
-    from engine.decoder import BlockDecoder, DecodeConfig
-    from engine.trace import Trace
+    from engine.decoding.decoder import BlockDecoder, DecodeConfig
+    from engine.recording.trace import Trace
 
     assert toy.MODEL_TYPE in supported_formats()
     model = load_model(toy_dir)

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.events import BlockEnd, BlockStart, DecodeEnd, ProcessorFiring, StepEvent
-from engine.trace import FORMAT_VERSION, Trace
+from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, ProcessorFiring, StepEvent
+from engine.recording.trace import FORMAT_VERSION, Trace
 
 MASK = 99
 EOS = 98

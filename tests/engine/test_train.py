@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.config import CloverConfig
-from engine.model import CloverModel
+from engine.backbones.clover.config import CloverConfig
+from engine.backbones.clover.model import CloverModel
 from engine.train import BLOCK_SIZE_WEIGHTS, ROW_SHAPE, lr_at, mask_blocks, tiny_config
 
 

@@ -18,13 +18,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from engine.config import CloverConfig
-from engine.decoder import BlockDecoder, DecodeConfig
-from engine.events import StepEvent
-from engine.model import CloverModel
-from engine.policies import Entropy, Factor, LowConfidence, Margin, make_policy
+from engine.backbones.clover.config import CloverConfig
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
+from engine.recording.events import StepEvent
+from engine.backbones.clover.model import CloverModel
+from engine.decoding.policies import Entropy, Factor, LowConfidence, Margin, make_policy
 from engine.tokenizer import byte_tokenizer
-from engine.trace import Trace
+from engine.recording.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG = CloverConfig.from_name("clover-test")

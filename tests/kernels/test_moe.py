@@ -1,6 +1,6 @@
 """Routed experts: the Triton grouped kernels (under TRITON_INTERPRET=1 on the CPU) and the
 ``torch._grouped_mm`` path against the plain-torch definition, and the dispatcher against
-`engine.clover.moe.SparseMoE`.
+`engine.backbones.clover.moe.SparseMoE`.
 
 Run: .venv/bin/python -m pytest tests/kernels/test_moe.py -q
 """
@@ -90,8 +90,8 @@ def test_grouped_mm_rejects_unaligned_rows():
 
 def test_dispatcher_cpu_is_sparse_moe():
     """On the CPU the dispatcher is the definition, bit for bit the MoE layer's routed output."""
-    from engine.clover.moe import SparseMoE
-    from engine.config import CloverConfig
+    from engine.backbones.clover.moe import SparseMoE
+    from engine.backbones.clover.config import CloverConfig
 
     cfg = CloverConfig(hidden_size=24, moe_intermediate_size=20, num_experts=6, num_experts_per_tok=2,
                        shared_expert_intermediate_size=16)

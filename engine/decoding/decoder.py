@@ -1,0 +1,665 @@
+"""The block decoder: LowConfidence block diffusion (docs/architecture.md §5), with hooks.
+
+Per block, exactly:
+
+1. all generation slots start as MASK (a partial last prompt block pre-fills
+   the head of the first generation block; blocks sit at positions k * block_size);
+2. each iteration runs one forward over the block and takes, per masked slot,
+   the argmax token and its probability after the logits processors (MASK and
+   ids the tokenizer cannot decode -- an LM head wider than the tokenizer --
+   are never candidates);
+3. the policy accepts slots (LowConfidence: confidence >= threshold, compared
+   exactly: the fp32 confidence against the threshold as given);
+4. if it accepts none, the single most confident masked slot is written
+   (forced fill);
+5. written slots never change;
+6. a block with no masked slot is final and becomes history (its commit is
+   fused with the next block's first forward);
+7. generation stops at the first EOS (masked slots after an accepted EOS in
+   its block are resolved as EOS without more forwards; text after the first
+   EOS is dropped) or at ``max_new_tokens``.
+
+``max_steps`` bounds iterations per block; on the last allowed iteration every
+remaining slot is written with its argmax and recorded as forced.
+``block_size = 1`` is greedy autoregressive decoding.
+
+A final block shorter than block_size (``max_new_tokens`` not a multiple of block_size, or the
+context limit) runs with only the slots it needs: no slot is computed and
+then thrown away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import numbers
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from engine.backbones.base import OBSERVABLES, capabilities_of
+from engine.cost.meter import CostMeter
+from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
+from engine.backbones.clover.model import MEMORY_MODES, CloverModel
+from engine.decoding.policies import POLICIES, make_policy
+from engine.decoding.processors import ProgressiveEOSBias, RepetitionControl
+from kernels.confidence import confidence_step, top_candidates
+
+Hook = Callable[[object], None]
+
+
+def _check_int(name: str, val, lo: int, hint: str) -> int:
+    """`val` as a Python int >= `lo` (ints and NumPy integers; not bool, not float)."""
+    if isinstance(val, (bool, np.bool_)) or not isinstance(val, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {lo}, got {type(val).__name__} ({val!r}); {hint}")
+    val = int(val)
+    if val < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {val}; {hint}")
+    return val
+
+
+def _check_real(name: str, val, lo: float, hi: float | None, *, lo_open: bool, hi_open: bool = False,
+                hint: str) -> float:
+    """`val` as a finite Python float in the range (ints, floats, NumPy numbers; not bool, NaN or inf)."""
+    rng = f"{'(' if lo_open else '['}{lo:g}, {'inf)' if hi is None else f'{hi:g}' + (')' if hi_open else ']')}"
+    if isinstance(val, (bool, np.bool_)) or not isinstance(val, numbers.Real):
+        raise TypeError(f"{name} must be a number in {rng}, got {type(val).__name__} ({val!r}); {hint}")
+    f = float(val)
+    ok = math.isfinite(f) and (f > lo if lo_open else f >= lo)
+    if ok and hi is not None:
+        ok = f < hi if hi_open else f <= hi
+    if not ok:
+        raise ValueError(f"{name} must be a finite number in {rng}, got {val!r}; {hint}")
+    return f
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Decoding settings (validated on construction).
+
+    Numbers may be Python or NumPy numbers (``np.float32`` from an event, ``np.int64``
+    ...); they are stored as Python int / float, exactly (``np.float32(0.95)`` stays
+    0.949999988...). Every float must be finite.
+
+    Attributes:
+        block_size: slots per block (>= 1; 1 = autoregressive; at most the model's
+            context, checked by `BlockDecoder.generate`).
+        threshold: LowConfidence / margin acceptance threshold, in (0, 1], compared
+            exactly (``>=`` on the value as given, not rounded to fp32).
+        max_steps: iterations allowed per block (None = until the block is full).
+        max_new_tokens: generated-token budget (>= 1), prompt not counted.
+        policy: one of ``low_confidence``, ``top_k``, ``margin``, ``entropy``, ``factor``.
+        tokens_per_step: slots written per step by ``top_k``.
+        max_entropy: entropy bound (nats) for ``entropy``.
+        factor: Fast-dLLM factor for ``factor``.
+        memory_mode: ``state`` (Clover) or ``state+window``.
+        repetition_penalty: logit penalty of repetition control (>= 0; 0 = off).
+        repetition_ngram, repetition_window: n (>= 2) and search window (>= n) of repetition control.
+        eos_bias_soft_limit: generated length after which EOS is favoured (None = off, else >= 0).
+        eos_bias_rate: logit added to EOS per token past the soft limit (> 0).
+        top_candidates: K top tokens per slot kept in events (for hovers).
+
+    Raises:
+        ValueError / TypeError: naming the field, the value and the valid range.
+    """
+
+    block_size: int = 32
+    threshold: float = 0.95
+    max_steps: int | None = None
+    max_new_tokens: int = 128
+    policy: str = "low_confidence"
+    tokens_per_step: int = 2
+    max_entropy: float = 0.5
+    factor: float = 1.0
+    memory_mode: str = "state"
+    repetition_penalty: float = 0.0
+    repetition_ngram: int = 3
+    repetition_window: int = 64
+    eos_bias_soft_limit: int | None = None
+    eos_bias_rate: float = 0.1
+    top_candidates: int = 5
+
+    def __post_init__(self) -> None:
+        # NumPy scalars (what events, traces and widgets give back) are accepted and stored as Python
+        # int / float; a NumPy float keeps its exact value (float(np.float32(0.95)) == 0.949999988...).
+        def setv(name, val):
+            object.__setattr__(self, name, val)
+
+        for name, lo, hint in (
+            ("block_size", 1, "e.g. 32 (1 = autoregressive)"),
+            ("max_new_tokens", 1, "e.g. 128"),
+            ("tokens_per_step", 1, "e.g. 2"),
+            ("repetition_ngram", 2, "e.g. 3 (an n-gram of 1 token would ban every repeated token)"),
+            ("repetition_window", 1, "e.g. 64"),
+            ("top_candidates", 1, "e.g. 5"),
+        ):
+            setv(name, _check_int(name, getattr(self, name), lo, hint))
+        if self.repetition_window < self.repetition_ngram:
+            raise ValueError(
+                f"repetition_window must be >= repetition_ngram ({self.repetition_ngram}), got "
+                f"{self.repetition_window}; the window must hold at least one whole n-gram"
+            )
+        if self.max_steps is not None:
+            setv("max_steps", _check_int("max_steps", self.max_steps, 1, "or None = until the block is full"))
+        if self.eos_bias_soft_limit is not None:
+            setv("eos_bias_soft_limit", _check_int("eos_bias_soft_limit", self.eos_bias_soft_limit, 0,
+                                                   "or None = EOS bias off"))
+        setv("threshold", _check_real(
+            "threshold", self.threshold, 0.0, 1.0, lo_open=True, hi_open=False,
+            hint="e.g. 0.95 (Clover's default) -- 1.0 writes one slot per forward"))
+        setv("max_entropy", _check_real("max_entropy", self.max_entropy, 0.0, None, lo_open=True,
+                                        hint="an entropy bound in nats, e.g. 0.5"))
+        setv("factor", _check_real("factor", self.factor, 0.0, None, lo_open=True,
+                                   hint="Fast-dLLM's factor, e.g. 1.0"))
+        setv("repetition_penalty", _check_real("repetition_penalty", self.repetition_penalty, 0.0, None,
+                                               lo_open=False, hint="a logit penalty, 0 = off, e.g. 2.0"))
+        setv("eos_bias_rate", _check_real(
+            "eos_bias_rate", self.eos_bias_rate, 0.0, None, lo_open=True,
+            hint="logits per token past eos_bias_soft_limit, e.g. 0.1; turn the bias off with "
+                 "eos_bias_soft_limit=None"))
+        if not isinstance(self.policy, str) or self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if not isinstance(self.memory_mode, str) or self.memory_mode not in MEMORY_MODES:
+            raise ValueError(f"memory_mode must be one of {MEMORY_MODES}, got {self.memory_mode!r}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class DecodeResult:
+    """What `BlockDecoder.generate` returns.
+
+    Attributes:
+        text: decoded text of `tokens` ("" without a tokenizer).
+        tokens: generated ids, up to and excluding the first EOS.
+        prompt_ids: the prompt's ids.
+        nfe: forwards run (function evaluations).
+        tokens_per_forward: len(tokens) / nfe.
+        n_forced: slots written by forced fill (incl. max_steps exhaustion).
+        wall_s: wall time of the decode, seconds.
+        tokens_per_s: len(tokens) / wall_s (prompt tokens not counted).
+        observer_s: of `wall_s`, the seconds spent on hooks and the trace: building the events,
+            their cost estimates, and the hooks' own work (0.0 without hooks or trace). The
+            forward's observed quantities (memory share, state norm) are not in it. So
+            ``len(tokens) / (wall_s - observer_s)`` is the decode's speed without its observers,
+            which `engine.eval` reports.
+        stop_reason: ``eos``, ``max_new_tokens``, ``context`` or ``cancelled``.
+        trace: the `engine.recording.trace.Trace` (None when ``record_trace=False``).
+        bytes_read, flops: summed `engine.cost.forward_cost` estimates over the
+            forwards, at the model's own weight dtype (bytes, FLOPs).
+    """
+
+    text: str
+    tokens: list[int]
+    prompt_ids: list[int]
+    nfe: int
+    tokens_per_forward: float
+    n_forced: int
+    wall_s: float
+    tokens_per_s: float
+    stop_reason: str
+    trace: object | None = None
+    bytes_read: float | None = None
+    flops: float | None = None
+    observer_s: float = 0.0
+
+
+class HookHandle:
+    """Returned by `BlockDecoder.add_hook`; ``remove()`` unregisters (idempotent)."""
+
+    def __init__(self, hooks: list, fn: Hook):
+        self._hooks, self._fn = hooks, fn
+
+    def remove(self) -> None:
+        if self._fn in self._hooks:
+            self._hooks.remove(self._fn)
+
+
+class HookRegistry:
+    """Hooks registered on a decoder for every later decode (``self._hooks``, set by the subclass):
+    `add_hook` and the ``with decoder.hooks(...)`` context. Shared by `BlockDecoder` and the
+    decoders that run a model's own sampler (`engine.backbones.diffusion_gemma.DiffusionGemmaDecoder`)."""
+
+    _hooks: list[Hook]
+
+    def add_hook(self, fn: Hook) -> HookHandle:
+        """Register ``fn(event)`` for every event of every later decode; returns a handle.
+
+        Raises:
+            TypeError: ``fn`` is not callable.
+        """
+        if not callable(fn):
+            raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
+        self._hooks.append(fn)
+        return HookHandle(self._hooks, fn)
+
+    @contextlib.contextmanager
+    def hooks(self, *fns: Hook):
+        """``with decoder.hooks(fn, ...):`` -- registered inside the block, removed in ``finally``."""
+        handles = [self.add_hook(fn) for fn in fns]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+
+class BlockDecoder(HookRegistry):
+    """Block-diffusion decoder over a `CloverModel`.
+
+    Args:
+        model: the model (eval mode is set here).
+        tokenizer: a `tokenizers.Tokenizer` (needed for text prompts and output text) or None.
+        config: a `DecodeConfig` (default: block 32, threshold 0.95).
+    """
+
+    def __init__(self, model: CloverModel, tokenizer=None, config: DecodeConfig | None = None):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a block-diffusion backbone (a CloverModel, or a transformers-backed "
+                            f"model from engine.load_model), got {type(model).__name__}; a DiffusionGemma directory "
+                            "loads as a decoder with its own .generate(prompt)")
+        self.capabilities = capabilities_of(model)  # TypeError for a module that implements no backbone
+        if self.capabilities.revises_commits:
+            raise TypeError(f"{type(model).__name__} revises what it committed and runs its own sampler; the block "
+                            "decoder's accept-once rule does not apply to it")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = config or DecodeConfig()
+        if not isinstance(self.config, DecodeConfig):
+            raise TypeError(f"config must be a DecodeConfig, got {type(self.config).__name__}")
+        self._hooks: list[Hook] = []
+
+    # ------------------------------------------------------------------ input
+    def _undecodable(self, vocab_size: int, eos_id: int) -> torch.Tensor:
+        """[vocab_size] bool: ids the tokenizer has no token for (an LM head wider than the
+        tokenizer), which are never candidates. EOS stays a candidate. All False without a
+        tokenizer. Cached per tokenizer."""
+        tok = self.tokenizer
+        key = (id(tok), vocab_size, eos_id)
+        cached = getattr(self, "_undecodable_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        out = torch.zeros(vocab_size, dtype=torch.bool)
+        if tok is not None:
+            try:
+                known = tok.get_vocab(with_added_tokens=True)  # tokenizers.Tokenizer
+            except TypeError:
+                known = tok.get_vocab()  # transformers tokenizers (added tokens included)
+            has = torch.zeros(vocab_size, dtype=torch.bool)
+            ids = torch.tensor([i for i in known.values() if 0 <= i < vocab_size], dtype=torch.long)
+            has[ids] = True
+            out = ~has
+            if 0 <= eos_id < vocab_size:
+                out[eos_id] = False
+        self._undecodable_cache = (key, out)
+        return out
+
+    def encode_prompt(self, prompt: str | Sequence[int] | torch.Tensor) -> list[int]:
+        """Validate a prompt and return its ids.
+
+        Raises:
+            TypeError: not a str / int sequence / 1-D int tensor, or a str without tokenizer.
+            ValueError: empty prompt, text that is not valid Unicode (lone surrogates),
+                ids outside the vocabulary, the MASK token inside the prompt, or a prompt
+                at/over the model's context.
+        """
+        cfg = self.model.config
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise TypeError("a text prompt needs a tokenizer: BlockDecoder(model, tokenizer) "
+                                "or pass token ids")
+            if not prompt:
+                raise ValueError("the prompt is empty; give at least one token of text")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(
+                    f"the prompt is not valid text: character {e.start} ({prompt[e.start:e.end]!r}) is a lone "
+                    "surrogate, which is what decoding non-UTF-8 bytes with errors='surrogateescape' leaves; "
+                    "decode the bytes with their real encoding (or errors='replace') before passing the prompt"
+                ) from None
+            ids = self.tokenizer.encode(prompt).ids
+        elif isinstance(prompt, torch.Tensor):
+            if prompt.dim() != 1 or prompt.dtype not in (torch.int64, torch.int32):
+                raise TypeError(f"a tensor prompt must be 1-D int64, got shape {tuple(prompt.shape)} "
+                                f"dtype {prompt.dtype}")
+            ids = prompt.tolist()
+        elif isinstance(prompt, (list, tuple)):
+            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
+                raise TypeError("a prompt sequence must hold ints (token ids)")
+            ids = [int(t) for t in prompt]
+        else:
+            raise TypeError(f"prompt must be str, a list of ids or a 1-D tensor, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        bad = [t for t in ids if not 0 <= t < cfg.vocab_size]
+        if bad:
+            raise ValueError(f"prompt ids {bad[:5]} are outside the vocabulary [0, {cfg.vocab_size})")
+        if cfg.mask_token_id in ids:
+            raise ValueError(
+                f"the prompt contains the MASK token (id {cfg.mask_token_id}) at index "
+                f"{ids.index(cfg.mask_token_id)}; MASK is reserved for undecoded slots -- remove it"
+            )
+        if len(ids) >= cfg.max_position_embeddings:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens but the model's context is "
+                f"{cfg.max_position_embeddings} (max_position_embeddings); shorten it to at most "
+                f"{cfg.max_position_embeddings - 1} tokens"
+            )
+        return ids
+
+    # ----------------------------------------------------------------- decode
+    @torch.inference_mode()  # no autograd bookkeeping at all: ~10 % less fixed cost per op than no_grad
+    def generate(
+        self,
+        prompt: str | Sequence[int] | torch.Tensor,
+        hooks: Iterable[Hook] = (),
+        record_trace: bool = True,
+        cancel: threading.Event | Callable[[], bool] | None = None,
+        config: DecodeConfig | None = None,
+    ) -> DecodeResult:
+        """Decode a continuation of `prompt`.
+
+        Args:
+            prompt: text (needs a tokenizer) or token ids.
+            hooks: callables receiving every event of this decode only.
+            record_trace: record an `engine.recording.trace.Trace` (a hook like any other).
+            cancel: a `threading.Event` (or callable returning True) checked after
+                every forward; when set, decoding stops and keeps what was written
+                (the finished blocks and the written prefix of the current block).
+            config: overrides the decoder's `DecodeConfig` for this call.
+
+        Returns:
+            `DecodeResult`. Never prints. ``bytes_read`` / ``flops`` are filled when
+            events are observed (a hook or the trace); a bare decode does no cost work.
+
+        Raises:
+            TypeError / ValueError: a bad prompt (see `encode_prompt`), or a ``block_size``
+                above the model's context (``max_position_embeddings``).
+        """
+        dc = self._check_config(config)
+        ids = self.encode_prompt(prompt)
+        cfg = self.model.config
+        block_size, P = dc.block_size, len(ids)
+        is_cancelled = (cancel.is_set if isinstance(cancel, threading.Event) else cancel) or (lambda: False)
+        observers = list(self._hooks) + list(hooks)
+        trace = self._new_trace(dc, ids) if record_trace else None
+        if trace is not None:
+            observers.append(trace)
+
+        def emit(ev):
+            for fn in observers:
+                fn(ev)
+
+        state = self.model.setup_state(1, dc.memory_mode)
+        undeclared = {name: None for name in OBSERVABLES if not self.capabilities.emits(name)}
+        meter = (CostMeter(cfg, self.model.dtype.itemsize, dc.memory_mode, state.window, block_size, self.capabilities)
+                 if observers else None)
+        select = SlotSelector(dc, cfg, self._undecodable(cfg.vocab_size, cfg.eos_token_id).to(self.model.device))
+        committed, head = split_prompt(ids, block_size)
+        commit = torch.tensor([committed], device=self.model.device) if committed else None
+        seq = list(committed)  # every token of finished blocks (for the processors)
+        budget = min(dc.max_new_tokens, cfg.max_position_embeddings - P)
+        stop_reason = "max_new_tokens" if budget == dc.max_new_tokens else "context"
+        generated: list[int] = []
+        nfe = n_forced = block_index = 0
+        observer_s = 0.0  # seconds in the `if observers:` blocks below (DecodeResult.observer_s)
+        t_start = time.perf_counter()
+        while budget > 0:
+            n_gen = min(block_size - len(head), budget)
+            blk = BlockSlots(block_index, len(seq), head, n_gen, cfg.mask_token_id, self.model.device)
+            if observers:
+                t_obs = time.perf_counter()
+                emit(BlockStart(block_index, blk.pos0, block_size, blk.L, blk.prefilled.cpu().numpy().copy(),
+                                blk.ids[0].cpu().numpy().copy()))  # copies: the block is filled in place
+                observer_s += time.perf_counter() - t_obs
+            cancelled = False
+            while bool(blk.masked.any()):
+                t0 = time.perf_counter()
+                n_commit = 0 if commit is None else commit.shape[1]
+                out = self.model(blk.ids, state, commit_ids=commit, block_size=block_size, observe=bool(observers))
+                commit = None
+                step = select.step(out.logits[0], blk, seq, P, last_step=dc.max_steps is not None
+                                   and blk.step + 1 >= dc.max_steps)
+                nfe += 1
+                n_forced += step.n_forced
+                if observers:
+                    t_obs = time.perf_counter()
+                    if undeclared:  # record only what the backbone declares it observes (its Capabilities)
+                        out = dataclasses.replace(out, **undeclared)
+                    cost = meter.forward(n_commit, blk.L, None if out.expert_union is None else
+                                         out.expert_union.tolist(), context_len=blk.pos0 - n_commit)
+                    emit(self._step_event(blk, step, out, n_commit + blk.L, t_obs - t0, dc.top_candidates, cost))
+                    observer_s += time.perf_counter() - t_obs
+                blk.step += 1
+                if is_cancelled():
+                    cancelled = True
+                    break
+            if observers:
+                t_obs = time.perf_counter()
+                emit(BlockEnd(block_index, blk.pos0, blk.ids[0].cpu().numpy().copy(), blk.step,
+                              cfg.eos_token_id in blk.ids[0, len(head):].tolist()))
+                observer_s += time.perf_counter() - t_obs
+            tokens, hit_eos = finished_tokens(blk.ids[0].tolist()[len(head):], cfg.eos_token_id,
+                                              cfg.mask_token_id, cancelled)
+            generated += tokens
+            if hit_eos or cancelled:
+                stop_reason = "eos" if hit_eos else "cancelled"
+                break
+            budget -= n_gen
+            seq += blk.ids[0].tolist()
+            commit, head = blk.ids, []
+            block_index += 1
+
+        wall_s = time.perf_counter() - t_start
+        tpf = len(generated) / nfe if nfe else 0.0
+        bytes_read = None if meter is None else meter.bytes_read
+        flops = None if meter is None else meter.flops
+        if observers:
+            emit(DecodeEnd(np.asarray(generated, dtype=np.int64), nfe, tpf, n_forced, wall_s, stop_reason,
+                           bytes_read, flops, observer_s=observer_s))
+        text = self.tokenizer.decode(generated) if self.tokenizer is not None else ""
+        return DecodeResult(
+            text=text, tokens=generated, prompt_ids=ids, nfe=nfe, tokens_per_forward=tpf,
+            n_forced=n_forced, wall_s=wall_s, tokens_per_s=len(generated) / wall_s if wall_s > 0 else 0.0,
+            stop_reason=stop_reason, trace=trace, bytes_read=bytes_read, flops=flops, observer_s=observer_s,
+        )
+
+    def _check_config(self, config: DecodeConfig | None) -> DecodeConfig:
+        """The decode's settings (`config` or the decoder's), checked against the model."""
+        dc = config or self.config
+        if not isinstance(dc, DecodeConfig):
+            raise TypeError(f"config must be a DecodeConfig, got {type(dc).__name__}")
+        ctx_len = self.model.config.max_position_embeddings
+        if dc.block_size > ctx_len:
+            raise ValueError(
+                f"block_size {dc.block_size} is larger than the model's context of {ctx_len} positions "
+                f"(max_position_embeddings); use a block_size of at most {ctx_len}"
+            )
+        return dc
+
+    def _new_trace(self, dc: DecodeConfig, ids: list[int]):
+        """An empty `engine.recording.trace.Trace` for this decode (settings, model id and config in its metadata)."""
+        from engine.recording.trace import Trace
+
+        cfg = self.model.config
+        tok_text = (lambda i: self.tokenizer.decode([i], skip_special_tokens=False)) if self.tokenizer else None
+        return Trace(decode_config=dc.to_dict(), model_id=getattr(self.model, "model_id", cfg.name),
+                     token_text=tok_text, prompt_ids=ids,
+                     meta={"model_config": cfg.to_dict(), "device": _device_name(self.model),
+                           "capabilities": self.capabilities.to_dict()})
+
+    @staticmethod
+    def _step_event(blk: "BlockSlots", st: "StepDecision", out, n_fwd: int, wall_s: float, top_k: int, cost) -> StepEvent:
+        """Copy one iteration's tensors to the host (only called when a hook is registered)."""
+        # three host copies (masks, ids, fp32 values): each torch op costs microseconds on the CPU and
+        # each copy a sync on a GPU, so the [L] vectors and the top-K columns travel together
+        k = min(top_k, st.probs.shape[-1])
+        tp, tt = top_candidates(st.probs, k)  # [L, k] over every slot; masked rows kept below
+        mb, accepted, forced, eos_filled = torch.stack(
+            [st.masked_before, st.accepted, st.forced, st.eos_filled]).cpu().numpy()
+        ints = torch.cat([blk.ids[0, :, None], st.cand[:, None].to(blk.ids.dtype), tt.to(blk.ids.dtype)], 1)
+        ints = ints.cpu().numpy().astype(np.int64, copy=False)  # [L, 2 + k]: ids, candidate, top-K ids
+        vals = torch.cat([st.conf[:, None].float(), tp.float()], 1).cpu().numpy()  # [L, 1 + k]
+        tokens, m2 = ints[:, 0].copy(), mb[:, None]  # unmasked slots have no candidates: -1 / NaN
+        confidence = np.where(mb, vals[:, 0], np.float32(np.nan))
+        candidate = np.where(mb, ints[:, 1], -1)
+        top_tokens = np.where(m2, ints[:, 2:], -1)
+        top_probs = np.where(m2, vals[:, 1:], np.float32(np.nan))
+        return StepEvent(
+            block_index=blk.index, step_index=blk.step, position_start=blk.pos0,
+            tokens=tokens, masked_before=mb, confidence=confidence, candidate=candidate,
+            top_tokens=top_tokens, top_probs=top_probs, accepted=accepted, forced=forced, eos_filled=eos_filled,
+            # None where the backbone has no such thing (a transformers model: no experts, no recurrent state)
+            expert_union=None if out.expert_union is None else out.expert_union.cpu().numpy(),
+            state_norm=None if out.state_norm is None else out.state_norm.cpu().numpy().astype(np.float32),
+            memory_share=None if out.memory_share is None else out.memory_share[:, 0].float().cpu().numpy(),
+            n_tokens_forward=int(n_fwd), wall_s=float(wall_s), firings=tuple(st.firings),
+            bytes_read=float(cost.bytes_read), flops=float(cost.flops),
+            arithmetic_intensity=float(cost.arithmetic_intensity),
+        )
+
+
+# ---------------------------------------------------------------------- the steps of a decode
+def _device_name(model) -> str:
+    """Where `model` runs, as the trace records it: ``"cpu"``, or ``"cuda:0 (NVIDIA H200)"`` on a GPU."""
+    dev = getattr(model, "device", None)
+    if dev is None:
+        return "unknown"
+    dev = torch.device(dev)
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return str(dev)
+
+
+def split_prompt(ids: list[int], block_size: int) -> tuple[list[int], list[int]]:
+    """Split a prompt at the last block boundary (blocks sit at absolute positions k * block_size).
+
+    Returns:
+        (committed, head): the whole blocks, committed into history by the first forward, and
+        the partial last block, which pre-fills the head of the first generation block.
+    """
+    n_full = (len(ids) // block_size) * block_size
+    return list(ids[:n_full]), list(ids[n_full:])
+
+
+def finished_tokens(gen_part: list[int], eos_id: int, mask_id: int, cancelled: bool) -> tuple[list[int], bool]:
+    """The answer tokens of a finished (or cancelled) block's generation slots.
+
+    Args:
+        gen_part: the block's generation slots (prompt head excluded).
+        cancelled: the decode was cancelled mid-block: keep the written prefix, up to the
+            first slot still MASK.
+
+    Returns:
+        (tokens, hit_eos): the slots up to and excluding the first EOS, and whether there was one.
+    """
+    if cancelled and mask_id in gen_part:
+        gen_part = gen_part[: gen_part.index(mask_id)]
+    if eos_id in gen_part:
+        return gen_part[: gen_part.index(eos_id)], True
+    return gen_part, False
+
+
+class BlockSlots:
+    """The block being denoised (the public step's state; `engine.experiments.chains` drives it too).
+
+    Attributes:
+        index: block index; pos0: absolute position of slot 0; step: iterations run so far.
+        L: slots (prompt head + generation slots).
+        ids: [1, L] int64 token ids, MASK where undecided, filled in place by `SlotSelector.step`.
+        prefilled: [L] bool, slots holding prompt tokens; masked: [L] bool, slots still MASK.
+    """
+
+    def __init__(self, index: int, pos0: int, head: list[int], n_gen: int, mask_id: int, device):
+        self.index, self.pos0, self.step = index, pos0, 0
+        self.L = len(head) + n_gen
+        self.ids = torch.tensor([head + [mask_id] * n_gen], device=device)  # [1, L]
+        self.prefilled = torch.zeros(self.L, dtype=torch.bool, device=device)
+        self.prefilled[: len(head)] = True
+        self.masked = ~self.prefilled
+
+
+@dataclass
+class StepDecision:
+    """What one denoising step decided, per slot ([L] tensors; ``probs`` [L, V] fp32): the slots
+    masked before it, each slot's confidence and top candidate, which slots were accepted, forced,
+    or filled with EOS after an EOS, and the processors that fired."""
+
+    masked_before: torch.Tensor
+    conf: torch.Tensor
+    cand: torch.Tensor
+    probs: torch.Tensor  # [L, V]
+    accepted: torch.Tensor
+    forced: torch.Tensor
+    eos_filled: torch.Tensor
+    firings: list
+    n_forced: int = 0  # forced.sum(), known on the host without reading the tensor
+
+
+class SlotSelector:
+    """The public decoding step: rules 2-7 of the module docstring for one decode (processors,
+    candidates, the policy, the forced fill, the EOS fill). `step` takes a forward's logits and
+    writes a `BlockSlots` in place; the decoder's loop and `engine.experiments.chains` both call it.
+
+    Args:
+        dc: the decode's `DecodeConfig`; cfg: the model config (``mask_token_id``, ``eos_token_id``);
+        undecodable: [V] bool, ids that are never candidates (besides MASK).
+    """
+
+    def __init__(self, dc: DecodeConfig, cfg, undecodable: torch.Tensor):
+        self.dc, self.mask_id, self.eos_id = dc, cfg.mask_token_id, cfg.eos_token_id
+        self.policy = make_policy(dc.policy, threshold=dc.threshold, tokens_per_step=dc.tokens_per_step,
+                                  max_entropy=dc.max_entropy, factor=dc.factor)
+        self.rep = (RepetitionControl(dc.repetition_penalty, dc.repetition_ngram, dc.repetition_window)
+                    if dc.repetition_penalty > 0 else None)
+        self.eos_bias = (ProgressiveEOSBias(dc.eos_bias_soft_limit, dc.eos_bias_rate)
+                         if dc.eos_bias_soft_limit is not None else None)
+        self.never = undecodable.clone()  # [V] ids that are never candidates: MASK, ids without a token
+        self.never[self.mask_id] = True
+
+    def step(self, logits: torch.Tensor, blk: BlockSlots, seq: list[int], prompt_len: int, last_step: bool) -> StepDecision:
+        """One iteration's decisions from the forward's logits [L, V]; writes `blk` in place.
+
+        Args:
+            seq: every token of the finished blocks (the processors' history).
+            prompt_len: P, the prompt's length (processors never act on prompt tokens).
+            last_step: `max_steps` runs out here: every remaining slot is written (forced).
+        """
+        firings: list = []
+        if self.rep is not None or self.eos_bias is not None:
+            cur = seq + blk.ids[0].tolist()
+            mlist = blk.masked.tolist()
+            if self.rep is not None:
+                firings += self.rep(logits, cur, blk.pos0, mlist, self.mask_id, prompt_len)
+            if self.eos_bias is not None:
+                firings += self.eos_bias(logits, cur, blk.pos0, mlist, self.mask_id, prompt_len, self.eos_id)
+        conf, cand, probs = confidence_step(logits, self.never)  # [L], [L], [L, V]; host path on CPU, Triton on CUDA
+        masked = blk.masked
+        accepted = self.policy.select(conf, masked, probs) & masked
+        forced = torch.zeros_like(masked)
+        n_forced = 0
+        if last_step:
+            forced = masked & ~accepted
+            n_forced = int(forced.sum())
+        elif not bool(accepted.any()):  # forced fill: the most confident masked slot
+            forced[torch.where(masked, conf, torch.full_like(conf, -1.0)).argmax()] = True
+            n_forced = 1
+        write = accepted | forced
+        blk.ids[0] = torch.where(write, cand, blk.ids[0])
+        blk.masked = masked & ~write
+        eos_filled = torch.zeros_like(masked)
+        is_eos = (blk.ids[0] == self.eos_id) & ~blk.masked & ~blk.prefilled
+        if bool(is_eos.any()):  # slots after the first EOS are EOS, without more forwards
+            first = int(is_eos.nonzero()[0, 0])
+            eos_filled = blk.masked & (torch.arange(blk.L, device=blk.ids.device) > first)
+            blk.ids[0] = torch.where(eos_filled, torch.full_like(cand, self.eos_id), blk.ids[0])
+            blk.masked = blk.masked & ~eos_filled
+        return StepDecision(masked, conf, cand, probs, accepted, forced, eos_filled, firings, n_forced)
