@@ -231,7 +231,7 @@ def run_agent_sweep(out_dir: str | Path, model: str, counts: dict[str, int], max
                     threads: int | None) -> None:
     """Decode the agent settings as `engine.sweep` sweeps into `out_dir` (resumed if there): one sweep per
     distinct task count, ``agent-eval:N`` with the settings that need N tasks, no traces."""
-    from engine.sweep import run_sweep
+    from engine.experiments.sweep.runner import run_sweep
 
     by_n: dict[int, list[str]] = defaultdict(list)
     for setting, n in counts.items():

@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine import sweep
+from engine.experiments.sweep import runner
 
 MODEL = "random:clover-test:15"  # peaked logits: decodes both accept and force slots
 
@@ -163,7 +164,7 @@ def test_interleave_runs_task_by_task_and_writes_the_same_table(grid, serial, tm
         order.append((cell.task.task_id, cell.index))
         return real(cell, *args, **kwargs)
 
-    monkeypatch.setattr(sweep, "run_cell", spy)
+    monkeypatch.setattr(runner, "run_cell", spy)  # where the workers look it up
     res = sweep.run_sweep(*grid, tmp_path, threads=1, progress=False, interleave=True)
     assert order == sorted(order) and [i for _, i in order[:4]] == [0, 3, 4, 7]  # task 0 of both sets, both settings
     assert _bytes(res.results) == _bytes(serial.results)  # same rows, in grid order
