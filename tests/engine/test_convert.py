@@ -18,15 +18,9 @@ pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
+from engine.backbones.clover.convert_mapping import CLOVER_ONLY, MEMORY_OFF_LOGIT, mask_token
 from engine.checkpoint import load_model
-from engine.convert import (
-    CLOVER_ONLY,
-    MEMORY_OFF_LOGIT,
-    build_model,
-    convert,
-    main,
-    mask_token,
-)
+from engine.convert import build_model, convert, main
 from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
