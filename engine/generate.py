@@ -181,7 +181,7 @@ def _check_inputs(args) -> None:
     if isinstance(args.prompt, str) and args.prompt and not args.prompt.strip():
         raise ValueError("the prompt is only whitespace; give some text to continue")
     if args.trace is not None:
-        from engine.recording.trace import trace_format
+        from engine.recording.trace_files import trace_format
 
         try:
             trace_format(args.trace)

@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from clover_viz import colors as C
 from clover_viz.figures._common import _base_layout, _empty_figure, _index, _json_list
+from engine.backbones.clover.config import recorded_clover_config
 from engine.units import format_si
 
 
@@ -209,7 +210,7 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
     run_dt = dtype_name(recorded_weight_bytes(trace))
     try:
         proj = project_trace(trace, device=device, target_config=config, union_assumption=union_assumption,
-                             source_config=trace.model_config(), fallback_union="independent")
+                             source_config=recorded_clover_config(trace), fallback_union="independent")
         proj_error = None
     except (ValueError, TypeError) as exc:
         proj, proj_error = None, exc

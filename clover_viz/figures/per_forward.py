@@ -21,6 +21,7 @@ from clover_viz.figures._common import (
     _json_list,
     _resolve_step,
 )
+from engine.backbones.clover.config import recorded_clover_config
 
 
 # =============================================================================== per-forward charts
@@ -118,7 +119,7 @@ def cumulative_tokens_figure(trace: Any) -> go.Figure:
 
 
 def _layer_labels(trace: Any, n: int) -> list[str]:
-    cfg = trace.model_config()
+    cfg = recorded_clover_config(trace)
     types = list(getattr(cfg, "layer_types", []) or [])
     if len(types) == n:
         short = {"linear_attention": "GDN", "full_attention": "attn"}
@@ -135,7 +136,7 @@ def expert_union_figure(trace: Any) -> go.Figure:
     u = np.stack([np.asarray(s.expert_union, dtype=np.float64) for s in _index(trace).steps])  # (S, N)
     u[u < 0] = np.nan
     S, N = u.shape
-    cfg = trace.model_config()
+    cfg = recorded_clover_config(trace)
     sub = ""
     if cfg is not None and getattr(cfg, "num_experts", 0):
         sub = f" (of {cfg.num_experts} experts, top-{cfg.num_experts_per_tok} per token)"

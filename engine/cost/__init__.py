@@ -14,8 +14,11 @@ Modules::
                             (masked diffusion, no cache)
     engine.cost.meter       CostMeter: a decode's forwards priced as the decoder reports them
     engine.cost.devices     Device table (datasheets), this machine measured, roofline
-    engine.cost.projection  recorded runs projected onto a device and a target model; one forward
-                            split over GPUs (project_parallel, ``--parallel ep=N[,tp=N]``)
+    engine.cost.projection  forwards projected onto a device (tokens/s by the roofline), and the
+                            target model's expert union under an assumption (target_union)
+    engine.cost.trace_projection  recorded runs projected onto a device and a target model, the
+                            whole run and its decode phase (project_trace)
+    engine.cost.parallel    one forward split over GPUs (project_parallel, ``--parallel ep=N[,tp=N]``)
     engine.cost.per_step    a trace's per-forward cost series and roofline points (for the views)
     engine.cost.break_even  the measured break-even: tokens per forward block decoding needs to
                             match autoregressive decoding on this machine (``--break-even``)
@@ -34,13 +37,13 @@ from engine.cost.formulas import (COMPONENTS, DENSE_COMPONENTS, DENSE_WEIGHT_COM
                                   ForwardCost, active_params_per_token, ar_step_cost, cost_family, expected_union,
                                   forced_fill_probability, forced_fill_table, forward_cost, param_counts,
                                   union_for_bytes_ratio)
+from engine.cost.parallel import INTERCONNECT_BYTES_PER_S, ParallelForward, project_parallel, project_parallel_table
 from engine.cost.per_step import (WEIGHT_DTYPES, ProjectedForwards, ar_break_even_tokens_per_forward,
                                   ar_tokens_per_s, attainable_flops_per_s, bytes_per_written_token, dtype_name,
-                                  project_forwards_roofline, recorded_weight_bytes, roofline_point,
-                                  running_tokens_per_s)
-from engine.cost.projection import (INTERCONNECT_BYTES_PER_S, DecodePhase, ParallelForward, Projection,
-                                    TraceProjection, project_forwards, project_parallel, project_parallel_table,
-                                    project_tokens_per_s, project_trace, prompt_forward_mask, target_union)
+                                  project_forwards_roofline, recorded_weight_bytes,
+                                  roofline_point, running_tokens_per_s)
+from engine.cost.projection import Projection, project_forwards, project_tokens_per_s, target_union
+from engine.cost.trace_projection import DecodePhase, TraceProjection, project_trace, prompt_forward_mask
 
 __all__ = [
     "BreakEven", "format_break_even", "measure_break_even", "WEIGHT_DTYPES", "ar_break_even_tokens_per_forward",

@@ -23,12 +23,8 @@ from engine.cost.formulas import (
     expected_union,
     forward_cost,
 )
-from engine.cost.projection import (
-    ParallelForward,
-    TraceProjection,
-    project_parallel_table,
-    project_trace,
-)
+from engine.cost.parallel import ParallelForward, project_parallel_table
+from engine.cost.trace_projection import TraceProjection, project_trace
 from engine.units import format_si
 
 

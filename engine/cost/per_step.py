@@ -19,9 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from engine.backbones.clover.config import recorded_clover_config
 from engine.cost.devices import Device, get_device, roofline_time_s
 from engine.cost.formulas import _as_config, ar_step_cost, forward_cost
-from engine.cost.projection import prompt_forward_mask, target_union
+from engine.cost.projection import target_union
+from engine.cost.trace_projection import prompt_forward_mask
 
 WEIGHT_DTYPES: dict[float, str] = {4: "fp32", 2: "bf16", 1: "fp8", 8: "fp64"}
 """Bytes per weight -> the dtype name the views print (2 bytes reads as bf16: fp16 prices the same)."""
@@ -38,9 +40,9 @@ def recorded_weight_bytes(trace: Any) -> float | None:
 
     Returns:
         The bytes per weight, or None when no step has a cost, the recorded model has no Clover
-        config (`Trace.model_config` None: a transformers backbone), or no candidate matches.
+        config (`recorded_clover_config` None: a transformers backbone), or no candidate matches.
     """
-    cfg = trace.model_config() if hasattr(trace, "model_config") else None
+    cfg = recorded_clover_config(trace)
     if cfg is None:
         return None
     dc = getattr(trace, "decode_config", None) or {}
@@ -177,7 +179,7 @@ def project_forwards_roofline(trace: Any, config: Any, device: Device | str,
     Same tokens per forward and commits as the recorded run (committed tokens =
     ``n_tokens_forward - L``, committed blocks of the decode's ``block_size``); the
     union per forward from ``union_assumption`` (`target_union`, with the recorded
-    model's config from `Trace.model_config`), falling back to ``"independent"`` for a
+    model's config from `recorded_clover_config`), falling back to ``"independent"`` for a
     forward where that assumption cannot be used (no measured unions or no source config).
 
     Args:
@@ -189,7 +191,7 @@ def project_forwards_roofline(trace: Any, config: Any, device: Device | str,
         ValueError: for an unknown preset or device, or a forward `forward_cost` refuses.
     """
     cfg = _as_config(config)
-    src = trace.model_config()
+    src = recorded_clover_config(trace)
     bs = (trace.decode_config or {}).get("block_size")
     rows: list[tuple[int, int, float, float, float]] = []
     cache: dict[tuple, tuple[float, float]] = {}
@@ -216,5 +218,6 @@ def project_forwards_roofline(trace: Any, config: Any, device: Device | str,
 
 
 __all__ = ["WEIGHT_DTYPES", "ProjectedForwards", "ar_break_even_tokens_per_forward", "ar_tokens_per_s",
-           "attainable_flops_per_s", "bytes_per_written_token", "dtype_name", "project_forwards_roofline", "recorded_weight_bytes",
+           "attainable_flops_per_s", "bytes_per_written_token", "dtype_name", "project_forwards_roofline",
+           "recorded_weight_bytes",
            "roofline_point", "running_tokens_per_s"]

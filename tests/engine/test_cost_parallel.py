@@ -1,4 +1,4 @@
-"""engine.cost.projection.project_parallel: per-GPU bytes of a forward split over GPUs (expert and
+"""engine.cost.parallel.project_parallel: per-GPU bytes of a forward split over GPUs (expert and
 tensor parallel), the arithmetic pinned: the ep shards' expert bytes sum to the single-GPU expert
 bytes, replicated weights are counted in full on every GPU, the heads' share divides by tp, and the
 ring all-reduce term."""
@@ -13,7 +13,7 @@ from engine.backbones.clover.config import CloverConfig
 from engine.cost import forward_cost, param_counts
 from engine.cost.cli import main
 from engine.cost.devices import Device
-from engine.cost.projection import (
+from engine.cost.parallel import (
     INTERCONNECT_BYTES_PER_S,
     parse_split,
     project_parallel,

@@ -1,5 +1,5 @@
-"""engine.cost.per_step: a trace's per-forward cost series and roofline points, and
-project_trace's fallback union.
+"""engine.cost.per_step: a trace's per-forward cost series and roofline points, the recording
+model's Clover config they price with (recorded_clover_config), and project_trace's fallback union.
 
 On the hand-made trace of test_slot_index (writes per step 1, 1, 1, 3; tokens per step
 1, 1, 1, 2; bytes 100, 200, None, 300; wall 0, 0.5, 0.25, 0.25 s).
@@ -9,11 +9,13 @@ Run: ``.venv/bin/python -m pytest tests/engine/test_cost_per_step.py -q``
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from test_slot_index import events  # tests/engine/test_slot_index.py
 
-from engine.backbones.clover.config import CloverConfig
+from engine.backbones.clover.config import CloverConfig, recorded_clover_config
 from engine.cost import (
     ar_step_cost,
     ar_tokens_per_s,
@@ -136,3 +138,18 @@ def test_project_trace_fallback_union(trace):
     # an empty trace fails under both
     with pytest.raises(ValueError, match="no steps"):
         project_trace(Trace(), "h800", "clover-test", "measured_fraction", fallback_union="independent")
+
+
+# ---------------------------------------------------------------------- recorded_clover_config
+def test_recorded_clover_config_lookups(tmp_path):
+    cfg = CloverConfig.from_name("clover-test")
+    assert recorded_clover_config(Trace(model_id="clover-test")) == cfg
+    assert recorded_clover_config(Trace(meta={"model_config": cfg.to_dict()}, model_id="x")) == cfg
+    hf = Trace(meta={"model_config": {"backbone": "transformers"}}, model_id="clover-test")
+    assert recorded_clover_config(hf) is None
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    assert recorded_clover_config(Trace(model_id=str(tmp_path))) == cfg
+    assert recorded_clover_config(Trace(model_id="no-such-model")) is None
+    assert recorded_clover_config(Trace()) is None
+    (tmp_path / "config.json").write_text("{not json")
+    assert recorded_clover_config(Trace(model_id=str(tmp_path))) is None  # unreadable: None, never an error

@@ -1,4 +1,4 @@
-"""engine.recording.slot_index.SlotIndex through Trace.slot_index, and Trace.model_config.
+"""engine.recording.slot_index.SlotIndex through Trace.slot_index.
 
 A hand-made trace whose every write is known (two blocks of block_size 4, the second
 L=3; a prompt slot; accepted, forced and EOS-filled slots), so expected values are
@@ -9,12 +9,9 @@ Run: ``.venv/bin/python -m pytest tests/engine/test_slot_index.py -q``
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
-from engine.backbones.clover.config import CloverConfig
 from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
 from engine.recording.slot_index import WRITE_KINDS, SlotIndex
 from engine.recording.trace import Trace
@@ -170,17 +167,3 @@ def test_block_size_without_block_starts():
 def test_eos_id_from_the_model_config_wins():
     t = Trace.from_events(events(), meta={"model_config": {"eos_token_id": 13}})
     assert t.slot_index().eos_id == 13
-
-
-# ---------------------------------------------------------------------- model_config
-def test_model_config_lookups(tmp_path):
-    cfg = CloverConfig.from_name("clover-test")
-    assert Trace(model_id="clover-test").model_config() == cfg
-    assert Trace(meta={"model_config": cfg.to_dict()}, model_id="x").model_config() == cfg
-    assert Trace(meta={"model_config": {"backbone": "transformers"}}, model_id="clover-test").model_config() is None
-    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
-    assert Trace(model_id=str(tmp_path)).model_config() == cfg
-    assert Trace(model_id="no-such-model").model_config() is None
-    assert Trace().model_config() is None
-    (tmp_path / "config.json").write_text("{not json")
-    assert Trace(model_id=str(tmp_path)).model_config() is None  # unreadable: None, never an error

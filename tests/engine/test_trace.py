@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, ProcessorFiring, StepEvent
-from engine.recording.trace import FORMAT_VERSION, Trace
+from engine.recording.trace import Trace
+from engine.recording.trace_files import FORMAT_VERSION
 
 MASK = 99
 EOS = 98

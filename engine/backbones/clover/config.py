@@ -12,12 +12,16 @@ Presets (``CloverConfig.from_name``):
   model.
 * ``clover-test`` -- a tiny random configuration for tests: both layer types,
   a handful of experts, a 320-token vocabulary (byte tokenizer + specials).
+
+`recorded_clover_config` rebuilds the config of the model that recorded a trace (the recording
+wing keeps it as a dict and builds no backbone config).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,3 +244,34 @@ PRESETS: dict[str, dict[str, Any]] = {
         mask_token_id=257, eos_token_id=256,
     ),
 }
+
+
+def recorded_clover_config(trace: Any) -> CloverConfig | None:
+    """The `CloverConfig` of the model that recorded ``trace``, or None.
+
+    Looked up from ``meta["model_config"]`` (None for any config with a ``backbone``
+    field -- a transformers backbone, DiffusionGemma: they have no Clover config), else from ``model_id`` as
+    a checkpoint directory holding ``config.json`` or a preset name. Never raises: a
+    config that cannot be read gives None.
+
+    Args:
+        trace: an `engine.recording.trace.Trace` (duck-typed: ``.meta``, ``.model_id``).
+    """
+    cand = (getattr(trace, "meta", None) or {}).get("model_config")
+    if isinstance(cand, Mapping) and cand.get("backbone") is not None:
+        return None  # a transformers backbone or DiffusionGemma: Clover configs have no backbone field
+    if isinstance(cand, Mapping):
+        try:
+            return CloverConfig.from_dict(dict(cand))
+        except (TypeError, ValueError):
+            pass
+    model_id = getattr(trace, "model_id", None)
+    if not isinstance(model_id, str):
+        return None
+    try:
+        p = Path(model_id)
+        if (p / "config.json").is_file():
+            return CloverConfig.from_json(p / "config.json")
+        return CloverConfig.from_name(model_id)
+    except (ValueError, TypeError, OSError, KeyError, json.JSONDecodeError):
+        return None

@@ -30,7 +30,7 @@ mixers' heads and the shared experts' hidden units split over the ranks (DTensor
 layout allows, by hand for GDN's fused q/k/v projection and conv and the per-head parameters of the
 memory unit and the state gates); see `shard_heads` for what stays replicated. Under a head split
 `rank_bytes_read` subtracts from each rank the share of the mixers, states and shared experts it
-does not hold, priced per forward by `engine.cost.projection.project_parallel` (which also
+does not hold, priced per forward by `engine.cost.parallel.project_parallel` (which also
 projects whole splits onto GPUs).
 
 Not done here: loading only a rank's experts or heads from disk (each rank loads the full
@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from engine.cost.formulas import param_counts
-from engine.cost.projection import project_parallel
+from engine.cost.parallel import project_parallel
 from engine.backbones.clover.parallel_syntax import parse_parallel  # re-exported: engine.generate reads --parallel here
 
 __all__ = ["DEFAULT_TIMEOUT_S", "ExpertShard", "init_distributed", "parse_parallel", "rank_bytes_read",
@@ -190,7 +190,7 @@ def reset_shards(model: torch.nn.Module) -> None:
 def _head_split_saving(model: torch.nn.Module, result, tp: int) -> float:
     """Bytes one rank does not read in the decode of `result` because the heads are split over `tp`
     ranks: per forward, the single-process bytes less the per-GPU bytes of
-    `engine.cost.projection.project_parallel` (tp only), priced from the trace's forwards as the
+    `engine.cost.parallel.project_parallel` (tp only), priced from the trace's forwards as the
     decoder's cost meter prices them.
 
     Raises:
@@ -228,7 +228,7 @@ def rank_bytes_read(model: torch.nn.Module, result, group=None) -> dict:
     forwards (a chunked prompt prefill runs before them and is not priced by the decoder's cost
     meter either); without it every rank reads the whole union. Head split (`shard_heads`): each
     rank reads 1/tp of the mixer weights, states, window K/V and shared experts (less their gate
-    rows), priced per forward by `engine.cost.projection.project_parallel`.
+    rows), priced per forward by `engine.cost.parallel.project_parallel`.
 
     Args:
         model: the split model (`shard_experts` and / or `shard_heads`), its shards' unions from this

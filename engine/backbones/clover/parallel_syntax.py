@@ -1,6 +1,6 @@
 """The ``--parallel`` syntax (``ep=N``, ``tp=M``, ``ep=N,tp=M``), read by the runtime split
 (`engine.backbones.clover.parallel`, ``engine.generate --parallel``) and by the cost projection of a split
-(`engine.cost.projection.parse_split`, ``python -m engine.cost --parallel``). Pure text: no torch,
+(`engine.cost.parallel.parse_split`, ``python -m engine.cost --parallel``). Pure text: no torch,
 no model code, so the cost model can read the syntax without importing ``torch.distributed``.
 """
 
