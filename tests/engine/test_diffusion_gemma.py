@@ -24,11 +24,8 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
     EntropyBoundSamplerConfig,
 )
 
-from engine.backbones.diffusion_gemma import (
-    DiffusionGemmaDecodeConfig,
-    DiffusionGemmaDecoder,
-    load_diffusion_gemma,
-)
+from engine.backbones.diffusion_gemma import DiffusionGemmaDecodeConfig
+from engine.decoding.diffusion_gemma import DiffusionGemmaDecoder, load_diffusion_gemma
 from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
 from engine.recording.trace import Trace
 

@@ -1,0 +1,330 @@
+"""The DiffusionGemma decoder (decoding wing): `DiffusionGemmaDecoder` runs transformers'
+DiffusionGemma ``generate`` -- its own revisable entropy-bound sampler, not this project's block
+decoder -- with the recording of `engine.backbones.diffusion_gemma.recording` around it, and
+returns a `DiffusionGemmaResult` (a `engine.decoding.decoder.DecodeResult`); `load_diffusion_gemma`
+opens a checkpoint (the backbone registry's row for ``model_type`` ``diffusion_gemma``).
+
+The package `engine.backbones.diffusion_gemma` describes the sampler and what each event holds, and
+holds the model description, the decode settings and the recorder this module drives.
+
+Tests: ``.venv/bin/python -m pytest tests/engine/test_diffusion_gemma.py -q``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.backbones.base import Capabilities
+from engine.backbones.diffusion_gemma.decode_config import DiffusionGemmaDecodeConfig
+from engine.backbones.diffusion_gemma.info import MODEL_TYPE, DiffusionGemmaInfo
+from engine.backbones.diffusion_gemma.recording import _Cancelled, _Recorder, _recording
+from engine.decoding.decoder import DecodeResult, HookRegistry
+from engine.recording.events import DecodeEnd
+
+Hook = Callable[[object], None]
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+@dataclass
+class DiffusionGemmaResult(DecodeResult):
+    """What `DiffusionGemmaDecoder.generate` returns: a `engine.decoding.decoder.DecodeResult`
+    (``tokens`` cut before the first EOS; ``n_forced`` = slots read out without acceptance;
+    ``bytes_read`` / ``flops`` None) plus:
+
+    Attributes:
+        sequences: prompt and every generated canvas exactly as DiffusionGemma's ``generate``
+            returned them (pad after EOS included; empty after a cancel).
+        settings: the resolved decode settings that ran (`DiffusionGemmaDecoder.resolve`).
+    """
+
+    sequences: list[int] = dataclasses.field(default_factory=list)
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class DiffusionGemmaDecoder(HookRegistry):
+    """Runs DiffusionGemma's own sampler and reports each denoising step as events.
+
+    Args:
+        model: a ``transformers.DiffusionGemmaForBlockDiffusion`` (put in eval mode here).
+        tokenizer: its tokenizer (a transformers tokenizer) for text prompts and answers, or None.
+        config: default `DiffusionGemmaDecodeConfig`.
+        name: model id for traces (default: the config's ``name_or_path``).
+
+    Attributes:
+        model, tokenizer, config: as given.
+        info: the model's `DiffusionGemmaInfo`.
+
+    Raises:
+        TypeError: for a model that is not a DiffusionGemma, or a config of another type.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any = None,
+                 config: DiffusionGemmaDecodeConfig | None = None, name: str | None = None):
+        name = name or str(getattr(getattr(model, "config", None), "name_or_path", "") or "diffusion-gemma")
+        self.info = DiffusionGemmaInfo.from_model(model, name)
+        self.model = model.eval()
+        self.model_id = name
+        self.tokenizer = tokenizer
+        self.config = config or DiffusionGemmaDecodeConfig()
+        if not isinstance(self.config, DiffusionGemmaDecodeConfig):
+            raise TypeError(f"config must be a DiffusionGemmaDecodeConfig, got {type(self.config).__name__}")
+        self._hooks: list[Hook] = []
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """DiffusionGemma: revises what it accepted (its own sampler, not the accept-once rule), no
+        recurrent state or memory unit, its expert union when its text model is an MoE; forwards
+        priced as full recomputes over the canvas."""
+        observed = frozenset({"expert_union"}) if self.info.num_experts else frozenset()
+        return Capabilities(family="diffusion_gemma", memory_modes=("state",), observables=observed,
+                            cost_family="recompute", revises_commits=True,
+                            largest_trained_block=int(self.info.canvas_length))
+
+    # ------------------------------------------------------------------ input
+    def encode_prompt(self, prompt: str | Sequence[int] | torch.Tensor) -> list[int]:
+        """Validate a prompt and return its ids (text is encoded with the tokenizer's special
+        tokens, e.g. Gemma's BOS; apply a chat template first for a chat model).
+
+        Raises:
+            TypeError: not a str / int sequence / 1-D int tensor, or a str without tokenizer.
+            ValueError: an empty prompt or ids outside the vocabulary [0, V).
+        """
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise TypeError("a text prompt needs a tokenizer: DiffusionGemmaDecoder(model, tokenizer) "
+                                "or pass token ids")
+            ids = list(self.tokenizer(prompt)["input_ids"])
+        elif isinstance(prompt, torch.Tensor):
+            if prompt.dim() != 1 or prompt.dtype not in (torch.int64, torch.int32):
+                raise TypeError(f"a tensor prompt must be 1-D int64, got shape {tuple(prompt.shape)} "
+                                f"dtype {prompt.dtype}")
+            ids = prompt.tolist()
+        elif isinstance(prompt, (list, tuple)):
+            if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
+                raise TypeError("a prompt sequence must hold ints (token ids)")
+            ids = [int(t) for t in prompt]
+        else:
+            raise TypeError(f"prompt must be str, a list of ids or a 1-D tensor, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        V = self.info.vocab_size
+        bad = [t for t in ids if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"prompt ids {bad[:5]} are outside the vocabulary [0, {V})")
+        return ids
+
+    def resolve(self, config: DiffusionGemmaDecodeConfig | None = None) -> dict[str, Any]:
+        """The settings a decode with ``config`` (default: the decoder's) runs with: each
+        field as given, else the model's generation config, else transformers' DiffusionGemma
+        default (EOS / pad: else the text config's). ``block_size`` is the canvas length.
+
+        Raises:
+            TypeError: for a config of another type.
+        """
+        from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
+            DiffusionGemmaGenerationConfig,
+        )
+
+        dc = config or self.config
+        if not isinstance(dc, DiffusionGemmaDecodeConfig):
+            raise TypeError(f"config must be a DiffusionGemmaDecodeConfig, got {type(dc).__name__}")
+        gen = getattr(self.model, "generation_config", None)
+        defaults = DiffusionGemmaGenerationConfig._get_default_generation_params()
+
+        def pick(name: str, gen_name: str | None = None, fallback: Any = None) -> Any:
+            own = getattr(dc, name)
+            if own is not None:
+                return own
+            from_gen = getattr(gen, gen_name or name, None)
+            if from_gen is not None:
+                return from_gen
+            return defaults.get(gen_name or name, fallback)
+
+        sampler = getattr(gen, "sampler_config", None)
+        bound = dc.entropy_bound
+        if bound is None:
+            bound = getattr(sampler, "entropy_bound", None) or defaults["sampler_config"].entropy_bound
+        return {
+            "block_size": self.info.canvas_length,
+            "max_new_tokens": int(pick("max_new_tokens")),
+            "max_denoising_steps": int(pick("max_denoising_steps")),
+            "entropy_bound": float(bound),
+            "t_min": float(pick("t_min")),
+            "t_max": float(pick("t_max")),
+            "stability_threshold": int(pick("stability_threshold")),
+            "confidence_threshold": float(pick("confidence_threshold")),
+            "eos_token_id": pick("eos_token_id", fallback=self.info.eos_token_id),
+            "pad_token_id": pick("pad_token_id", fallback=self.info.pad_token_id),
+            "seed": dc.seed,
+            "top_candidates": dc.top_candidates,
+            "sampler": "entropy_bound",
+        }
+
+    # ----------------------------------------------------------------- decode
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: str | Sequence[int] | torch.Tensor,
+        config: DiffusionGemmaDecodeConfig | None = None,
+        hooks: Iterable[Hook] = (),
+        record_trace: bool = True,
+        cancel: threading.Event | Callable[[], bool] | None = None,
+    ) -> DiffusionGemmaResult:
+        """Decode a continuation of ``prompt`` with DiffusionGemma's own ``generate``.
+
+        Args:
+            prompt: text (needs a tokenizer) or token ids.
+            config: overrides the decoder's `DiffusionGemmaDecodeConfig` for this call.
+            hooks: callables receiving every event of this decode only.
+            record_trace: record an `engine.recording.trace.Trace` (a hook like any other).
+            cancel: a `threading.Event` (or callable returning True) checked after every
+                denoising step; when set, decoding stops and keeps the finished canvases.
+
+        Returns:
+            `DiffusionGemmaResult`; its ``tokens`` are ``generate``'s generated ids up to
+            and excluding the first EOS.
+
+        Raises:
+            TypeError / ValueError: a bad prompt (`encode_prompt`) or config, or a prompt plus
+                the canvases ``max_new_tokens`` needs beyond ``max_position_embeddings``.
+        """
+        from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
+            EntropyBoundSamplerConfig,
+        )
+
+        settings = self.resolve(config)
+        ids = self.encode_prompt(prompt)
+        info = self.info
+        L, P = info.canvas_length, len(ids)
+        n_canvases = math.ceil(settings["max_new_tokens"] / L)
+        if P + n_canvases * L > info.max_position_embeddings:
+            raise ValueError(
+                f"the prompt ({P} tokens) plus {n_canvases} canvases of {L} slots needs {P + n_canvases * L} "
+                f"positions, more than the model's {info.max_position_embeddings} (max_position_embeddings); "
+                "shorten the prompt or lower max_new_tokens")
+        is_cancelled = (cancel.is_set if isinstance(cancel, threading.Event) else cancel) or (lambda: False)
+        observers = list(self._hooks) + list(hooks)
+        trace = None
+        if record_trace:
+            from engine.recording.trace import Trace
+
+            tok_text = ((lambda i: self.tokenizer.decode([i], skip_special_tokens=False))
+                        if self.tokenizer is not None else None)
+            trace = Trace(decode_config=settings, model_id=self.model_id, token_text=tok_text, prompt_ids=ids,
+                          meta={"model_config": info.to_dict(), "revisable": True})
+            observers.append(trace)
+
+        def emit(ev: object) -> None:
+            for fn in observers:
+                fn(ev)
+
+        eos = settings["eos_token_id"]
+        eos_ids = set(eos) if isinstance(eos, list) else {eos}
+        rec = _Recorder(emit if observers else None, L, P, eos_ids, settings["top_candidates"],
+                        info.num_hidden_layers, is_cancelled)
+        gen_kwargs = {
+            "max_new_tokens": settings["max_new_tokens"], "max_denoising_steps": settings["max_denoising_steps"],
+            "sampler_config": EntropyBoundSamplerConfig(entropy_bound=settings["entropy_bound"]),
+            "t_min": settings["t_min"], "t_max": settings["t_max"],
+            "stability_threshold": settings["stability_threshold"],
+            "confidence_threshold": settings["confidence_threshold"], "eos_token_id": eos,
+            "pad_token_id": settings["pad_token_id"], "disable_compile": True,
+        }
+        device = next(self.model.parameters()).device
+        input_ids = torch.tensor([ids], dtype=torch.long, device=device)
+        if settings["seed"] is not None:
+            torch.manual_seed(settings["seed"])
+        sequences: list[int] = []
+        t0 = time.perf_counter()
+        rec.t_last = t0
+        with _recording(self.model, rec, observe_experts=bool(observers)):
+            try:
+                out = self.model.generate(input_ids, streamer=rec.streamer(), **gen_kwargs)
+                sequences = out.sequences[0].tolist()
+                stop_reason = None
+            except _Cancelled:
+                rec.cancel_block()
+                stop_reason = "cancelled"
+        wall_s = time.perf_counter() - t0
+
+        generated = [t for canvas in rec.canvases for t in canvas]
+        hit_eos = next((k for k, t in enumerate(generated) if t in eos_ids), None)
+        if hit_eos is not None:
+            generated = generated[:hit_eos]
+        if stop_reason is None:
+            stop_reason = "eos" if hit_eos is not None else "max_new_tokens"
+        nfe = rec.nfe
+        tpf = len(generated) / nfe if nfe else 0.0
+        if observers:
+            emit(DecodeEnd(np.asarray(generated, dtype=np.int64), nfe, tpf, rec.n_forced, wall_s, stop_reason))
+        text = self.tokenizer.decode(generated) if self.tokenizer is not None else ""
+        return DiffusionGemmaResult(
+            text=text, tokens=generated, prompt_ids=ids, nfe=nfe, tokens_per_forward=tpf, n_forced=rec.n_forced,
+            wall_s=wall_s, tokens_per_s=len(generated) / wall_s if wall_s > 0 else 0.0, stop_reason=stop_reason,
+            trace=trace, sequences=sequences, settings=settings,
+        )
+
+
+def load_diffusion_gemma(path: str | Path, device: str | torch.device = "cpu",
+                         dtype: torch.dtype | str | None = None) -> DiffusionGemmaDecoder:
+    """Load a DiffusionGemma checkpoint (a ``save_pretrained`` folder or a Hub id) for the explorer.
+
+    Args:
+        path: the checkpoint folder (``config.json`` with ``model_type: "diffusion_gemma"``,
+            weights, optionally a tokenizer) or a Hub id transformers can resolve.
+        device: where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
+        dtype: weight dtype (a ``torch.dtype`` or ``"float32"`` / ``"bfloat16"`` / ``"float16"``);
+            None = the checkpoint's own.
+
+    Returns:
+        A `DiffusionGemmaDecoder` (``.generate(prompt, config)`` returns a result with
+        ``.text`` and ``.trace``); its tokenizer is None when the folder has none.
+
+    Raises:
+        FileNotFoundError: a local path that does not exist.
+        ValueError: a checkpoint whose config is not a DiffusionGemma one, or an unknown dtype name.
+    """
+    from transformers import AutoConfig, AutoTokenizer, DiffusionGemmaForBlockDiffusion
+
+    p = Path(path)
+    if (p.is_absolute() or str(path).startswith(".")) and not p.exists():
+        raise FileNotFoundError(f"no DiffusionGemma checkpoint at {str(path)!r}")
+    if isinstance(dtype, str):
+        names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+                 "float16": torch.float16, "fp16": torch.float16}
+        if dtype not in names:
+            raise ValueError(f"dtype must be one of {sorted(names)} or a torch.dtype, got {dtype!r}")
+        dtype = names[dtype]
+    cfg = AutoConfig.from_pretrained(path)
+    if getattr(cfg, "model_type", None) != MODEL_TYPE:
+        raise ValueError(f"{str(path)!r} holds a {getattr(cfg, 'model_type', None)!r} model, not a DiffusionGemma "
+                         f"checkpoint (model_type {MODEL_TYPE!r})")
+    kwargs = {} if dtype is None else {"dtype": dtype}
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(path, **kwargs).to(device)
+    tokenizer = None
+    # a local folder without tokenizer files gets None: transformers would build an empty Gemma tokenizer
+    if not p.exists() or any((p / f).is_file() for f in _TOKENIZER_FILES):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except Exception:  # noqa: BLE001  none, or one AutoTokenizer cannot build (the Rust side raises a bare
+            tokenizer = None  # Exception); `engine.load_tokenizer` may still read a tokenizers-library tokenizer.json
+    name = p.name if p.exists() else str(path)
+    return DiffusionGemmaDecoder(model, tokenizer, name=name)
+
+
+__all__ = [
+    "DiffusionGemmaDecoder",
+    "DiffusionGemmaResult",
+    "load_diffusion_gemma",
+]
