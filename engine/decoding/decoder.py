@@ -26,17 +26,18 @@ remaining slot is written with its argmax and recorded as forced.
 A final block shorter than block_size (``max_new_tokens`` not a multiple of block_size, or the
 context limit) runs with only the slots it needs: no slot is computed and
 then thrown away.
+
+Wing ``decoding``. This module is the loop (`BlockDecoder`); the settings and result live in
+`engine.decoding.config`, the hooks in `engine.decoding.hooks`, the public step in
+`engine.decoding.step`. ``DecodeConfig``, ``DecodeResult`` and ``HookRegistry`` are re-exported
+here: ``from engine.decoding.decoder import BlockDecoder, DecodeConfig`` is the decoding API.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import math
-import numbers
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -45,209 +46,13 @@ import torch
 from engine.backbones.base import OBSERVABLES, capabilities_of
 from engine.cost.meter import CostMeter
 from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
-from engine.backbones.clover.model import MEMORY_MODES, CloverModel
-from engine.decoding.policies import POLICIES, make_policy
-from engine.decoding.processors import ProgressiveEOSBias, RepetitionControl
-from kernels.confidence import confidence_step, top_candidates
+from engine.backbones.clover.model import CloverModel
+from engine.decoding.config import DecodeConfig, DecodeResult
+from engine.decoding.hooks import Hook, HookRegistry
+from engine.decoding.step import BlockSlots, SlotSelector, StepDecision, finished_tokens, split_prompt
+from kernels.confidence import top_candidates
 
-Hook = Callable[[object], None]
-
-
-def _check_int(name: str, val, lo: int, hint: str) -> int:
-    """`val` as a Python int >= `lo` (ints and NumPy integers; not bool, not float)."""
-    if isinstance(val, (bool, np.bool_)) or not isinstance(val, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {lo}, got {type(val).__name__} ({val!r}); {hint}")
-    val = int(val)
-    if val < lo:
-        raise ValueError(f"{name} must be an int >= {lo}, got {val}; {hint}")
-    return val
-
-
-def _check_real(name: str, val, lo: float, hi: float | None, *, lo_open: bool, hi_open: bool = False,
-                hint: str) -> float:
-    """`val` as a finite Python float in the range (ints, floats, NumPy numbers; not bool, NaN or inf)."""
-    rng = f"{'(' if lo_open else '['}{lo:g}, {'inf)' if hi is None else f'{hi:g}' + (')' if hi_open else ']')}"
-    if isinstance(val, (bool, np.bool_)) or not isinstance(val, numbers.Real):
-        raise TypeError(f"{name} must be a number in {rng}, got {type(val).__name__} ({val!r}); {hint}")
-    f = float(val)
-    ok = math.isfinite(f) and (f > lo if lo_open else f >= lo)
-    if ok and hi is not None:
-        ok = f < hi if hi_open else f <= hi
-    if not ok:
-        raise ValueError(f"{name} must be a finite number in {rng}, got {val!r}; {hint}")
-    return f
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """Decoding settings (validated on construction).
-
-    Numbers may be Python or NumPy numbers (``np.float32`` from an event, ``np.int64``
-    ...); they are stored as Python int / float, exactly (``np.float32(0.95)`` stays
-    0.949999988...). Every float must be finite.
-
-    Attributes:
-        block_size: slots per block (>= 1; 1 = autoregressive; at most the model's
-            context, checked by `BlockDecoder.generate`).
-        threshold: LowConfidence / margin acceptance threshold, in (0, 1], compared
-            exactly (``>=`` on the value as given, not rounded to fp32).
-        max_steps: iterations allowed per block (None = until the block is full).
-        max_new_tokens: generated-token budget (>= 1), prompt not counted.
-        policy: one of ``low_confidence``, ``top_k``, ``margin``, ``entropy``, ``factor``.
-        tokens_per_step: slots written per step by ``top_k``.
-        max_entropy: entropy bound (nats) for ``entropy``.
-        factor: Fast-dLLM factor for ``factor``.
-        memory_mode: ``state`` (Clover) or ``state+window``.
-        repetition_penalty: logit penalty of repetition control (>= 0; 0 = off).
-        repetition_ngram, repetition_window: n (>= 2) and search window (>= n) of repetition control.
-        eos_bias_soft_limit: generated length after which EOS is favoured (None = off, else >= 0).
-        eos_bias_rate: logit added to EOS per token past the soft limit (> 0).
-        top_candidates: K top tokens per slot kept in events (for hovers).
-
-    Raises:
-        ValueError / TypeError: naming the field, the value and the valid range.
-    """
-
-    block_size: int = 32
-    threshold: float = 0.95
-    max_steps: int | None = None
-    max_new_tokens: int = 128
-    policy: str = "low_confidence"
-    tokens_per_step: int = 2
-    max_entropy: float = 0.5
-    factor: float = 1.0
-    memory_mode: str = "state"
-    repetition_penalty: float = 0.0
-    repetition_ngram: int = 3
-    repetition_window: int = 64
-    eos_bias_soft_limit: int | None = None
-    eos_bias_rate: float = 0.1
-    top_candidates: int = 5
-
-    def __post_init__(self) -> None:
-        # NumPy scalars (what events, traces and widgets give back) are accepted and stored as Python
-        # int / float; a NumPy float keeps its exact value (float(np.float32(0.95)) == 0.949999988...).
-        def setv(name, val):
-            object.__setattr__(self, name, val)
-
-        for name, lo, hint in (
-            ("block_size", 1, "e.g. 32 (1 = autoregressive)"),
-            ("max_new_tokens", 1, "e.g. 128"),
-            ("tokens_per_step", 1, "e.g. 2"),
-            ("repetition_ngram", 2, "e.g. 3 (an n-gram of 1 token would ban every repeated token)"),
-            ("repetition_window", 1, "e.g. 64"),
-            ("top_candidates", 1, "e.g. 5"),
-        ):
-            setv(name, _check_int(name, getattr(self, name), lo, hint))
-        if self.repetition_window < self.repetition_ngram:
-            raise ValueError(
-                f"repetition_window must be >= repetition_ngram ({self.repetition_ngram}), got "
-                f"{self.repetition_window}; the window must hold at least one whole n-gram"
-            )
-        if self.max_steps is not None:
-            setv("max_steps", _check_int("max_steps", self.max_steps, 1, "or None = until the block is full"))
-        if self.eos_bias_soft_limit is not None:
-            setv("eos_bias_soft_limit", _check_int("eos_bias_soft_limit", self.eos_bias_soft_limit, 0,
-                                                   "or None = EOS bias off"))
-        setv("threshold", _check_real(
-            "threshold", self.threshold, 0.0, 1.0, lo_open=True, hi_open=False,
-            hint="e.g. 0.95 (Clover's default) -- 1.0 writes one slot per forward"))
-        setv("max_entropy", _check_real("max_entropy", self.max_entropy, 0.0, None, lo_open=True,
-                                        hint="an entropy bound in nats, e.g. 0.5"))
-        setv("factor", _check_real("factor", self.factor, 0.0, None, lo_open=True,
-                                   hint="Fast-dLLM's factor, e.g. 1.0"))
-        setv("repetition_penalty", _check_real("repetition_penalty", self.repetition_penalty, 0.0, None,
-                                               lo_open=False, hint="a logit penalty, 0 = off, e.g. 2.0"))
-        setv("eos_bias_rate", _check_real(
-            "eos_bias_rate", self.eos_bias_rate, 0.0, None, lo_open=True,
-            hint="logits per token past eos_bias_soft_limit, e.g. 0.1; turn the bias off with "
-                 "eos_bias_soft_limit=None"))
-        if not isinstance(self.policy, str) or self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if not isinstance(self.memory_mode, str) or self.memory_mode not in MEMORY_MODES:
-            raise ValueError(f"memory_mode must be one of {MEMORY_MODES}, got {self.memory_mode!r}")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class DecodeResult:
-    """What `BlockDecoder.generate` returns.
-
-    Attributes:
-        text: decoded text of `tokens` ("" without a tokenizer).
-        tokens: generated ids, up to and excluding the first EOS.
-        prompt_ids: the prompt's ids.
-        nfe: forwards run (function evaluations).
-        tokens_per_forward: len(tokens) / nfe.
-        n_forced: slots written by forced fill (incl. max_steps exhaustion).
-        wall_s: wall time of the decode, seconds.
-        tokens_per_s: len(tokens) / wall_s (prompt tokens not counted).
-        observer_s: of `wall_s`, the seconds spent on hooks and the trace: building the events,
-            their cost estimates, and the hooks' own work (0.0 without hooks or trace). The
-            forward's observed quantities (memory share, state norm) are not in it. So
-            ``len(tokens) / (wall_s - observer_s)`` is the decode's speed without its observers,
-            which `engine.eval` reports.
-        stop_reason: ``eos``, ``max_new_tokens``, ``context`` or ``cancelled``.
-        trace: the `engine.recording.trace.Trace` (None when ``record_trace=False``).
-        bytes_read, flops: summed `engine.cost.forward_cost` estimates over the
-            forwards, at the model's own weight dtype (bytes, FLOPs).
-    """
-
-    text: str
-    tokens: list[int]
-    prompt_ids: list[int]
-    nfe: int
-    tokens_per_forward: float
-    n_forced: int
-    wall_s: float
-    tokens_per_s: float
-    stop_reason: str
-    trace: object | None = None
-    bytes_read: float | None = None
-    flops: float | None = None
-    observer_s: float = 0.0
-
-
-class HookHandle:
-    """Returned by `BlockDecoder.add_hook`; ``remove()`` unregisters (idempotent)."""
-
-    def __init__(self, hooks: list, fn: Hook):
-        self._hooks, self._fn = hooks, fn
-
-    def remove(self) -> None:
-        if self._fn in self._hooks:
-            self._hooks.remove(self._fn)
-
-
-class HookRegistry:
-    """Hooks registered on a decoder for every later decode (``self._hooks``, set by the subclass):
-    `add_hook` and the ``with decoder.hooks(...)`` context. Shared by `BlockDecoder` and the
-    decoders that run a model's own sampler (`engine.backbones.diffusion_gemma.DiffusionGemmaDecoder`)."""
-
-    _hooks: list[Hook]
-
-    def add_hook(self, fn: Hook) -> HookHandle:
-        """Register ``fn(event)`` for every event of every later decode; returns a handle.
-
-        Raises:
-            TypeError: ``fn`` is not callable.
-        """
-        if not callable(fn):
-            raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
-        self._hooks.append(fn)
-        return HookHandle(self._hooks, fn)
-
-    @contextlib.contextmanager
-    def hooks(self, *fns: Hook):
-        """``with decoder.hooks(fn, ...):`` -- registered inside the block, removed in ``finally``."""
-        handles = [self.add_hook(fn) for fn in fns]
-        try:
-            yield self
-        finally:
-            for h in handles:
-                h.remove()
+__all__ = ["BlockDecoder", "DecodeConfig", "DecodeResult", "HookRegistry"]
 
 
 class BlockDecoder(HookRegistry):
@@ -526,7 +331,8 @@ class BlockDecoder(HookRegistry):
         )
 
 
-# ---------------------------------------------------------------------- the steps of a decode
+
+# ---------------------------------------------------------------------- helpers
 def _device_name(model) -> str:
     """Where `model` runs, as the trace records it: ``"cpu"``, or ``"cuda:0 (NVIDIA H200)"`` on a GPU."""
     dev = getattr(model, "device", None)
@@ -537,129 +343,3 @@ def _device_name(model) -> str:
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
     return str(dev)
-
-
-def split_prompt(ids: list[int], block_size: int) -> tuple[list[int], list[int]]:
-    """Split a prompt at the last block boundary (blocks sit at absolute positions k * block_size).
-
-    Returns:
-        (committed, head): the whole blocks, committed into history by the first forward, and
-        the partial last block, which pre-fills the head of the first generation block.
-    """
-    n_full = (len(ids) // block_size) * block_size
-    return list(ids[:n_full]), list(ids[n_full:])
-
-
-def finished_tokens(gen_part: list[int], eos_id: int, mask_id: int, cancelled: bool) -> tuple[list[int], bool]:
-    """The answer tokens of a finished (or cancelled) block's generation slots.
-
-    Args:
-        gen_part: the block's generation slots (prompt head excluded).
-        cancelled: the decode was cancelled mid-block: keep the written prefix, up to the
-            first slot still MASK.
-
-    Returns:
-        (tokens, hit_eos): the slots up to and excluding the first EOS, and whether there was one.
-    """
-    if cancelled and mask_id in gen_part:
-        gen_part = gen_part[: gen_part.index(mask_id)]
-    if eos_id in gen_part:
-        return gen_part[: gen_part.index(eos_id)], True
-    return gen_part, False
-
-
-class BlockSlots:
-    """The block being denoised (the public step's state; `engine.experiments.chains` drives it too).
-
-    Attributes:
-        index: block index; pos0: absolute position of slot 0; step: iterations run so far.
-        L: slots (prompt head + generation slots).
-        ids: [1, L] int64 token ids, MASK where undecided, filled in place by `SlotSelector.step`.
-        prefilled: [L] bool, slots holding prompt tokens; masked: [L] bool, slots still MASK.
-    """
-
-    def __init__(self, index: int, pos0: int, head: list[int], n_gen: int, mask_id: int, device):
-        self.index, self.pos0, self.step = index, pos0, 0
-        self.L = len(head) + n_gen
-        self.ids = torch.tensor([head + [mask_id] * n_gen], device=device)  # [1, L]
-        self.prefilled = torch.zeros(self.L, dtype=torch.bool, device=device)
-        self.prefilled[: len(head)] = True
-        self.masked = ~self.prefilled
-
-
-@dataclass
-class StepDecision:
-    """What one denoising step decided, per slot ([L] tensors; ``probs`` [L, V] fp32): the slots
-    masked before it, each slot's confidence and top candidate, which slots were accepted, forced,
-    or filled with EOS after an EOS, and the processors that fired."""
-
-    masked_before: torch.Tensor
-    conf: torch.Tensor
-    cand: torch.Tensor
-    probs: torch.Tensor  # [L, V]
-    accepted: torch.Tensor
-    forced: torch.Tensor
-    eos_filled: torch.Tensor
-    firings: list
-    n_forced: int = 0  # forced.sum(), known on the host without reading the tensor
-
-
-class SlotSelector:
-    """The public decoding step: rules 2-7 of the module docstring for one decode (processors,
-    candidates, the policy, the forced fill, the EOS fill). `step` takes a forward's logits and
-    writes a `BlockSlots` in place; the decoder's loop and `engine.experiments.chains` both call it.
-
-    Args:
-        dc: the decode's `DecodeConfig`; cfg: the model config (``mask_token_id``, ``eos_token_id``);
-        undecodable: [V] bool, ids that are never candidates (besides MASK).
-    """
-
-    def __init__(self, dc: DecodeConfig, cfg, undecodable: torch.Tensor):
-        self.dc, self.mask_id, self.eos_id = dc, cfg.mask_token_id, cfg.eos_token_id
-        self.policy = make_policy(dc.policy, threshold=dc.threshold, tokens_per_step=dc.tokens_per_step,
-                                  max_entropy=dc.max_entropy, factor=dc.factor)
-        self.rep = (RepetitionControl(dc.repetition_penalty, dc.repetition_ngram, dc.repetition_window)
-                    if dc.repetition_penalty > 0 else None)
-        self.eos_bias = (ProgressiveEOSBias(dc.eos_bias_soft_limit, dc.eos_bias_rate)
-                         if dc.eos_bias_soft_limit is not None else None)
-        self.never = undecodable.clone()  # [V] ids that are never candidates: MASK, ids without a token
-        self.never[self.mask_id] = True
-
-    def step(self, logits: torch.Tensor, blk: BlockSlots, seq: list[int], prompt_len: int, last_step: bool) -> StepDecision:
-        """One iteration's decisions from the forward's logits [L, V]; writes `blk` in place.
-
-        Args:
-            seq: every token of the finished blocks (the processors' history).
-            prompt_len: P, the prompt's length (processors never act on prompt tokens).
-            last_step: `max_steps` runs out here: every remaining slot is written (forced).
-        """
-        firings: list = []
-        if self.rep is not None or self.eos_bias is not None:
-            cur = seq + blk.ids[0].tolist()
-            mlist = blk.masked.tolist()
-            if self.rep is not None:
-                firings += self.rep(logits, cur, blk.pos0, mlist, self.mask_id, prompt_len)
-            if self.eos_bias is not None:
-                firings += self.eos_bias(logits, cur, blk.pos0, mlist, self.mask_id, prompt_len, self.eos_id)
-        conf, cand, probs = confidence_step(logits, self.never)  # [L], [L], [L, V]; host path on CPU, Triton on CUDA
-        masked = blk.masked
-        accepted = self.policy.select(conf, masked, probs) & masked
-        forced = torch.zeros_like(masked)
-        n_forced = 0
-        if last_step:
-            forced = masked & ~accepted
-            n_forced = int(forced.sum())
-        elif not bool(accepted.any()):  # forced fill: the most confident masked slot
-            forced[torch.where(masked, conf, torch.full_like(conf, -1.0)).argmax()] = True
-            n_forced = 1
-        write = accepted | forced
-        blk.ids[0] = torch.where(write, cand, blk.ids[0])
-        blk.masked = masked & ~write
-        eos_filled = torch.zeros_like(masked)
-        is_eos = (blk.ids[0] == self.eos_id) & ~blk.masked & ~blk.prefilled
-        if bool(is_eos.any()):  # slots after the first EOS are EOS, without more forwards
-            first = int(is_eos.nonzero()[0, 0])
-            eos_filled = blk.masked & (torch.arange(blk.L, device=blk.ids.device) > first)
-            blk.ids[0] = torch.where(eos_filled, torch.full_like(cand, self.eos_id), blk.ids[0])
-            blk.masked = blk.masked & ~eos_filled
-        return StepDecision(masked, conf, cand, probs, accepted, forced, eos_filled, firings, n_forced)

@@ -144,7 +144,8 @@ def decode_chain(model, tokenizer, conversation, settings: Mapping[str, object],
         ValueError: no settings, settings that differ in block_size or memory_mode, or prompts
             that do not extend each other (`chain_prompts`).
     """
-    from engine.decoding.decoder import BlockDecoder, SlotSelector, split_prompt
+    from engine.decoding.decoder import BlockDecoder
+    from engine.decoding.step import SlotSelector, split_prompt
 
     if not settings:
         raise ValueError("decode_chain needs at least one setting")
@@ -187,7 +188,7 @@ def _decode_round(model, tokenizer, state, committed, head, P, dc, select, name,
     """`BlockDecoder.generate`'s block loop from a state that already holds `committed`; forwards
     found in `shared` (this round's earlier settings) are reused, new ones added to it."""
     from engine.data.agent import score_call
-    from engine.decoding.decoder import BlockSlots, finished_tokens
+    from engine.decoding.step import BlockSlots, finished_tokens
 
     cfg = model.config
     budget = min(dc.max_new_tokens, cfg.max_position_embeddings - P)
