@@ -27,7 +27,8 @@ positions k * b from the row's start, as the decoder aligns them):
 * loss = masked-slot CE + ``--ar-weight`` x clean AR CE.
 
 Everything goes through one forward per example: ``[clean row ++ windows]``
-with one 4D additive mask and explicit position ids (`build_example`).
+with one 4D additive mask and explicit position ids
+(`engine.training.causal_lm_objective.build_example`).
 
 Parameters: LoRA (peft; rank ``--lora-r`` on q/k/v/o/gate/up/down) plus the
 MASK input embedding (`engine.backbones.causal_lm.adapter`); the base stays frozen and is never
@@ -45,6 +46,12 @@ Data: the self-distillation file (``distill``: prompts from
 ``--tiny`` swaps the base for a tiny random Llama (tests, and the CPU path of
 ``benchmarks/adapt_smollm2_gpu.sh``). ``--device cuda --dtype bf16`` is the GPU path
 (autocast bf16, fused AdamW).
+
+Training wing. This module is the recipe's training loop (`train`) and its command line
+(``python -m engine.training.causal_lm [distill]``); the jobs it drives are
+`engine.training.causal_lm_objective` (examples and losses), `engine.training.causal_lm_data`
+(the distill file and the example stream) and `engine.training.causal_lm_lora` (LoRA and the
+adapter directory).
 """
 
 from __future__ import annotations
@@ -58,367 +65,17 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 # parse_block_weights (--block-sizes, default engine.backbones.causal_lm.adapter.DEFAULT_BLOCK_WEIGHTS) belongs to the
 # adapter's recipe, which engine.backbones.causal_lm.adapter.largest_trained_block reads back
-from engine.backbones.causal_lm.adapter import (ADAPTER_MODEL_TYPE, BASES, MASK_EMBEDDING, base_spec, chat_prompt, load_base,
-                               locate_base, parse_block_weights)
+from engine.backbones.causal_lm.adapter import (BASES, MASK_EMBEDDING, base_spec, load_base, locate_base,
+                                                parse_block_weights)
 from engine.backbones.causal_lm.model import HFBlockConfig, HFBlockDiffusionModel, count_parameters
-
-DEFAULT_DISTILL = Path("runs/smollm2/distill.jsonl")
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-# ----------------------------------------------------------------------------- data
-def build_example(ids: list[int], answer_start: int, b: int, mask_id: int, gen: random.Random,
-                  pad_id: int, suffix_share: float = 0.0) -> dict | None:
-    """One training forward for a conversation: clean row + one noisy window per answer block.
-
-    Args:
-        ids: the conversation's token ids (prompt ++ answer ++ EOS).
-        answer_start: index of the first loss-bearing token (the answer).
-        b: block size.
-        mask_id: MASK id.
-        gen: randomness (mask ratio and slots).
-        pad_id: id used to pad the row to a multiple of b (EOS: what the decoder writes after an EOS).
-        suffix_share: share of blocks masked the way threshold decoding leaves them: the answer
-            slots from a uniformly drawn slot k to the end of the block are masked, those before k
-            are clean (decode-aligned masking). The other blocks draw a mask ratio t ~ U(0, 1]
-            and mask each answer slot with probability t.
-
-    Returns:
-        dict with ``input_ids`` [Q], ``position_ids`` [Q], ``mask`` [Q, Q] bool (True = attend),
-        ``labels`` [Q] (-100 = no loss) for the window rows, ``ar_labels`` [T] for the clean rows,
-        ``n_clean`` T, ``n_masked``; None if no block holds an answer token.
-    """
-    n_ans_end = len(ids)
-    T = ((len(ids) + b - 1) // b) * b
-    x = ids + [pad_id] * (T - len(ids))
-    # Loss-bearing positions: the answer, the EOS, and the EOS padding of the last block.
-    eligible = [answer_start <= i for i in range(T)]
-    blocks = [k for k in range(1, T // b) if any(eligible[k * b: (k + 1) * b])]
-    if not blocks:
-        return None
-    inp, pos, labels = list(x), list(range(T)), [-100] * T
-    ar_labels = [-100] * T
-    for i in range(T - 1):
-        if eligible[i + 1] and i + 1 <= n_ans_end:  # AR loss through the first EOS pad
-            ar_labels[i] = x[i + 1]
-    spans = []
-    n_masked = 0
-    for k in blocks:
-        s = k * b
-        slots = [j for j in range(b) if eligible[s + j]]
-        if suffix_share > 0 and gen.random() < suffix_share:
-            masked = slots[gen.randrange(len(slots)):]  # clean prefix of the block, masked suffix
-        else:
-            t = 1.0 - gen.random()  # (0, 1]
-            masked = [j for j in slots if gen.random() < t] or [gen.choice(slots)]
-        mset = set(masked)
-        n_masked += len(mset)
-        window = [x[s - 1]] + [mask_id if j in mset else x[s + j] for j in range(b - 1)]
-        spans.append((len(inp), s, b))
-        inp += window
-        pos += list(range(s - 1, s + b - 1))
-        labels += [x[s + j] if j in mset else -100 for j in range(b)]
-    Q = len(inp)
-    allowed = torch.zeros(Q, Q, dtype=torch.bool)
-    allowed[:T, :T] = torch.ones(T, T, dtype=torch.bool).tril()
-    for off, s, bb in spans:
-        allowed[off: off + bb, : s - 1] = True  # clean x_0 .. x_{s-2}
-        allowed[off: off + bb, off: off + bb] = True  # the window, bidirectional
-    return {"input_ids": torch.tensor(inp), "position_ids": torch.tensor(pos), "mask": allowed,
-            "labels": torch.tensor(labels), "ar_labels": torch.tensor(ar_labels), "n_clean": T,
-            "n_masked": n_masked}
+from engine.training.causal_lm_data import DEFAULT_DISTILL, ExampleSource, distill
+from engine.training.causal_lm_lora import load_adapter_weights, make_trainable, save_adapter, tiny_lm
+from engine.training.causal_lm_objective import batch_loss, build_example, heldout_loss
 
 
-def example_loss(model: HFBlockDiffusionModel, ex: dict, ar_weight: float, device, autocast_dtype=None):
-    """(total loss, masked-slot CE, AR CE) of one `build_example` on ``model``."""
-    return batch_loss(model, [ex], ar_weight, device, autocast_dtype)
-
-
-def batch_loss(model: HFBlockDiffusionModel, exs: list[dict], ar_weight: float, device, autocast_dtype=None,
-               pad_id: int = 0):
-    """(total loss, masked-slot CE, AR CE) of several `build_example` rows in one padded forward.
-
-    Rows are padded to the longest; a padding position attends only to itself and
-    carries no loss. Logits are computed only where a loss is taken (the LM head is
-    49k wide on SmolLM2).
-    """
-    n, Q = len(exs), max(int(e["input_ids"].shape[0]) for e in exs)
-    ids = torch.full((n, Q), pad_id, dtype=torch.long)
-    pos = torch.zeros((n, Q), dtype=torch.long)
-    allowed = torch.eye(Q, dtype=torch.bool).repeat(n, 1, 1)
-    labels = torch.full((n, Q), -100, dtype=torch.long)
-    is_ar = torch.zeros((n, Q), dtype=torch.bool)
-    for b, e in enumerate(exs):
-        q, T = int(e["input_ids"].shape[0]), e["n_clean"]
-        ids[b, :q], pos[b, :q], allowed[b, :q, :q] = e["input_ids"], e["position_ids"], e["mask"]
-        labels[b, :T], labels[b, T:q], is_ar[b, :T] = e["ar_labels"][:T], e["labels"][T:], True
-    ids, pos, allowed, labels, is_ar = (t.to(device) for t in (ids, pos, allowed, labels, is_ar))
-    x = model.embed(ids)
-    add = torch.zeros(allowed.shape, dtype=x.dtype if autocast_dtype is None else autocast_dtype, device=device)
-    add.masked_fill_(~allowed, torch.finfo(add.dtype).min)
-    ctx = (torch.autocast(device_type=device.type, dtype=autocast_dtype) if autocast_dtype is not None
-           else torch.autocast(device_type="cpu", enabled=False))
-    base = model.lm.get_base_model() if hasattr(model.lm, "get_base_model") else model.lm
-    sel = labels != -100
-    with ctx:
-        h = base.model(inputs_embeds=x, attention_mask=add[:, None], position_ids=pos, use_cache=False).last_hidden_state
-        logits = base.lm_head(h[sel]).float()
-    ce = F.cross_entropy(logits, labels[sel], reduction="none")
-    a = is_ar[sel]
-    diff = ce[~a].mean() if bool((~a).any()) else ce.new_zeros(())
-    ar = ce[a].mean() if bool(a.any()) else ce.new_zeros(())
-    return diff + ar_weight * ar, diff, ar
-
-
-@torch.no_grad()
-def heldout_loss(model: HFBlockDiffusionModel, rows: list[tuple[list[int], int]], mask_id: int, pad_id: int,
-                 device, autocast_dtype=None, block_sizes: tuple[int, ...] = (4, 8, 16, 32)) -> tuple[float, float]:
-    """(masked-slot CE, AR CE) over held-out rows, the same noise for every call (row i: block size
-    ``block_sizes[i % len]``, mask ratio and slots from ``random.Random(i)``), so runs compare exactly.
-    Means over rows; nats per token."""
-    was = model.training
-    model.eval()
-    d_sum = a_sum = 0.0
-    n = 0
-    for i, (ids, a0) in enumerate(rows):
-        ex = build_example(ids, a0, block_sizes[i % len(block_sizes)], mask_id, random.Random(i), pad_id)
-        if ex is None:
-            continue
-        _, d, a = batch_loss(model, [ex], 1.0, device, autocast_dtype, pad_id=pad_id)
-        d_sum, a_sum, n = d_sum + float(d), a_sum + float(a), n + 1
-    model.train(was)
-    return d_sum / max(n, 1), a_sum / max(n, 1)
-
-
-class ExampleSource:
-    """Yields (token ids, answer_start) examples: self-distillation answers and, optionally, tool-call chats."""
-
-    def __init__(self, tokenizer, distill_path: Path | None, agent_share: float, seed: int, max_len: int,
-                 eos_id: int, synthetic_vocab: int | None = None, open_tools_share: float = 0.0,
-                 holdout: int = 0):
-        self.tok, self.agent_share, self.max_len, self.eos = tokenizer, agent_share, max_len, eos_id
-        self.heldout: list[tuple[list[int], int]] = []
-        self.open_tools_share = open_tools_share
-        self.rng = random.Random(seed)
-        self.rows: list[tuple[list[int], int]] = []
-        self.synthetic_vocab = synthetic_vocab
-        self.path, self._read_lines = (Path(distill_path) if distill_path else None), 0
-        self.reload()
-        if holdout:  # the last rows of the file as first read: never trained on, scored by `heldout_loss`
-            if len(self.rows) < holdout + 1:
-                raise ValueError(f"--heldout-rows {holdout}: the distill file has only {len(self.rows)} rows")
-            self.rows, self.heldout = self.rows[:-holdout], self.rows[-holdout:]
-        self._agent = None
-        if agent_share > 0:
-            from engine.data.agent import iter_conversations
-
-            self._agent = (c.text for c in iter_conversations(seed + 1))
-        self._open = None
-        if open_tools_share > 0:
-            from engine.data.open_tools import iter_train_texts
-
-            self._open = iter_train_texts(seed + 2)
-        if not self.rows and synthetic_vocab is None and self._agent is None and self._open is None:
-            raise ValueError(f"no training data: {distill_path} is missing or empty -- run "
-                             "`python -m engine.training.causal_lm distill --out ...` first")
-
-    def reload(self) -> int:
-        """Read rows appended to the distill file since the last call (a distill run may still be writing it)."""
-        if self.path is None or not self.path.is_file():
-            return 0
-        lines = self.path.read_text().splitlines()
-        new = 0
-        for line in lines[self._read_lines:]:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line being written
-                break
-            self._read_lines += 1
-            p = self.tok.encode(chat_prompt(rec["prompt"])).ids
-            a = rec["answer_ids"] + ([self.eos] if rec.get("eos", True) else [])
-            row = (p + a)[: self.max_len]
-            if len(p) < len(row):
-                self.rows.append((row, len(p)))
-                new += 1
-        return new
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def next(self) -> tuple[list[int], int]:
-        u = self.rng.random()
-        if self._open is not None and (u < self.open_tools_share or (not self.rows and self._agent is None)):
-            return self._chat_row(next(self._open))
-        if self._agent is not None and (not self.rows or u < self.open_tools_share + self.agent_share):
-            return self._chat_row(next(self._agent))
-        if self.synthetic_vocab is not None and not self.rows:
-            n = self.rng.randint(12, self.max_len)
-            ids = [self.rng.randrange(3, self.synthetic_vocab - 2) for _ in range(n)]
-            return ids, self.rng.randint(2, n // 2)
-        return self.rows[self.rng.randrange(len(self.rows))]
-
-    def _chat_row(self, text: str) -> tuple[list[int], int]:
-        """One assistant turn of a ChatML conversation as (ids, answer_start): the prompt is
-        everything before the turn (system, tools, user, earlier calls and tool responses), the
-        answer is the turn through its ``<|im_end|>``; the turn is drawn uniformly among those
-        whose prompt fits in ``max_len`` with room for an answer. Tool responses are never targets."""
-        marker, end = "<|im_start|>assistant\n", "<|im_end|>"
-        starts, i = [], text.find(marker)
-        while i >= 0:
-            starts.append(i + len(marker))
-            i = text.find(marker, i + 1)
-        if not starts:
-            raise ValueError("a training conversation without an assistant turn")
-        for k in self.rng.sample(range(len(starts)), len(starts)):
-            p = self.tok.encode(text[: starts[k]]).ids
-            if len(p) <= self.max_len - 8:
-                stop = text.find(end, starts[k])
-                a = self.tok.encode(text[starts[k]: stop + len(end) if stop >= 0 else len(text)]).ids
-                ids = (p + a)[: self.max_len]
-                return ids, len(p)
-        p = self.tok.encode(text[: starts[0]]).ids  # every prompt too long: keep the tail of the first
-        a = self.tok.encode(text[starts[0]:]).ids
-        ids = (p + a)[-self.max_len:]
-        return ids, max(1, len(ids) - len(a))
-
-
-# ----------------------------------------------------------------------------- model
-def tiny_lm(vocab: int = 320, seed: int = 0):
-    """A tiny random LlamaForCausalLM (tests; the CPU path of the GPU script)."""
-    import transformers
-
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                   eos_token_id=2, bos_token_id=1, tie_word_embeddings=True)
-    return transformers.LlamaForCausalLM(cfg)
-
-
-def make_trainable(lm, r: int, alpha: int, mask_id: int, full: bool = False):
-    """Wrap ``lm`` in a peft LoRA and return (peft model, mask_embedding parameter initialised from MASK's row).
-
-    ``full``: no LoRA -- every weight of ``lm`` trains (full fine-tuning; returned as is)."""
-    from peft import LoraConfig, get_peft_model
-
-    mask_init = lm.get_input_embeddings().weight[mask_id].detach().clone()
-    if full:
-        for p in lm.parameters():
-            p.requires_grad_(True)
-        return lm, mask_init
-    for p in lm.parameters():
-        p.requires_grad_(False)
-    plm = get_peft_model(lm, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
-                                        bias="none", task_type="CAUSAL_LM"))
-    return plm, mask_init
-
-
-def load_adapter_weights(plm, directory: Path) -> torch.Tensor:
-    """Copy a saved adapter's LoRA weights (``adapter_model.safetensors``) into the peft model
-    ``plm`` and return its MASK embedding [hidden] fp32 -- a new stage starts from a shipped adapter.
-
-    Raises:
-        ValueError: the directory lacks the adapter files, or its LoRA rank / targets differ
-            from ``plm``'s (pass the same ``--lora-r``).
-    """
-    from peft import get_peft_model_state_dict, set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    files = [directory / "adapter_model.safetensors", directory / MASK_EMBEDDING]
-    missing = [f.name for f in files if not f.is_file()]
-    if missing:
-        raise ValueError(f"--init-adapter {directory}: missing {missing}; give a directory written by this trainer")
-    sd = {k: v.float() for k, v in load_file(str(files[0])).items()}
-    own = {k: v.shape for k, v in get_peft_model_state_dict(plm).items()}
-    bad = [k for k, v in sd.items() if k not in own or own[k] != v.shape]
-    if bad or len(sd) != len(own):
-        raise ValueError(f"--init-adapter {directory}: its LoRA tensors do not match this model's "
-                         f"({len(bad)} differ, e.g. {bad[:2]}); use the adapter's own --lora-r")
-    set_peft_model_state_dict(plm, sd)
-    return load_file(str(files[1]))["mask_embedding"].float()
-
-
-def save_adapter(model: HFBlockDiffusionModel, out: Path, base_name: str, extra: dict) -> None:
-    """Write the loadable adapter directory (config.json, peft adapter in bf16, MASK embedding)."""
-    from peft import get_peft_model_state_dict
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    plm = model.lm
-    plm.peft_config["default"].save_pretrained(str(out))  # adapter_config.json only (no README of its own)
-    sd = get_peft_model_state_dict(plm)
-    save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in sd.items()},
-              str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
-    save_file({"mask_embedding": model.mask_embedding.detach().float().cpu().contiguous()},
-              str(out / MASK_EMBEDDING), metadata={"format": "pt"})
-    if base_name not in BASES:  # a base saved beside the adapter (the tiny test base): base_path
-        base_dir = out / "base"
-        if not (base_dir / "config.json").is_file():
-            _save_base_copy(plm, base_dir)
-        extra = {**extra, "base_path": "base"}
-    cfg = {"model_type": ADAPTER_MODEL_TYPE, "name": out.name, "base": base_name,
-           "mask_token_id": model.config.mask_token_id, "chat_format": "chatml", **extra}
-    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-
-
-def _save_base_copy(plm, base_dir: Path) -> None:
-    """Save the frozen base weights of a peft model (LoRA layers unwrapped) -- tiny test bases only."""
-    from safetensors.torch import save_file
-
-    base_dir.mkdir(parents=True, exist_ok=True)
-    sd = {}
-    for k, v in plm.get_base_model().state_dict().items():
-        if "lora_" in k:
-            continue
-        sd[k.replace(".base_layer.", ".")] = v.detach().contiguous()
-    cfg = plm.get_base_model().config
-    if cfg.tie_word_embeddings:
-        sd.pop("lm_head.weight", None)
-    cfg.save_pretrained(str(base_dir))
-    save_file(sd, str(base_dir / "model.safetensors"), metadata={"format": "pt"})
-
-
-# ----------------------------------------------------------------------------- distill
-@torch.no_grad()
-def distill(out: Path, n: int, batch: int, max_new_tokens: int, seed: int, base: str,
-            device: str = "cpu", dtype: str = "fp32") -> None:
-    """Append the base's greedy answers to ``n`` training prompts to ``out`` (JSONL; resumes where it stopped)."""
-    from tqdm import tqdm
-
-    from engine.data.chat_prompts import training_prompts
-
-    lm, tok = load_base(base, torch.bfloat16 if dtype == "bf16" else torch.float32)
-    lm.to(device)
-    spec = base_spec(base)
-    prompts = training_prompts(n, seed)
-    done = set()
-    if out.is_file():
-        done = {json.loads(l)["prompt"] for l in out.read_text().splitlines() if l.strip()}
-    todo = [p for p in prompts if p not in done]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tok.padding_side = "left"
-    t0, n_tok = time.perf_counter(), 0
-    with open(out, "a") as fh, tqdm(total=len(todo), desc="distill", unit="prompt") as bar:
-        for i in range(0, len(todo), batch):
-            chunk = todo[i: i + batch]
-            enc = tok([chat_prompt(p) for p in chunk], return_tensors="pt", padding=True,
-                      add_special_tokens=False).to(device)
-            gen = lm.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                              eos_token_id=spec.eos_token_id, pad_token_id=spec.eos_token_id)
-            for p, row in zip(chunk, gen[:, enc["input_ids"].shape[1]:].tolist()):
-                eos = spec.eos_token_id in row
-                ans = row[: row.index(spec.eos_token_id)] if eos else row
-                n_tok += len(ans)
-                fh.write(json.dumps({"prompt": p, "answer_ids": ans, "eos": eos}) + "\n")
-            fh.flush()
-            bar.update(len(chunk))
-            bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.1f}")
-
-
-# ----------------------------------------------------------------------------- train
 def lr_at(frac: float, base: float, warmup_frac: float = 0.03) -> float:
     if frac < warmup_frac:
         return base * frac / warmup_frac

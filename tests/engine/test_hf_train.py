@@ -11,7 +11,8 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from engine.training.causal_lm import build_example, main  # noqa: E402
+from engine.training.causal_lm import main  # noqa: E402
+from engine.training.causal_lm_objective import build_example  # noqa: E402
 
 MASK = 99
 
@@ -105,7 +106,7 @@ def test_gpu_script_cpu_path_on_tiny_config(tmp_path):
 def test_chat_rows_target_exactly_one_assistant_turn():
     """Open-vocabulary tool-call chats become (prompt, one assistant turn) rows: the answer is a
     whole assistant turn through its <|im_end|>, never a tool response or a user turn."""
-    from engine.training.causal_lm import ExampleSource
+    from engine.training.causal_lm_data import ExampleSource
     from engine.tokenizer import byte_tokenizer
 
     tok = byte_tokenizer()
@@ -169,7 +170,7 @@ def _tiny_distill(path, n=12):
 def test_heldout_rows_are_scored_never_trained_and_full_finetune_compares(tmp_path, capsys):
     """--heldout-rows N keeps the file's last N rows out of training and logs their losses with the same
     noise each time; --full-finetune trains every weight (the LoRA comparison) and writes no weights."""
-    from engine.training.causal_lm import ExampleSource
+    from engine.training.causal_lm_data import ExampleSource
     from engine.tokenizer import byte_tokenizer
 
     data = _tiny_distill(tmp_path / "d.jsonl")
@@ -192,7 +193,8 @@ def test_heldout_rows_are_scored_never_trained_and_full_finetune_compares(tmp_pa
     assert (tmp_path / "lora" / "adapter_model.safetensors").is_file()
     assert not (tmp_path / "full" / "adapter_model.safetensors").exists()  # a measurement run writes no weights
     # the score is a fixed-noise measurement: the same model scores the same twice
-    from engine.training.causal_lm import heldout_loss, make_trainable, tiny_lm
+    from engine.training.causal_lm_lora import make_trainable, tiny_lm
+    from engine.training.causal_lm_objective import heldout_loss
     from engine.backbones.causal_lm.model import HFBlockConfig, HFBlockDiffusionModel
 
     lm = tiny_lm()
