@@ -214,7 +214,7 @@ def build_model(spec: ModelSpec) -> LoadedModel:
 
 class _RevisableModel:
     """What `LoadedModel` reads from a model (``config``, ``model_id``), for a decoder that runs its
-    own sampler (`engine.backbones.diffusion_gemma.DiffusionGemmaDecoder`)."""
+    own sampler (`engine.decoding.diffusion_gemma.DiffusionGemmaDecoder`)."""
 
     def __init__(self, decoder: Any):
         self.decoder, self.config, self.model_id = decoder, decoder.info, decoder.model_id
