@@ -6,7 +6,7 @@ anything the trace does not hold; no view touches the model (the state does,
 through the decoder).
 
 * `SettingsPanel`  -- the sidebar: model, prompt + examples, decoding settings,
-  Generate / Stop, open / save a trace.
+  Generate / Stop, open / save a trace (in `clover_viz.panel_settings`).
 * `RunSummary`     -- status line, progress bar, errors, NFE / tokens / forced /
   tokens per forward / tokens/s of the run on display.
 * `PlaybackBar`    -- play / pause, step back / forward, speed, scrub over all steps.
@@ -20,15 +20,18 @@ through the decoder).
 * `ExplorerApp`    -- all of the above; ``.sidebar`` / ``.main`` for a template,
   or displayed as one component in a notebook.
 
+Wing: front ends (`clover_viz`). The machinery the views share lives below them:
+`clover_viz.panel_figures` (`FigurePane`, `FigureSnapshot`), `clover_viz.panel_controls`
+(`keys_within_range`, `clear_after_pick`) and `clover_viz.panel_settings` (`SettingsPanel`).
+This module is the public home of `ExplorerApp` (`apps/explorer.py`) and the views.
+
 Tests: ``.venv/bin/python -m pytest tests/apps -q``
 """
 
 from __future__ import annotations
 
 import html
-import pickle
 import time
-from pathlib import Path
 from typing import Any
 
 import panel as pn
@@ -36,7 +39,9 @@ import param
 from panel.widgets.slider import _SliderBase
 
 from clover_viz import figures as F
-from clover_viz.models import bundled_models
+from clover_viz.panel_controls import keys_within_range
+from clover_viz.panel_figures import FigurePane, FigureSnapshot, _placeholder
+from clover_viz.panel_settings import SettingsPanel
 from clover_viz.runs import RUN_LABELS, diff_caption, run_stats
 from clover_viz.state import ExplorerState
 from engine.units import format_si
@@ -46,354 +51,6 @@ LIVE_REDRAW_S = 5.0  # heavy charts (a Plotly render of 150-500 ms in the browse
 # costs the browser a Plotly render (~100-200 ms in a software-rendered Chromium on a busy
 # machine); at every tick it fell behind and a click on Stop waited seconds in its queue.
 LIVE_VIEW_S = 0.5
-MONO = "JetBrains Mono, Menlo, Consolas, monospace"
-MAX_PROMPT_CHARS = 2_000_000  # the prompt box's limit: > 30x the largest bundled context (see SettingsPanel)
-
-
-def _placeholder(title: str, message: str) -> Any:
-    """An empty figure with a message (before the first run)."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    fig.update_layout(title=dict(text=title, x=0.01, font=dict(size=14)), height=260, template="plotly_white",
-                      margin=dict(l=30, r=20, t=50, b=30))
-    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
-                       font=dict(size=14, color="#64748b"))
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
-    return fig
-
-
-class FigureSnapshot:
-    """A copy of a plotly figure's ``data`` and ``layout`` (plain lists / dicts) for `FigurePane`.
-
-    Not a dict on purpose: param compares a new dict value with the old one key by key
-    before it notifies anyone, which for a heatmap with hover text costs more than drawing.
-    """
-
-    __slots__ = ("data", "layout")
-
-    def __init__(self, data: list, layout: dict) -> None:
-        self.data, self.layout = data, layout
-
-    @classmethod
-    def of(cls, fig: Any, data: list | None = None) -> "FigureSnapshot":
-        """Copy ``fig`` (``data`` given: reuse that copy of the traces, copy only the layout)."""
-        raw_data, raw_layout = getattr(fig, "_data", None), getattr(fig, "_layout", None)
-        if raw_data is None or raw_layout is None:  # not a plotly BaseFigure: its public dict
-            d = fig.to_dict()
-            return cls(d["data"], d["layout"])
-        if data is None:
-            return cls(*pickle.loads(pickle.dumps((raw_data, raw_layout), protocol=pickle.HIGHEST_PROTOCOL)))
-        return cls(data, pickle.loads(pickle.dumps(raw_layout, protocol=pickle.HIGHEST_PROTOCOL)))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"data": self.data, "layout": self.layout}
-
-    def updated(self, traces: dict[int, dict[str, Any]], layout: dict[str, Any]) -> "FigureSnapshot":
-        """A new snapshot: these trace and layout properties merged in as ``fig.update`` /
-        ``fig.update_layout`` would (dicts merge, ``None`` unsets, ``title_text`` is
-        ``title.text``), without plotly validating them again -- the payload functions of
-        `clover_viz.figures` make values plotly accepts unchanged (tests compare with the
-        figure built fresh). Untouched traces are shared with this snapshot.
-        """
-        data = list(self.data)
-        for i, props in traces.items():
-            data[i] = _merge(dict(data[i]), props)
-        return FigureSnapshot(data, _merge(dict(self.layout), layout))
-
-    def trace_index(self, name: str) -> int:
-        return next(i for i, t in enumerate(self.data) if t.get("name") == name)
-
-
-def _merge(dst: dict[str, Any], src: dict[str, Any]) -> dict[str, Any]:
-    for key, value in src.items():
-        if key.endswith("_text") and "_" not in key[:-5]:  # plotly's magic underscore: title_text
-            key, value = key[:-5], {"text": value}
-        if value is None:
-            dst.pop(key, None)
-        elif isinstance(value, dict) and isinstance(dst.get(key), dict):
-            dst[key] = _merge(dict(dst[key]), value)
-        else:
-            dst[key] = value
-    return dst
-
-
-class FigurePane(pn.pane.Plotly):
-    """A Plotly pane that only sends: Python -> browser, never back into a Python figure.
-
-    Panel's Plotly pane links a ``go.Figure`` it is given: in-place changes go to the
-    browser as restyle / relayout messages, and the browser's own ``restyle_data`` /
-    ``relayout_data`` are written back into whatever figure the pane holds *then* --
-    a figure Python may have replaced or updated since ("Trace index 0 out of range",
-    and a block view frozen on an earlier step). Here every figure given to `show` is
-    copied into a `FigureSnapshot`; the pane holds only that copy, Panel diffs it against
-    what the browser has and sends the difference, and browser events update the pane's
-    event parameters only. Call `show` again after changing a figure.
-    """
-
-    def __init__(self, object: Any = None, **params: Any) -> None:
-        params["link_figure"] = False
-        super().__init__(self._snapshot(object), **params)
-
-    @staticmethod
-    def _snapshot(obj: Any) -> Any:
-        return FigureSnapshot.of(obj) if hasattr(obj, "to_plotly_json") else obj
-
-    def show(self, fig: Any, layout_only: bool = False) -> None:
-        """Display ``fig`` (a plotly figure, copied now; later changes need another `show`).
-
-        ``layout_only``: only the layout changed since the last `show` of this figure (a
-        cursor moved): the traces already copied are reused.
-        """
-        old = self.object
-        if layout_only and isinstance(old, FigureSnapshot):
-            self.object = FigureSnapshot.of(fig, data=old.data)
-        else:
-            self.object = self._snapshot(fig)
-
-    @classmethod
-    def applies(cls, object: Any) -> float | bool | None:
-        return isinstance(object, FigureSnapshot) or super().applies(object)
-
-    def _to_figure(self, obj: Any) -> Any:
-        if isinstance(obj, FigureSnapshot):
-            return obj  # made by plotly: no second validation
-        snap = self._snapshot(obj)
-        return snap if isinstance(snap, FigureSnapshot) else super()._to_figure(obj)
-
-    @classmethod
-    def _plotly_json_wrapper(cls, fig: Any) -> dict[str, Any]:
-        if isinstance(fig, FigureSnapshot):
-            return {"data": [dict(t) for t in fig.data], "layout": dict(fig.layout)}
-        return super()._plotly_json_wrapper(fig)
-
-    def _update_figure_style(self) -> None:  # the browser's restyle_data: never written into a figure
-        return None
-
-    def _update_figure_layout(self) -> None:  # the browser's relayout_data: likewise
-        return None
-
-
-# ----------------------------------------------------------------------------- controls
-# Every slider of the app, keyboard: bokeh draws a slider with noUiSlider and hands it a new
-# ``start`` / ``end`` through noUiSlider's ``updateOptions``, which moves the handles and the
-# arrow / PageUp / PageDown keys onto the new range -- but noUiSlider's Home / End keys read the
-# range the slider was created with (its ``options.spectrum``, which ``updateOptions`` leaves
-# alone): after a 27-step run, End on the playback slider (created 1..2) went to "step: 2 of 27".
-# This callback runs in the browser whenever the range changes, and gives each view of the slider
-# a Home / End handler (capture phase, before noUiSlider's own) that reads the model's current
-# range and sets the value as a release of the handle would (``value`` and ``value_throttled``).
-_KEYS_WITHIN_RANGE_JS = """
-const views = [...window.Bokeh.index.find(cb_obj)];
-for (const view of views) {
-  const el = view.slider_el;
-  if (el == null || el.__clover_keys_within_range) { continue; }
-  el.__clover_keys_within_range = true;
-  el.addEventListener("keydown", (ev) => {
-    if ((ev.key !== "Home" && ev.key !== "End") || view.model.disabled) { return; }
-    const handle = ev.target.closest ? ev.target.closest("[data-handle]") : null;
-    if (handle == null || view._noUiSlider == null) { return; }
-    ev.preventDefault();
-    ev.stopPropagation();
-    const range = view._calc_to().range;
-    const now = view._noUiSlider.get(true);
-    const values = (Array.isArray(now) ? now : [now]).map(Number);
-    values[Number(handle.getAttribute("data-handle")) || 0] = ev.key === "Home" ? range.min : range.max;
-    view._change(values);
-  }, true);
-}
-"""
-_KEYS_MARK = "_clover_keys_within_range"
-_PICK_MARK = "_clover_clears_after_pick"
-
-
-def keys_within_range(slider: Any) -> Any:
-    """Make ``slider`` (a Panel slider drawn by bokeh: `IntSlider`, `FloatSlider`, ...) answer
-    Home / End within its *current* ``start`` / ``end`` after they change; returns ``slider``.
-
-    Without it the keys jump to the range the slider had when the page drew it (noUiSlider keeps
-    that for Home / End). Arrows and PageUp / PageDown already follow the new range. Applying it
-    twice is harmless. A `DiscreteSlider` needs none: it builds a new slider when its options change.
-
-    Raises:
-        TypeError: for a widget that is not a bokeh-drawn slider with ``start`` / ``end``.
-    """
-    if isinstance(slider, pn.widgets.CompositeWidget) or not all(
-            name in slider.param for name in ("start", "end", "value")):
-        raise TypeError(f"keys_within_range takes a slider with start / end (IntSlider, FloatSlider, ...); "
-                        f"got {type(slider).__name__}")
-    if not getattr(slider, _KEYS_MARK, False):
-        slider.jscallback(start=_KEYS_WITHIN_RANGE_JS, end=_KEYS_WITHIN_RANGE_JS)
-        setattr(slider, _KEYS_MARK, True)
-    return slider
-
-
-def has_keys_within_range(slider: Any) -> bool:
-    """Whether `keys_within_range` was applied to ``slider``."""
-    return bool(getattr(slider, _KEYS_MARK, False))
-
-
-def clear_after_pick(file_input: pn.widgets.FileInput, on_pick: Any) -> pn.widgets.FileInput:
-    """Call ``on_pick(content: bytes, filename: str)`` each time the user picks a file in
-    ``file_input``, then clear the input (loaded or refused, even if ``on_pick`` raised); returns
-    ``file_input``.
-
-    A browser's ``<input type=file>`` fires no change when the file it holds is picked again, and
-    the widget's ``value`` would not change for the same bytes either: without the clearing, a
-    second pick of the same file (say after a Generate replaced what it loaded) did nothing while
-    the box still named the file. Whatever was loaded is for the page to name, not the file box.
-    """
-    def picked(event: Any) -> None:
-        if not event.new:  # the clearing below, or the browser's echo of it
-            return
-        name = file_input.filename or ""
-        try:
-            on_pick(event.new, name if isinstance(name, str) else ", ".join(name))
-        finally:
-            file_input.clear()  # the browser's box: empty, so the same file is a change again
-            file_input.param.update(value=None, filename=None, mime_type=None)  # and this side's value
-
-    file_input.param.watch(picked, "value")
-    setattr(file_input, _PICK_MARK, True)
-    return file_input
-
-
-def clears_after_pick(file_input: Any) -> bool:
-    """Whether ``file_input`` was set up with `clear_after_pick`."""
-    return bool(getattr(file_input, _PICK_MARK, False))
-
-
-# ----------------------------------------------------------------------------- sidebar
-class _SaveButton(pn.widgets.FileDownload):
-    """FileDownload whose callback may return None: nothing is sent (the callback said why)."""
-
-    def _sync_data(self, fileobj: Any) -> None:
-        if fileobj is None:
-            return
-        super()._sync_data(fileobj)
-
-
-class SettingsPanel(pn.viewable.Viewer):
-    """Sidebar controls. Sliders set the state on release (``value_throttled``)."""
-
-    state = param.ClassSelector(class_=ExplorerState)
-
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        s = self.state
-        self.model_dir = pn.widgets.TextInput.from_param(s.param.model_dir, label="Model directory")
-        # the bundled models one click away (the text field takes any other directory)
-        self.bundled = pn.widgets.RadioButtonGroup(
-            label="Bundled models", options=bundled_models(), value=None, color="primary", variant="outline",
-            sizing_mode="stretch_width")  # the loaded one filled: "light" drew it grey, like a disabled button
-        self._sync_bundled()
-        self.bundled.param.watch(self._on_bundled, "value")
-        s.param.watch(lambda _e: self._sync_bundled(), "model_dir")
-        self.model_label = pn.pane.Markdown(sizing_mode="stretch_width", margin=(0, 10), styles={"font-size": "12px"})
-        self.dev = pn.widgets.Checkbox.from_param(
-            s.param.dev_sharpen_random, label="dev: sharpen random model (weights x15)")
-        self.example = pn.widgets.Select.from_param(s.param.example, label="Example prompt")
-        # max_length: Panel's default (5,000 characters) cut longer prompts silently in the browser. The
-        # limit here is far above any bundled model's context (65,536 tokens for clover-tiny, whose
-        # tokens are bytes; 8,192 for SmolLM2), so the model's own check refuses an over-long prompt
-        # with the numbers, and nothing a user types within a context is dropped.
-        self.prompt = pn.widgets.TextAreaInput.from_param(
-            s.param.prompt, label="Prompt", height=170, sizing_mode="stretch_width",
-            styles={"font-family": MONO}, max_length=MAX_PROMPT_CHARS)
-        self.threshold = pn.widgets.FloatSlider.from_param(
-            s.param.threshold, label="Threshold", step=0.01, throttled=True, sizing_mode="stretch_width",
-            format="0.00")  # "1.00", not "1" 
-        self.block_size = pn.widgets.DiscreteSlider.from_param(
-            s.param.block_size, label="Block size", throttled=True, sizing_mode="stretch_width")
-        self.policy = pn.widgets.Select.from_param(s.param.policy, label="Policy")
-        self.memory_mode = pn.widgets.RadioButtonGroup.from_param(
-            s.param.memory_mode, label="Memory", color="primary", variant="outline", sizing_mode="stretch_width")
-        self.memory_note = pn.pane.Markdown("", margin=(0, 10), styles={"font-size": "11px", "color": "#64748b"})
-        # Not bound to the parameter's bounds: the browser would clamp or revert an out-of-range
-        # number silently; the state refuses it and says the valid range instead.
-        lo, hi = s.param.max_new_tokens.bounds
-        self.max_new_tokens = pn.widgets.IntInput(label=f"Max new tokens ({lo}-{hi})", value=s.max_new_tokens,
-                                                  step=16)
-        self.max_new_tokens.param.watch(self._on_max_new_tokens, "value")
-        s.param.watch(lambda e: setattr(self.max_new_tokens, "value", e.new), "max_new_tokens")
-        self.repetition = pn.widgets.Checkbox.from_param(s.param.repetition_control, label="Repetition control")
-        self.repetition_penalty = pn.widgets.FloatInput.from_param(
-            s.param.repetition_penalty, label="penalty (logit)", step=0.5, width=120)
-        self.eos = pn.widgets.Checkbox.from_param(s.param.eos_bias, label="Progressive EOS bias")
-        self.eos_limit = pn.widgets.IntInput.from_param(s.param.eos_soft_limit, label="soft limit (tokens)", width=120)
-        # Text labels, no icons: icon fonts come from a CDN, which an offline machine cannot reach.
-        self.generate = pn.widgets.Button(label="Generate", color="primary", sizing_mode="stretch_width")
-        self.stop = pn.widgets.Button(label="Stop", color="danger", disabled=True, sizing_mode="stretch_width")
-        self.open = pn.widgets.FileInput(accept=".parquet,.pq,.arrow,.feather", multiple=False,
-                                         sizing_mode="stretch_width")
-        self.save = _SaveButton(callback=self._save, filename="clover-trace.parquet",
-                                label="Save trace (.parquet)", color="default", disabled=True,
-                                sizing_mode="stretch_width", embed=False)
-        self.generate.on_click(lambda _e: s.generate())
-        self.stop.on_click(lambda _e: s.stop())
-        clear_after_pick(self.open, self._open)  # every pick loads, the same file again too
-        s.param.watch(self._sync, ["running", "model_label", "model_ok", "window_available", "memory_advice", "trace",
-                                   "n_steps"])
-        self._sync()
-
-    def _save(self) -> Any:
-        try:
-            return self.state.trace_bytes()
-        except ValueError as exc:
-            self.state.error = f"Nothing saved: {exc}"
-            return None
-
-    def _on_max_new_tokens(self, event: Any) -> None:
-        if event.new != self.state.max_new_tokens and not self.state.set_max_new_tokens(event.new):
-            self.max_new_tokens.value = self.state.max_new_tokens  # shown again, with the error saying why
-
-    def _open(self, content: bytes, filename: str) -> None:
-        self.state.load_trace(content, name=filename)
-
-    def _sync(self, *_: Any) -> None:
-        s = self.state
-        self.stop.disabled = not s.running
-        self.save.disabled = s.trace is None or len(s.trace) == 0
-        self.generate.label = "Generate (restart)" if s.running else "Generate"
-        label = s.model_label or "(not loaded yet)"
-        warn = " ⚠" if "random" in label else ""
-        self.model_label.object = f"**Model:** {html.escape(label)}{warn}"
-        self.memory_mode.disabled = not (s.window_available and s.model_ok)
-        self.memory_note.object = (
-            "no model loaded" if not s.model_ok else
-            "`state+window`: the last W tokens' K/V beside the state; `state` is Clover's own. "
-            + (s.memory_advice or "") if s.window_available else
-            f"only `state` runs: {s.memory_advice or 'this model has no attention window'}")
-
-    def _bundled_name(self) -> str:
-        return Path((self.state.model_dir or "").rstrip("/")).name
-
-    def _on_bundled(self, event: Any) -> None:
-        if event.new and self._bundled_name() != event.new:
-            self.state.model_dir = f"models/{event.new}"
-
-    def _sync_bundled(self) -> None:
-        name = self._bundled_name()
-        self.bundled.value = name if name in self.bundled.options else None
-
-    def __panel__(self) -> Any:
-        return pn.Column(
-            self.model_dir, self.bundled, self.model_label, self.dev,
-            self.example, self.prompt,
-            pn.Row(self.generate, self.stop, sizing_mode="stretch_width"),
-            pn.pane.Markdown("#### Decoding", margin=(10, 10, 0, 10)),
-            self.threshold, self.block_size, self.policy,
-            pn.pane.Markdown("Memory mode", margin=(4, 10, 0, 10)), self.memory_mode, self.memory_note,
-            self.max_new_tokens,
-            pn.Row(self.repetition, self.repetition_penalty),
-            pn.Row(self.eos, self.eos_limit),
-            pn.pane.Markdown("#### Traces", margin=(10, 10, 0, 10)),
-            pn.pane.Markdown("Open a saved trace to replay it without the model:", margin=(0, 10),
-                             styles={"font-size": "12px"}),
-            self.open, self.save,
-            sizing_mode="stretch_width",
-        )
 
 
 # ----------------------------------------------------------------------------- summary / playback

@@ -47,6 +47,11 @@ Usage::
     ex = Explorer(model, tokenizer, DecodeConfig(block_size=32, threshold=0.95))
     ex.show(); ex.decode("<|im_start|>user ...")          # live
 
+Wing: front ends (`clover_viz`). Below this module: `clover_viz.widget_bundle` (the plotly figure
+widgets sharing one plotly.js bundle, the Explorers of each notebook cell) and
+`clover_viz.widget_decoding` (`Explorer`'s decoding: start, pump, wait, stop, the finished run).
+This module is the public home of `Explorer` (`from clover_viz import Explorer`).
+
 Tests: ``.venv/bin/python -m pytest tests/clover_viz/test_widgets.py -q``
 """
 
@@ -55,8 +60,6 @@ from __future__ import annotations
 import dataclasses
 import html
 import threading
-import time
-from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
@@ -65,149 +68,15 @@ import plotly.graph_objects as go
 from clover_viz import figures as F
 from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS
 from clover_viz.models import DEFAULT_MODEL_DIR, LoadedModel, resolve_model
-from clover_viz.runs import RUN_LABELS, diff_caption, forced_past_answer
-from clover_viz.state import BLOCK_SIZES, ExplorerState
+from clover_viz.session_settings import BLOCK_SIZES
+from clover_viz.state import ExplorerState
+from clover_viz.widget_bundle import _CarrierFigure, _StubFigure, _live_widgets, _register
+from clover_viz.widget_decoding import ExplorerDecoding
 
-_LIVE_MIN_INTERVAL_S = 0.05  # redraw at most ~20 times a second while decoding
-_POLL_S = 0.005  # wait between drains when the decode has queued nothing new
 THRESHOLD_MIN, THRESHOLD_MAX = 0.5, 1.0  # the threshold slider's range (it widens to show a lower setting)
 # The app's default prompt (for a Clover model); an Explorer without a prompt starts, as the app does,
 # with the default example of the model it decodes (`clover_viz.examples.examples_for`).
 DEFAULT_PROMPT = EXAMPLE_PROMPTS[DEFAULT_EXAMPLE]
-
-
-def _live_widgets() -> dict:
-    """ipywidgets' registry of open widgets (model id -> widget)."""
-    from ipywidgets.widgets import widget as _w
-
-    reg = getattr(_w, "_instances", None)
-    return reg if reg is not None else _w.Widget.widgets
-
-
-# Explorers by notebook cell: cell id -> (the execute request that made them, [explorers]). Re-running a
-# cell replaces its output, so the widgets the previous run made are closed when the new run makes one.
-_BY_CELL: dict[str, tuple[str, list[Any]]] = {}
-
-
-def _cell_key() -> tuple[str, str] | None:
-    """(cell id, execute-request id) of the notebook cell running now; None outside one (scripts, tests,
-    front ends that send no cell id, widget callbacks)."""
-    try:
-        from IPython import get_ipython
-
-        ip = get_ipython()
-        parent = getattr(ip, "parent_header", None) or {}
-        cell = (parent.get("metadata") or {}).get("cellId")
-        msg = (parent.get("header") or {}).get("msg_id")
-        if parent.get("header", {}).get("msg_type") != "execute_request":
-            return None
-        return (str(cell), str(msg)) if cell and msg else None
-    except Exception:  # noqa: BLE001  (no IPython, or a shell without a parent header)
-        return None
-
-
-def _register(ex: Any) -> None:
-    key = _cell_key()
-    if key is None:
-        return
-    cell, msg = key
-    prev_msg, exs = _BY_CELL.get(cell, (None, []))
-    if prev_msg != msg:  # the cell ran again: its earlier explorers are no longer on screen
-        for old in exs:
-            old.close()
-        exs = []
-    exs.append(ex)
-    _BY_CELL[cell] = (msg, exs)
-
-
-# One plotly widget bundle per Explorer, not one per figure. plotly's FigureWidget carries the whole
-# plotly.js widget bundle (~5 MB) in its ``_esm`` state, so every figure of an Explorer would put another
-# copy into the notebook and over the websocket. The first figure (the block view, always on screen)
-# carries the bundle, which also publishes its widget factory on ``globalThis`` under a name made from the
-# bundle's hash; the other figures carry a few hundred bytes that wait for that factory and call it
-# (anywidget calls a default-exported function once per widget model). Offline: nothing is fetched.
-def _plotly_bundle() -> tuple[str, str] | None:
-    """(the bundle publishing its factory, the stub the other figures carry); None when the bundle's
-    export is not where it is expected (a plotly release that changed it: every figure then carries it)."""
-    import hashlib
-    import re
-
-    import plotly
-
-    path = Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
-    try:
-        src = path.read_text(encoding="utf-8")
-    except OSError:
-        return None
-    exports = list(re.finditer(r"export\{([^{}]*?)\b([A-Za-z_$][\w$]*) as default\b([^{}]*)\}", src))
-    if not exports:
-        return None
-    m = exports[-1]
-    key = "__clover_plotly_widget_" + hashlib.sha1(src.encode()).hexdigest()[:16]
-    carrier = f"{src[:m.start()]};globalThis[{key!r}]={m.group(2)};{src[m.start():]}"
-    stub = (
-        "const KEY = %r;\n"
-        "function factory() {\n"
-        "  return new Promise((resolve, reject) => {\n"
-        "    const t0 = Date.now();\n"
-        "    (function poll() {\n"
-        "      const f = globalThis[KEY];\n"
-        "      if (f) return resolve(f);\n"
-        "      if (Date.now() - t0 > 600000) return reject(new Error('plotly widget bundle did not load'));\n"
-        "      setTimeout(poll, 25);\n"
-        "    })();\n"
-        "  });\n"
-        "}\n"
-        "export default async () => (await factory())();\n" % key
-    )
-    return carrier, stub
-
-
-_BUNDLE = _plotly_bundle()
-
-
-class _CurrentStateFigure(go.FigureWidget):
-    """A FigureWidget whose widget state is what the Python side shows *now*.
-
-    plotly sends in-place updates (restyle / relayout / batch_update) to the front end as
-    messages and the front end applies them to its own copy of ``_widget_data`` /
-    ``_widget_layout``; the kernel-side traits keep the values of the last display. A view
-    built later -- the page reloaded with the kernel alive, a second view of the cell, a
-    view whose front end was not ready when the updates were sent -- is built from that
-    stale state and shows the placeholder. Here the state a view is built from
-    (`get_state`, answered to every ``request_state``) is read from the figure's current
-    data and layout; nothing more is sent per update.
-    """
-
-    def get_state(self, key=None, drop_defaults=False):
-        state = super().get_state(key, drop_defaults)
-        if "_data" not in self.__dict__:  # the widget opens before plotly has built the figure
-            return state
-        current = {"_widget_data": lambda: deepcopy(self._data),
-                   "_widget_layout": lambda: deepcopy(self._layout_obj._props)}
-        for name, value in current.items():
-            if name in state:
-                to_json = self.trait_metadata(name, "to_json", self._trait_to_json)
-                state[name] = to_json(value(), self)
-        return state
-
-
-def _figure_classes() -> tuple[type, type]:
-    """(the figure class that carries the bundle, the class of the others)."""
-    if _BUNDLE is None:
-        return _CurrentStateFigure, _CurrentStateFigure
-    carrier_esm, stub_esm = _BUNDLE
-
-    class CarrierFigure(_CurrentStateFigure):
-        _esm = carrier_esm
-
-    class StubFigure(_CurrentStateFigure):
-        _esm = stub_esm
-
-    return CarrierFigure, StubFigure
-
-
-_CarrierFigure, _StubFigure = _figure_classes()
 
 
 def _block_size_options(block_size: int) -> list[int]:
@@ -221,23 +90,12 @@ def _threshold_format(threshold: float) -> str:
     return ".2f" if abs(round(threshold, 2) - threshold) < 1e-9 else ".4g"
 
 
-def _settings_line(dc: dict | None) -> str:
-    """``block_size 7 · threshold 0.95 · memory state+window · max_new_tokens 16`` (plus the policy when it is
-    not low_confidence): the settings a run's decode config (``Trace.decode_config``) ran with, for the
-    status line -- the memory mode and budget have no widget."""
-    dc = dc or {}
-    parts = [f"block_size {dc.get('block_size')}", f"threshold {float(dc.get('threshold', 0.0)):g}",
-             f"memory {dc.get('memory_mode')}", f"max_new_tokens {dc.get('max_new_tokens')}"]
-    if dc.get("policy", "low_confidence") != "low_confidence":
-        parts.append(f"policy {dc['policy']}")
-    return " · ".join(parts)
-
 
 def _is_trace(obj: Any) -> bool:
     return hasattr(obj, "steps") and hasattr(obj, "blocks") and hasattr(obj, "token_str")
 
 
-class Explorer:
+class Explorer(ExplorerDecoding):
     """Interactive view of one decode (replay) or of a model (decode, re-decode, compare).
 
     ``state`` is the `clover_viz.state.ExplorerState` it drives (the Panel app's session
@@ -625,178 +483,7 @@ class Explorer:
         finally:
             self._quiet = quiet
 
-    # ------------------------------------------------------------------ decoding
-    def decode_config(self) -> Any:
-        """The `DecodeConfig` the next decode uses: `config`, with the threshold and block_size widgets'
-        values (they show `config` unless the user has just moved them)."""
-        return dataclasses.replace(self.config, threshold=float(self.threshold.value),
-                                   block_size=int(self.block_size.value))
 
-    def start_decode(self, prompt: str | None = None, **overrides: Any) -> bool:
-        """Start decoding in the background and return at once (the Decode button and the sliders).
-
-        The decode runs in the state's worker thread; a pump thread drains its events into
-        the figures (at most ~20 redraws a second) while the kernel stays free for other
-        cells. `stop` (the Stop button) ends it after its current forward, keeping what it
-        wrote. A decode already running is replaced. Errors go to the status line, the run
-        on display stays. Returns whether a decode started; `wait` blocks until it ends.
-
-        ``overrides`` replace `DecodeConfig` fields (``block_size=7``, ``memory_mode="state"``
-        ...). Once the decode has started, its settings are the Explorer's (`config`): the
-        widgets show them and the next decode starts from them; a decode that cannot start
-        changes nothing.
-        """
-        try:
-            if self.config is None:
-                raise ValueError("this Explorer replays a recorded trace; give it a model (or a BlockDecoder / "
-                                 "checkpoint directory) to decode")
-            s = self.state
-            with self._lock:
-                if prompt is not None:
-                    self.prompt_box.value = prompt
-                s.prompt = self.prompt_box.value
-                dc = dataclasses.replace(self.decode_config(), **overrides)
-                self._last_error = ""
-                self.status.value = "<b>decoding…</b>"
-                if not s.generate(config=dc):
-                    raise ValueError(s.error or "the decode did not start")
-                self.config = dc  # what runs is the setting from now on (overrides included)
-                self._show_config(dc)
-                self._decodes_started += 1
-                self._busy = True
-                self.stop_button.disabled = False
-                if self._pump is None:
-                    self._pump = threading.Thread(target=self._pump_events, name="clover-explorer-pump",
-                                                  daemon=True)
-                    self._pump.start()
-            return True
-        except Exception as exc:  # noqa: BLE001  (a callback's error is shown, not lost)
-            self._show_error(exc)
-            return False
-
-    def _pump_events(self) -> None:
-        """Drain the running decode one forward at a time (drawing as they arrive), then finish the run."""
-        s = self.state
-        while True:
-            try:
-                with self._lock:
-                    if s.running:
-                        if s.drain(max_steps=1):
-                            continue
-                    else:
-                        s.drain()
-                        self._busy = False
-                        self.stop_button.disabled = True
-                        try:
-                            self._finish_run()
-                        finally:
-                            self._pump = None  # last: `wait` returns once the run is drawn
-                        return
-            except Exception as exc:  # noqa: BLE001
-                with self._lock:
-                    self._busy = False
-                    self.stop_button.disabled = True
-                    self._show_error(exc)
-                    self._pump = None
-                return
-            time.sleep(_POLL_S)
-
-    def _finish_run(self) -> None:
-        """The run ended: draw it whole (what it produced, even when it failed), its numbers and the comparison."""
-        s = self.state
-        live = s.trace
-        if live is not None and len(live):
-            self._set_trace(live)
-        if s.error:
-            self._show_error(s.error)
-            return
-        if live is None:
-            return
-        st = live.summary()
-        past = forced_past_answer(live)
-        forced = f"{st['n_forced']} forced" + (
-            f" ({past} of them end-of-text slots at or after the answer's end: forwards, not tokens)" if past else "")
-        self.status.value = (f"NFE {st['nfe']} · {st['n_tokens']} tokens · {st['tokens_per_forward']:.2f} "
-                             f"tokens/forward · {forced} · {st['wall_s']:.2f} s · "
-                             f"stop: {st['stop_reason']} · {html.escape(_settings_line(live.decode_config))}")
-        self._show_comparison()
-
-    def stop(self) -> None:
-        """Stop the running decode after its current forward (the Stop button); the run keeps what it wrote."""
-        self.state.stop()
-
-    def wait(self, timeout: float = 60.0) -> bool:
-        """Block until a background decode has ended and been drawn. Returns False on timeout."""
-        deadline = time.monotonic() + timeout
-        while True:
-            pump = self._pump
-            if pump is None:
-                return True
-            pump.join(max(deadline - time.monotonic(), 0.0) if timeout is not None else None)
-            if pump.is_alive():
-                return False
-
-    def decode(self, prompt: str | None = None, **overrides: Any) -> Any:
-        """Decode ``prompt`` (default: the prompt box) with the current settings, streaming into the view.
-
-        Synchronous (for scripts and cells): `start_decode`, then wait until the run ends; the
-        block fills in while the cell runs (each forward drawn as it arrives, at most ~20
-        times a second; the last step always). The previous run is kept for the comparison.
-        ``overrides`` replace `DecodeConfig` fields and stay the settings of later decodes (the
-        widgets show them; see `start_decode`). Interrupting the kernel
-        stops the decode after its current forward; the run keeps what it wrote (stop reason
-        ``cancelled``) and is returned.
-
-        Returns:
-            the decode's ``engine.recording.trace.Trace``.
-
-        Raises:
-            ValueError: when the Explorer was made from a trace (no model), or the prompt or
-                the settings cannot be decoded (the state's message).
-            RuntimeError: when the decode failed in the worker (the state's message).
-        """
-        if self.config is None:
-            raise ValueError("this Explorer replays a recorded trace; give it a model (or a BlockDecoder / checkpoint "
-                             "directory) to decode")
-        if not self.start_decode(prompt, **overrides):
-            raise ValueError(self._last_error)
-        try:
-            while not self.wait(0.1):
-                pass
-        except KeyboardInterrupt:
-            self.stop()
-            self.wait()
-        if self.state.error:
-            raise RuntimeError(self.state.error)
-        return self.state.trace
-
-    def _on_trace_grown(self, _event: Any) -> None:
-        """While `decode` drains: draw each new forward (rate-limited), the first one always."""
-        live = self.state.trace
-        n = len(live) if live is not None else 0
-        if not self._busy or n == 0 or (self._drawn[0] is live and self._drawn[1] == n):
-            return  # not decoding, or no new forward (a block start or end)
-        if self._drawn[0] is not live:  # the run's first forward: its block view, built once
-            F.refresh_figure(self.block_fig, F.block_figure(live, -1))
-            self._block = None
-        self._drawn = (live, n)
-        now = time.perf_counter()
-        if now - self._last_draw >= _LIVE_MIN_INTERVAL_S:
-            self._last_draw = now
-            self._set_slider_range(n, n - 1)
-            self.show_step(n - 1)
-            self.status.value = f"<b>decoding…</b> {n} forwards"
-
-    def _show_comparison(self) -> None:
-        """The previous run against this one: the Panel app's table and the text diff."""
-        cmp = self.state.comparison()
-        if cmp is None:
-            return
-        F.refresh_figure(self.compare_fig, F.compare_table(cmp["previous"], cmp["current"], labels=RUN_LABELS))
-        caption = diff_caption(cmp)
-        self.compare.value = ((f"<p style='color:#b45309'><b>{caption}</b></p>" if caption else "")
-                              + f"<p>text difference (<del>{RUN_LABELS[0]} only</del>, <ins>{RUN_LABELS[1]} only"
-                              "</ins>):</p>" + cmp["text"]["diff_html"])
 
 
 __all__ = ["BLOCK_SIZES", "DEFAULT_PROMPT", "Explorer"]

@@ -5,13 +5,13 @@ current range.
 * Item 3: a browser's ``<input type=file>`` fires no ``change`` for the file it already holds,
   and Panel's ``FileInput.value`` does not change for the same bytes, so opening the same trace
   again (after a Generate replaced it on the page) did nothing. Every file input of the app is
-  cleared after each pick, loaded or refused (`panel_views.clear_after_pick`); the tests open the
+  cleared after each pick, loaded or refused (`panel_controls.clear_after_pick`); the tests open the
   same trace twice around a Generate, the same unreadable file twice around a Generate, and check
   that every `FileInput` of the app has that treatment.
 * Item 4: bokeh's slider is a noUiSlider; a new ``start`` / ``end`` reaches it through
   ``updateOptions``, but noUiSlider's Home / End keys read the range it was created with (after a
   27-step run End went to "step: 2 of 27"). Every slider of the app gets
-  `panel_views.keys_within_range`; the tests press Home / End / PageUp / PageDown / arrows on the
+  `panel_controls.keys_within_range`; the tests press Home / End / PageUp / PageDown / arrows on the
   playback slider after a run, and check that every slider of the app has the treatment.
 
 Same fixtures as `test_browser.py` (`conftest.py`): the random ``clover-test`` with the dev
@@ -120,7 +120,8 @@ def test_every_file_input_of_the_app_is_cleared_after_a_pick():
     """The class: each `FileInput` in the app's layout forgets its pick after the callback ran."""
     import panel as pn
 
-    from clover_viz.panel_views import ExplorerApp, clears_after_pick
+    from clover_viz.panel_controls import clears_after_pick
+    from clover_viz.panel_views import ExplorerApp
     from clover_viz.state import ExplorerState
 
     state = ExplorerState(model_dir="clover-test", max_new_tokens=8)
@@ -192,7 +193,8 @@ def test_every_slider_of_the_app_answers_keys_within_its_current_range():
     import panel as pn
     from panel.widgets.slider import _SliderBase
 
-    from clover_viz.panel_views import ExplorerApp, has_keys_within_range
+    from clover_viz.panel_controls import has_keys_within_range
+    from clover_viz.panel_views import ExplorerApp
     from clover_viz.state import ExplorerState
 
     state = ExplorerState(model_dir="clover-test", max_new_tokens=8)

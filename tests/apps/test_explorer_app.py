@@ -267,7 +267,8 @@ def test_close_cancels_and_refuses_new_work(state):
 
 def test_views_follow_the_state():
     from clover_viz import figures as F
-    from clover_viz.panel_views import ExplorerApp, FigureSnapshot
+    from clover_viz.panel_figures import FigureSnapshot
+    from clover_viz.panel_views import ExplorerApp
 
     s = ExplorerState(model_dir="clover-test", prompt="Hi", max_new_tokens=12, block_size=4)
     try:
@@ -311,7 +312,7 @@ def test_views_follow_the_state():
 def test_sliders_set_the_state_on_release_only():
     import param
 
-    from clover_viz.panel_views import SettingsPanel
+    from clover_viz.panel_settings import SettingsPanel
 
     s = ExplorerState(model_dir="clover-test", auto_redecode=False)
     panel = SettingsPanel(state=s)
@@ -402,7 +403,7 @@ def test_bundled_models_are_one_click_away():
     """The sidebar lists the models shipped in models/ (default first); a click loads one by
     path, and typing another directory clears the selection."""
     from clover_viz.models import bundled_models
-    from clover_viz.panel_views import SettingsPanel
+    from clover_viz.panel_settings import SettingsPanel
 
     names = bundled_models()
     assert names[0] == "clover-tiny" and "smollm2-bd" in names

@@ -12,7 +12,7 @@ pytest.importorskip("ipywidgets")
 pytest.importorskip("anywidget")  # plotly >= 6 FigureWidget
 
 from clover_viz import figures as F  # noqa: E402
-from clover_viz import widgets as Wmod  # noqa: E402
+from clover_viz import widget_bundle, widget_decoding  # noqa: E402
 from clover_viz.widgets import Explorer  # noqa: E402
 from engine.recording.trace import Trace  # noqa: E402
 
@@ -73,7 +73,7 @@ def test_decode_streams_into_the_same_figures_and_redecode_compares(monkeypatch)
     from engine.decoding.decoder import DecodeConfig
     from engine.tokenizer import byte_tokenizer
 
-    monkeypatch.setattr(Wmod, "_LIVE_MIN_INTERVAL_S", 0.0)  # draw on every event
+    monkeypatch.setattr(widget_decoding, "_LIVE_MIN_INTERVAL_S", 0.0)  # draw on every event
     ex = Explorer(loud_clover_test(), byte_tokenizer(), DecodeConfig(block_size=4, threshold=0.4, max_new_tokens=4))
     assert not ex.threshold.disabled
     drawn = []
@@ -187,7 +187,7 @@ def test_rerunning_a_cell_closes_the_explorers_its_previous_run_made(monkeypatch
 
     before = set(_instances)
     key = ["cell-1", "run-1"]
-    monkeypatch.setattr(Wmod, "_cell_key", lambda: tuple(key))
+    monkeypatch.setattr(widget_bundle, "_cell_key", lambda: tuple(key))
     a, b = Explorer(trace), Explorer(trace)  # one run of the cell may make two
     made = len(set(_instances) - before)
     assert a.show().comm is not None and b.show().comm is not None
@@ -202,7 +202,7 @@ def test_rerunning_a_cell_closes_the_explorers_its_previous_run_made(monkeypatch
         ex.close()
     assert set(_instances) - before == set()
     monkeypatch.undo()
-    assert Wmod._cell_key() is None  # outside a notebook cell: nothing is closed behind the user's back
+    assert widget_bundle._cell_key() is None  # outside a notebook cell: nothing is closed behind the user's back
 
 
 def test_one_plotly_bundle_per_explorer_not_one_per_figure(trace):
@@ -219,7 +219,7 @@ def test_one_plotly_bundle_per_explorer_not_one_per_figure(trace):
     esms = [len(f.get_state()["_esm"]) for f in ex.figures.values()]
     assert sorted(esms)[-1] >= full and sorted(esms)[-2] < 2000  # the block view carries it, the rest a stub
     assert size < 1.5 * full  # was ~10x
-    key = Wmod._BUNDLE[1].split("'")[1]
+    key = widget_bundle._BUNDLE[1].split("'")[1]
     assert f"globalThis[{key!r}]=" in ex.block_fig.get_state()["_esm"]  # the carrier publishes the factory
     assert all(key in ex.figures[n].get_state()["_esm"] for n in ex.figures if n != "block")
     ex.close()

@@ -1,0 +1,157 @@
+"""The Panel app's sidebar: model, prompt and examples, decoding settings, Generate / Stop,
+open / save a trace (`SettingsPanel`).
+
+Wing: front ends (`clover_viz`), one of the Panel views (`clover_viz.panel_views.ExplorerApp`
+puts it in the sidebar). Its widgets are bound to the `clover_viz.state.ExplorerState`
+parameters; sliders set the state on release.
+
+Tests: ``.venv/bin/python -m pytest tests/apps/test_explorer_app.py -q``
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+import panel as pn
+import param
+
+from clover_viz.models import bundled_models
+from clover_viz.panel_controls import clear_after_pick
+from clover_viz.state import ExplorerState
+
+MONO = "JetBrains Mono, Menlo, Consolas, monospace"
+MAX_PROMPT_CHARS = 2_000_000  # the prompt box's limit: > 30x the largest bundled context (see SettingsPanel)
+
+
+# ----------------------------------------------------------------------------- sidebar
+class _SaveButton(pn.widgets.FileDownload):
+    """FileDownload whose callback may return None: nothing is sent (the callback said why)."""
+
+    def _sync_data(self, fileobj: Any) -> None:
+        if fileobj is None:
+            return
+        super()._sync_data(fileobj)
+
+
+class SettingsPanel(pn.viewable.Viewer):
+    """Sidebar controls. Sliders set the state on release (``value_throttled``)."""
+
+    state = param.ClassSelector(class_=ExplorerState)
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        s = self.state
+        self.model_dir = pn.widgets.TextInput.from_param(s.param.model_dir, label="Model directory")
+        # the bundled models one click away (the text field takes any other directory)
+        self.bundled = pn.widgets.RadioButtonGroup(
+            label="Bundled models", options=bundled_models(), value=None, color="primary", variant="outline",
+            sizing_mode="stretch_width")  # the loaded one filled: "light" drew it grey, like a disabled button
+        self._sync_bundled()
+        self.bundled.param.watch(self._on_bundled, "value")
+        s.param.watch(lambda _e: self._sync_bundled(), "model_dir")
+        self.model_label = pn.pane.Markdown(sizing_mode="stretch_width", margin=(0, 10), styles={"font-size": "12px"})
+        self.dev = pn.widgets.Checkbox.from_param(
+            s.param.dev_sharpen_random, label="dev: sharpen random model (weights x15)")
+        self.example = pn.widgets.Select.from_param(s.param.example, label="Example prompt")
+        # max_length: Panel's default (5,000 characters) cut longer prompts silently in the browser. The
+        # limit here is far above any bundled model's context (65,536 tokens for clover-tiny, whose
+        # tokens are bytes; 8,192 for SmolLM2), so the model's own check refuses an over-long prompt
+        # with the numbers, and nothing a user types within a context is dropped.
+        self.prompt = pn.widgets.TextAreaInput.from_param(
+            s.param.prompt, label="Prompt", height=170, sizing_mode="stretch_width",
+            styles={"font-family": MONO}, max_length=MAX_PROMPT_CHARS)
+        self.threshold = pn.widgets.FloatSlider.from_param(
+            s.param.threshold, label="Threshold", step=0.01, throttled=True, sizing_mode="stretch_width",
+            format="0.00")  # "1.00", not "1" 
+        self.block_size = pn.widgets.DiscreteSlider.from_param(
+            s.param.block_size, label="Block size", throttled=True, sizing_mode="stretch_width")
+        self.policy = pn.widgets.Select.from_param(s.param.policy, label="Policy")
+        self.memory_mode = pn.widgets.RadioButtonGroup.from_param(
+            s.param.memory_mode, label="Memory", color="primary", variant="outline", sizing_mode="stretch_width")
+        self.memory_note = pn.pane.Markdown("", margin=(0, 10), styles={"font-size": "11px", "color": "#64748b"})
+        # Not bound to the parameter's bounds: the browser would clamp or revert an out-of-range
+        # number silently; the state refuses it and says the valid range instead.
+        lo, hi = s.param.max_new_tokens.bounds
+        self.max_new_tokens = pn.widgets.IntInput(label=f"Max new tokens ({lo}-{hi})", value=s.max_new_tokens,
+                                                  step=16)
+        self.max_new_tokens.param.watch(self._on_max_new_tokens, "value")
+        s.param.watch(lambda e: setattr(self.max_new_tokens, "value", e.new), "max_new_tokens")
+        self.repetition = pn.widgets.Checkbox.from_param(s.param.repetition_control, label="Repetition control")
+        self.repetition_penalty = pn.widgets.FloatInput.from_param(
+            s.param.repetition_penalty, label="penalty (logit)", step=0.5, width=120)
+        self.eos = pn.widgets.Checkbox.from_param(s.param.eos_bias, label="Progressive EOS bias")
+        self.eos_limit = pn.widgets.IntInput.from_param(s.param.eos_soft_limit, label="soft limit (tokens)", width=120)
+        # Text labels, no icons: icon fonts come from a CDN, which an offline machine cannot reach.
+        self.generate = pn.widgets.Button(label="Generate", color="primary", sizing_mode="stretch_width")
+        self.stop = pn.widgets.Button(label="Stop", color="danger", disabled=True, sizing_mode="stretch_width")
+        self.open = pn.widgets.FileInput(accept=".parquet,.pq,.arrow,.feather", multiple=False,
+                                         sizing_mode="stretch_width")
+        self.save = _SaveButton(callback=self._save, filename="clover-trace.parquet",
+                                label="Save trace (.parquet)", color="default", disabled=True,
+                                sizing_mode="stretch_width", embed=False)
+        self.generate.on_click(lambda _e: s.generate())
+        self.stop.on_click(lambda _e: s.stop())
+        clear_after_pick(self.open, self._open)  # every pick loads, the same file again too
+        s.param.watch(self._sync, ["running", "model_label", "model_ok", "window_available", "memory_advice", "trace",
+                                   "n_steps"])
+        self._sync()
+
+    def _save(self) -> Any:
+        try:
+            return self.state.trace_bytes()
+        except ValueError as exc:
+            self.state.error = f"Nothing saved: {exc}"
+            return None
+
+    def _on_max_new_tokens(self, event: Any) -> None:
+        if event.new != self.state.max_new_tokens and not self.state.set_max_new_tokens(event.new):
+            self.max_new_tokens.value = self.state.max_new_tokens  # shown again, with the error saying why
+
+    def _open(self, content: bytes, filename: str) -> None:
+        self.state.load_trace(content, name=filename)
+
+    def _sync(self, *_: Any) -> None:
+        s = self.state
+        self.stop.disabled = not s.running
+        self.save.disabled = s.trace is None or len(s.trace) == 0
+        self.generate.label = "Generate (restart)" if s.running else "Generate"
+        label = s.model_label or "(not loaded yet)"
+        warn = " ⚠" if "random" in label else ""
+        self.model_label.object = f"**Model:** {html.escape(label)}{warn}"
+        self.memory_mode.disabled = not (s.window_available and s.model_ok)
+        self.memory_note.object = (
+            "no model loaded" if not s.model_ok else
+            "`state+window`: the last W tokens' K/V beside the state; `state` is Clover's own. "
+            + (s.memory_advice or "") if s.window_available else
+            f"only `state` runs: {s.memory_advice or 'this model has no attention window'}")
+
+    def _bundled_name(self) -> str:
+        return Path((self.state.model_dir or "").rstrip("/")).name
+
+    def _on_bundled(self, event: Any) -> None:
+        if event.new and self._bundled_name() != event.new:
+            self.state.model_dir = f"models/{event.new}"
+
+    def _sync_bundled(self) -> None:
+        name = self._bundled_name()
+        self.bundled.value = name if name in self.bundled.options else None
+
+    def __panel__(self) -> Any:
+        return pn.Column(
+            self.model_dir, self.bundled, self.model_label, self.dev,
+            self.example, self.prompt,
+            pn.Row(self.generate, self.stop, sizing_mode="stretch_width"),
+            pn.pane.Markdown("#### Decoding", margin=(10, 10, 0, 10)),
+            self.threshold, self.block_size, self.policy,
+            pn.pane.Markdown("Memory mode", margin=(4, 10, 0, 10)), self.memory_mode, self.memory_note,
+            self.max_new_tokens,
+            pn.Row(self.repetition, self.repetition_penalty),
+            pn.Row(self.eos, self.eos_limit),
+            pn.pane.Markdown("#### Traces", margin=(10, 10, 0, 10)),
+            pn.pane.Markdown("Open a saved trace to replay it without the model:", margin=(0, 10),
+                             styles={"font-size": "12px"}),
+            self.open, self.save,
+            sizing_mode="stretch_width",
+        )

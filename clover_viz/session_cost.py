@@ -1,0 +1,119 @@
+"""The cost of the run on display: its projection onto a device and the break-even measured here.
+
+Wing: front ends (`clover_viz`), under `clover_viz.state`. `SessionCost` is a mixin of
+`clover_viz.state.ExplorerState` (its `device`, `union_assumption` and `break_even`
+parameters are declared there):
+
+* `cost_projection` -- `engine.cost.project_trace` of the displayed trace, priced by the cost
+  family its recorded capabilities name;
+* `measure_break_even` -- how many tokens per forward block decoding of the loaded model needs
+  to match its autoregressive decoding on this machine (`engine.cost.break_even`), kept per
+  (model, block size, memory mode); `break_even_point` / `break_even_html` read it back.
+
+Tests: ``.venv/bin/python -m pytest tests/apps/test_cost_tab.py -q``
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.backbones.base import cost_family_of
+from engine.backbones.clover.config import CloverConfig
+from engine.cost import project_trace
+from engine.cost.break_even import measure_break_even
+
+
+class SessionCost:
+    """The cost half of `ExplorerState` (a mixin; the parameters are declared there)."""
+
+    # ------------------------------------------------------------------ cost
+    def cost_projection(self, device: str | None = None) -> Any:
+        """`engine.cost.project_trace` of the displayed trace on `device` (None when it has no steps).
+
+        The source model's config comes from the trace's metadata (recorded by `generate`); it is
+        priced as a Clover model only when its cost family is ``clover`` (the trace's recorded
+        capabilities). For another family (a causal LM, masked diffusion) there are no measured expert
+        unions to carry over: the 35B-A3B projection falls back to independent routing, and the
+        projection says so in its ``union_assumption``.
+        """
+        if self.trace is None or len(self.trace) == 0:
+            return None
+        meta = self.trace.meta or {}
+        cfg = meta.get("model_config")
+        family = cost_family_of(meta.get("capabilities"), cfg if isinstance(cfg, dict) else None)
+        source = CloverConfig.from_dict(cfg) if isinstance(cfg, dict) and family == "clover" else None
+        mode = (self.trace.decode_config or {}).get("memory_mode", "state")
+        window = source.attention_window if (source is not None and mode == "state+window") else 0
+        return project_trace(self.trace, device or self.device, source_config=source,
+                             union_assumption=self.union_assumption, memory_mode=mode, window=window,
+                             fallback_union="independent")
+
+    # ------------------------------------------------------------------ break-even
+    def _break_even_key(self) -> tuple[str, int, str] | None:
+        """(model id, block_size, memory mode) of the displayed run (else the settings) on the loaded model."""
+        loaded = self._loaded
+        if loaded is None:
+            return None
+        dc = (self.trace.decode_config or {}) if self.trace is not None else {}
+        return (loaded.model_id, int(dc.get("block_size", self.block_size)),
+                str(dc.get("memory_mode", self.memory_mode)))
+
+    def break_even_point(self) -> Any:
+        """The `engine.cost.BreakEven` measured by `measure_break_even` for the loaded model at the
+        displayed run's block_size and memory mode, or None if not measured yet."""
+        key = self._break_even_key()
+        return None if key is None else self.break_even.get(key)
+
+    def break_even_html(self) -> str:
+        """One HTML line for the views: the measured break-even (`break_even_point`) and what the
+        displayed run's tokens per forward are worth against autoregressive decoding here, or a
+        hint to measure it."""
+        p = self.break_even_point()
+        if p is None:
+            return ("<span style='color:#64748b'>break-even on this machine: not measured -- "
+                    "<i>Measure break-even here</i> times this model's AR step and block forward</span>")
+        text = (f"break-even on this machine (measured, {p.device}, {p.threads} thread(s)): block {p.block_size} "
+                f"needs <b>{p.tokens_per_forward:.2f}</b> tokens per forward to match autoregressive decoding "
+                f"(AR step {p.t_ar_s * 1e3:.1f} ms, block forward {p.t_block_s * 1e3:.1f} ms)")
+        loaded = self._loaded
+        same_model = loaded is not None and self.trace is not None and self.trace.model_id in (None, loaded.model_id)
+        if same_model and len(self.trace):
+            tpf = float(self.trace.summary()["tokens_per_forward"] or 0.0)
+            if tpf > 0:
+                x = p.speedup(tpf)
+                text += (f"; this run wrote {tpf:.2f} tokens per forward: <b>{x:.2f}x</b> the AR tokens/s "
+                         f"here ({'faster' if x > 1 else 'slower'})")
+        return f"<div style='font-size:13px;line-height:1.6'>{text}</div>"
+
+    def measure_break_even(self, repeats: int = 5, prefix_len: int = 256) -> Any:
+        """Measure on this machine how many tokens per forward block decoding of the loaded model
+        needs to match its autoregressive decoding (`engine.cost.measure_break_even`), at the
+        displayed run's block_size and memory mode (else the settings'), after a ``prefix_len``-token
+        history; stores it in `break_even` and returns it. Takes a few forwards' time (SmolLM2-135M
+        on one CPU thread: ~10 s; clover-tiny: well under a second).
+
+        Returns None and sets `error` while a decode runs (the timings would measure both), for a
+        model outside the decoder protocol (DiffusionGemma) or for settings it cannot run.
+        """
+        if self.running:
+            self.error = "Break-even not measured: a decode is running; measure when it has ended (or Stop it)."
+            return None
+        loaded = self._loaded or self.load_model()
+        key = self._break_even_key()
+        if loaded is None or key is None:
+            return None
+        _, block_size, mode = key
+        status = self.status
+        self.status = f"measuring the break-even of block {block_size} on this machine ..."
+        try:
+            point = measure_break_even(loaded.model, (block_size,), prefix_len=prefix_len, repeats=repeats,
+                                       memory_mode=mode)[block_size]
+        except (TypeError, ValueError, RuntimeError) as exc:
+            self.error = f"Break-even not measured: {exc}"
+            return None
+        finally:
+            self.status = status  # the run's own status line comes back
+        if self.error.startswith("Break-even not measured"):
+            self.error = ""  # an earlier refusal is stale now
+        self.break_even = {**self.break_even, key: point}
+        return point

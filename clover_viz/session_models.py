@@ -1,0 +1,237 @@
+"""Which model a session decodes with: loading it, the memory mode it starts in, the examples it offers.
+
+Wing: front ends (`clover_viz`), under `clover_viz.state`. `SessionModels` is a mixin of
+`clover_viz.state.ExplorerState` (its parameters -- `model_dir`, `example`, `prompt`,
+`memory_mode` ... -- are declared there, and so is the wiring of the handlers below to them:
+param reads ``@param.depends`` only from a Parameterized class's own body):
+
+* `load_model` (blocking: notebooks, scripts) and `start_load` / `_poll_load` (a background
+  thread: the served app) resolve `model_dir` through `clover_viz.models` and `_apply_loaded`
+  makes the result the session's model;
+* a model from a checkpoint directory starts in its best measured memory mode
+  (`engine.checkpoint.best_memory_mode`, the CLI's default) unless a mode was chosen;
+* the example prompts on offer follow the model (`clover_viz.examples.examples_for`), and the
+  example picker follows the prompt.
+
+Tests: ``.venv/bin/python -m pytest tests/apps/test_explorer_app.py tests/clover_viz/test_examples.py -q``
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from clover_viz.examples import EXAMPLE_PROMPTS, YOUR_PROMPT, examples_for
+from clover_viz.models import LoadedModel, resolve_model
+from engine.checkpoint import best_memory_mode
+
+
+class SessionModels:
+    """The model half of `ExplorerState` (a mixin; the parameters are declared there)."""
+
+    _examples: dict[str, str] = EXAMPLE_PROMPTS  # the example set on offer (`_use_examples`)
+    _typed: str = ""  # the last prompt the user wrote (not an example): YOUR_PROMPT restores it
+    _syncing_example: bool = False  # the picker follows the prompt: do not write the prompt back
+
+    # ------------------------------------------------------------------ model
+    @property
+    def loaded_model(self) -> LoadedModel | None:
+        """The model of the last successful load (None before the first)."""
+        return self._loaded
+
+    def load_model(self, adjust_mode: bool = True) -> LoadedModel | None:
+        """Resolve and load `model_dir` (cached), or take the model given to `use_model`.
+        On failure set `error` and return None.
+
+        With ``adjust_mode``, a memory mode the model cannot run falls back to ``state``.
+        """
+        if self._given is not None:
+            loaded = self._given
+        else:
+            try:
+                spec = resolve_model(self.model_dir, self.dev_sharpen_random)
+                loaded = self._loader(spec)
+            except (ValueError, TypeError, OSError) as exc:
+                self._load_failed(exc)
+                return None
+        return self._apply_loaded(loaded, adjust_mode)
+
+    def _load_failed(self, exc: BaseException) -> None:
+        self.error = f"Model not loaded: {exc}"
+        # Generate refuses until the directory loads: do not keep naming the previous model
+        self.model_label = f"none loaded from {self.model_dir!r}"
+        self.memory_advice = ""
+        self.model_ok = False
+        if not self.running:
+            self.status = "no model loaded: fix the model directory, or pick a bundled model"
+
+    def start_load(self) -> bool:
+        """Load `model_dir` in a background thread (the served app: a first load of SmolLM2 takes
+        about a minute, and the server's event loop -- every other browser session's decode and
+        redraws -- must not wait for it). `loading` is True and `status` counts the seconds until
+        `tick` finds the load done and applies it on the UI thread, as `load_model` would.
+
+        A Generate pressed meanwhile decodes once the model is ready. A second call (another model
+        picked) supersedes the first: only the newest load is applied. Returns False (and sets
+        `error`) when `model_dir` names no model; no thread is started then.
+        """
+        if self._closed:
+            return False
+        self._given = None
+        try:
+            spec = resolve_model(self.model_dir, self.dev_sharpen_random)
+        except (ValueError, TypeError, OSError) as exc:
+            self._pending_load = None
+            self.loading = False
+            self._load_failed(exc)
+            return False
+        box: dict[str, Any] = {"spec": spec, "model_dir": self.model_dir, "t0": time.monotonic()}
+        loader = self._loader
+
+        def work() -> None:
+            try:
+                box["loaded"] = loader(spec)
+            except Exception as exc:  # noqa: BLE001  (reported on the UI thread by tick)
+                box["error"] = exc
+
+        box["thread"] = threading.Thread(target=work, name=f"clover-load-{Path(str(spec.path or spec.kind)).name}",
+                                         daemon=True)
+        self._pending_load = box
+        self.error = "" if self.error.startswith("Model not loaded") else self.error
+        self.loading = True
+        self.model_ok = False
+        self.model_label = f"loading {self._model_name()} ..."
+        self.status = f"loading {self._model_name()} ..."
+        box["thread"].start()
+        return True
+
+    def _model_name(self) -> str:
+        return Path((self.model_dir or "").rstrip("/")).name or str(self.model_dir)
+
+    def _poll_load(self) -> None:
+        """UI thread: apply a finished background load (`start_load`), or count its seconds."""
+        box = self._pending_load
+        if box is None:
+            return
+        if box["thread"].is_alive():
+            secs = int(time.monotonic() - box["t0"])
+            status = f"loading {self._model_name()} ... {secs} s"
+            if secs >= 5:
+                status += " (a first load of a SmolLM2 model dequantises its base: about a minute)"
+            if self.status != status and not self.running:
+                self.status = status
+            return
+        self._pending_load = None
+        self.loading = False
+        if "error" in box:
+            exc = box["error"]
+            if not isinstance(exc, (ValueError, TypeError, OSError)):
+                exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+            self._load_failed(exc)
+            self._generate_when_loaded = False
+            return
+        loaded = self._apply_loaded(box["loaded"], adjust_mode=True)
+        if not self.running:
+            self.status = f"ready: {loaded.label} loaded in {time.monotonic() - box['t0']:.1f} s"
+        if self._generate_when_loaded:
+            self._generate_when_loaded = False
+            self.generate()
+
+    def _apply_loaded(self, loaded: LoadedModel, adjust_mode: bool) -> LoadedModel:
+        """Make ``loaded`` the session's model: label, examples, memory-mode advice (UI thread)."""
+        self._loaded = loaded
+        self.model_label = loaded.label
+        # the largest block the model declares it was trained on (an adapter's; None for Clover checkpoints)
+        self._trained_block = loaded.capabilities.largest_trained_block
+        if not self.model_ok and self.status.startswith("no model loaded"):
+            self.status = ""
+        self.model_ok = True
+        self._use_examples(loaded)
+        self.window_available = loaded.window_available
+        self.memory_advice = ""
+        if self._given is None and Path(self.model_dir or "").is_dir():
+            mode, why = best_memory_mode(self.model_dir)
+            # with a window: which mode to start in and why; without: why `state` is the only one
+            self.memory_advice = f"`{mode}` is the {why}" if loaded.window_available else why
+        if adjust_mode:
+            self._start_in_best_memory_mode(loaded)
+        if adjust_mode and not loaded.window_available and self.memory_mode == "state+window":
+            self.memory_mode = "state"
+        return loaded
+
+    def _start_in_best_memory_mode(self, loaded: LoadedModel) -> None:
+        """Set `memory_mode` to the best measured mode of a model loaded from a checkpoint directory
+        (`engine.checkpoint.best_memory_mode` of its resolved directory: the rule the CLI's default
+        follows, and the notebook `Explorer`'s through this state), unless the mode was chosen: given
+        to the constructor, or changed since the state last set it (by the user, or by a loaded
+        trace's settings). A model given in memory or the random stand-in keeps the current mode."""
+        if loaded.spec.kind != "checkpoint" or self.memory_mode != self._auto_memory_mode:
+            return
+        mode = best_memory_mode(loaded.spec.path)[0]
+        if mode == "state+window" and not loaded.window_available:
+            mode = "state"
+        self._auto_memory_mode = mode
+        self.memory_mode = mode
+
+    def use_model(self, loaded: LoadedModel) -> LoadedModel:
+        """Decode with ``loaded`` (e.g. ``LoadedModel.in_memory(model, tokenizer)``) instead of
+        loading `model_dir`, until `model_dir` is set again. Returns it."""
+        self._given = loaded
+        self.load_model()
+        return loaded
+
+    # watches `model_dir` and `dev_sharpen_random`: wired in `ExplorerState`
+    def _on_model_change(self) -> None:
+        self._given = None
+        if self.background_loads:
+            self.start_load()
+        elif self.load_model() is not None:
+            self.error = ""
+
+    def _use_examples(self, loaded: LoadedModel) -> None:
+        """Offer the example prompts that fit ``loaded`` (chat questions for a chat model, agent
+        and code prompts for a Clover model); switching sets switches to its default prompt."""
+        examples, default = examples_for(loaded.capabilities)
+        if examples is self._examples:
+            return
+        typed = bool(self.prompt.strip()) and self.prompt not in self._examples.values()
+        self._examples = examples
+        self.param.example.objects = [*examples, YOUR_PROMPT]
+        if typed:  # a prompt the user wrote is kept; only the picker changes
+            self._show_example(YOUR_PROMPT)
+        elif self.example == default:
+            self.prompt = examples[default]
+        else:
+            self.example = default  # -> _on_example
+
+    def _show_example(self, name: str) -> None:
+        """Point the picker at `name` without replacing the prompt (widgets still follow)."""
+        self._syncing_example = True
+        try:
+            self.example = name
+        finally:
+            self._syncing_example = False
+
+    # watches `example`: wired in `ExplorerState`
+    def _on_example(self) -> None:
+        if self._syncing_example:
+            return
+        if self.example == YOUR_PROMPT:
+            if self._typed:
+                self.prompt = self._typed
+            else:  # nothing written yet: the picker goes back to the example on screen
+                self._on_prompt()
+            return
+        self.prompt = self._examples[self.example]
+
+    # watches `prompt`: wired in `ExplorerState`
+    def _on_prompt(self) -> None:
+        """Keep the picker true to the prompt: the example it is, else YOUR_PROMPT."""
+        name = next((k for k, v in self._examples.items() if v == self.prompt), None)
+        if name is None:
+            self._typed = self.prompt
+            name = YOUR_PROMPT
+        if name != self.example:
+            self._show_example(name)
