@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 MODEL_TYPES: dict[str, str] = {
-    "clover": "engine.checkpoint:load_clover",
+    "clover": "engine.backbones.clover.weights:load_clover",
     "hf-block-diffusion": "engine.backbones.causal_lm.adapter:load_adapter_model",
     "llama": "engine.backbones.causal_lm.model:load_pretrained_backbone",
     "qwen2": "engine.backbones.causal_lm.model:load_pretrained_backbone",

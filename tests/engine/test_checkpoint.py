@@ -18,9 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from engine.backbones.clover.weights import INDEX_NAME, WEIGHTS_NAME
 from engine.checkpoint import (
-    INDEX_NAME,
-    WEIGHTS_NAME,
     load_model,
     load_tokenizer,
     load_weights,
@@ -317,7 +316,7 @@ def _pre_hf_layout(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def test_every_current_name_maps_to_itself():
-    from engine.checkpoint import current_names
+    from engine.backbones.clover.weights import current_names
 
     for name in _clover(0).state_dict():
         assert current_names(name) == [(name, 0, 1)], name

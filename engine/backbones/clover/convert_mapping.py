@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
+from engine.backbones.checkpoint_dir import CONFIG_NAME
 from engine.backbones.clover.config import CloverConfig
-from engine.checkpoint import CONFIG_NAME, _read_header, _weight_files
+from engine.backbones.clover.weights import _read_header, _weight_files
 
 QWEN3_5_MOE_MODEL_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
 """``config.json`` ``model_type`` values of a Qwen3.5-MoE checkpoint (multimodal, text-only)."""

@@ -105,7 +105,7 @@ class CloverModel(nn.Module):
     mean the same thing (``model.embed_tokens``, ``model.layers.{i}.{linear_attn,self_attn,mlp}.*``,
     ``model.norm``, ``lm_head``); the block-diffusion parameters keep Clover's own names
     (``mem_*``, ``block_temperature``, the attention ``conv1d``). Older checkpoints load
-    through `engine.checkpoint.LEGACY_KEYS`. ``embed_tokens``, ``layers`` and ``norm`` are
+    through `engine.backbones.clover.weights.LEGACY_KEYS`. ``embed_tokens``, ``layers`` and ``norm`` are
     also reachable directly on the model.
 
     Args:
