@@ -101,7 +101,7 @@ def _decode_and_score(setting: str, idx: list[int], turns: list, max_new: int, s
     write is kept (`engine.experiments.decode_task`): the row's ``run`` is its `TaskRun`, for
     `summarise_writes`."""
     from engine.decoding.decoder import DecodeConfig
-    from engine.experiments import decode_task
+    from engine.experiments.tasks import decode_task
 
     if SETTINGS[setting]["memory_mode"] == "state+window" and not _W["model"].config.attention_window:
         return []
@@ -133,7 +133,8 @@ def summarise_writes(rows: list[dict], threshold: float = 0.95, block_size: int 
     * ``error_by_distance``: `engine.experiments.distance_errors` by distance from the last clean
       token (1, 2, 3-4, 5-8, 9-16, 17+).
     """
-    from engine.experiments import KIND_ACCEPTED, calibration, distance_errors, grouped_rate, slot_errors
+    from engine.experiments.errors import calibration, distance_errors, grouped_rate, slot_errors
+    from engine.experiments.tasks import KIND_ACCEPTED
 
     runs = [r["run"] for r in rows if r.get("run") is not None]
     if not runs:

@@ -1,0 +1,44 @@
+"""The bundled model of this checkout (``models/clover-tiny``), found and loaded whatever the working
+directory (a notebook runs in ``notebooks/``). Wing ``experiments``.
+
+Tests: ``.venv/bin/python -m pytest tests/engine/test_experiments.py -q``
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine.checkpoint import DEFAULT_MODEL_DIR, load_model, load_tokenizer
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def bundled_model_dir() -> Path:
+    """The bundled model's directory (``models/clover-tiny`` of this checkout), whatever the
+    working directory (a notebook runs in ``notebooks/``)."""
+    return REPO_ROOT / DEFAULT_MODEL_DIR
+
+
+def load_bundled(model_dir: str | Path | None = None, threads: int | None = 1):
+    """Load a model and its tokenizer for a measurement.
+
+    Args:
+        model_dir: a checkpoint directory; a relative path is taken from the repository
+            root, not the working directory (default: `bundled_model_dir`).
+        threads: torch CPU threads to set (None: leave torch's setting alone). One thread
+            is the right count on a small shared machine (see `engine.threads`).
+
+    Returns:
+        ``(model, tokenizer)``, the model in eval mode.
+
+    Raises:
+        ValueError: no checkpoint there (from `engine.checkpoint.load_model`, naming the path).
+    """
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    path = bundled_model_dir() if model_dir is None else Path(model_dir)
+    if not path.is_absolute():
+        path = REPO_ROOT / path
+    return load_model(path), load_tokenizer(path)
