@@ -70,7 +70,7 @@ def load_model(
     * ``Dream`` / ``llada``: a masked diffusion checkpoint, bidirectional with a full recompute
       per forward (`engine.backbones.masked_diffusion.load_masked_diffusion`).
     * ``diffusion_gemma``: transformers' DiffusionGemma (revisable commits, its own sampler): the
-      return value is an `engine.backbones.diffusion_gemma.DiffusionGemmaDecoder` (``.generate(prompt)``
+      return value is an `engine.decoding.diffusion_gemma.DiffusionGemmaDecoder` (``.generate(prompt)``
       gives text, tokens and a trace), not a model for `BlockDecoder`.
 
     A transformers Qwen3.5-MoE directory (``qwen3_5_moe``, ``qwen3_5_moe_text``) is refused with

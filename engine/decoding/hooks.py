@@ -24,7 +24,7 @@ class HookHandle:
 class HookRegistry:
     """Hooks registered on a decoder for every later decode (``self._hooks``, set by the subclass):
     `add_hook` and the ``with decoder.hooks(...)`` context. Shared by `BlockDecoder` and the
-    decoders that run a model's own sampler (`engine.backbones.diffusion_gemma.DiffusionGemmaDecoder`)."""
+    decoders that run a model's own sampler (`engine.decoding.diffusion_gemma.DiffusionGemmaDecoder`)."""
 
     _hooks: list[Hook]
 
