@@ -1,5 +1,5 @@
 """Tensor parallel agreement: the random ``clover-test`` (weights x15, peaked logits) decoded by 2
-gloo processes on the CPU with its heads split (``tp=2``, `engine.backbones.clover.parallel.shard_heads`) and with
+gloo processes on the CPU with its heads split (``tp=2``, `engine.decoding.parallel.shard_heads`) and with
 heads and experts split (``ep=2,tp=2``), against one process: same tokens?, forwards, and the largest
 |confidence difference| over every step and slot, in both memory modes.
 
@@ -45,7 +45,7 @@ def _decode(model, mode):
 def _rank(rank: int, port: int, out: str, ep: bool, threads: int) -> None:
     import torch.distributed as dist
 
-    from engine.backbones.clover import parallel
+    from engine.decoding import parallel
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))

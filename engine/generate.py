@@ -8,11 +8,11 @@
 or with the venv activated). ``--threads`` defaults to ``OMP_NUM_THREADS`` if
 set, else half the CPUs (1-4): see `engine.threads`.
 
-Experts split across processes (`engine.backbones.clover.parallel`; one process per GPU, gloo on the CPU):
+Experts split across processes (`engine.decoding.parallel`; one process per GPU, gloo on the CPU):
 
     torchrun --nproc-per-node 2 -m engine.generate --model models/clover-tiny --prompt "..." --parallel ep=2
 
-Heads split across processes (tensor parallel, `engine.backbones.clover.parallel.shard_heads`), alone or with the experts
+Heads split across processes (tensor parallel, `engine.decoding.parallel.shard_heads`), alone or with the experts
 split over the same ranks: ``--parallel tp=2`` or ``--parallel ep=2,tp=2``.
 
 Rank 0 prints the text, the summary and the bytes each rank read, and saves the trace.
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replay the denoising forward from CUDA graphs (engine.backbones.clover.cuda_graphs; needs --device cuda)")
     p.add_argument("--parallel", default=None, metavar="ep=N[,tp=N]",
                    help="expert (ep) and/or tensor (tp) parallel over the N processes started by "
-                        "torchrun --nproc-per-node N (engine.backbones.clover.parallel)")
+                        "torchrun --nproc-per-node N (engine.decoding.parallel)")
     p.add_argument("--parallel-timeout", type=float, default=None, metavar="S",
                    help="seconds a collective waits for the other ranks before failing (default 60)")
     from engine.threads import add_threads_argument
@@ -281,7 +281,7 @@ def _main_parallel(args, threads: int) -> int:
     experts and / or heads; rank 0 reports."""
     import torch.distributed as dist
 
-    from engine.backbones.clover import parallel
+    from engine.decoding import parallel
     from engine.checkpoint import load_model, load_tokenizer
     from engine.decoding.decoder import BlockDecoder
 

@@ -1,4 +1,4 @@
-"""One forward split over several GPUs (expert and tensor parallel, as `engine.backbones.clover.parallel`
+"""One forward split over several GPUs (expert and tensor parallel, as `engine.decoding.parallel`
 splits the model): bytes and FLOPs per GPU, their roofline time, and a ring all-reduce
 communication term at the datasheet interconnect bandwidth (`INTERCONNECT_BYTES_PER_S`; collective
 latency not modelled unless given) -- `project_parallel`, `project_parallel_table`,
@@ -43,7 +43,7 @@ _REPLICATED = ("embedding", "norms", "routers", "lm_head")
 class ParallelForward:
     """One forward of a model split over ``gpus`` GPUs, per GPU (labelled "projected").
 
-    ``ep`` and ``tp`` split over the same GPUs, as `engine.backbones.clover.parallel` does: each is 1 or ``gpus``.
+    ``ep`` and ``tp`` split over the same GPUs, as `engine.decoding.parallel` does: each is 1 or ``gpus``.
 
     Attributes:
         config_name, device: the model and the device (`engine.cost.devices.DEVICES`).
@@ -88,7 +88,7 @@ class ParallelForward:
 
 
 def parse_split(text: str) -> dict[str, int]:
-    """``"ep=8"`` -> ``{"ep": 8}``; ``"ep=8,tp=8"`` -> ``{"ep": 8, "tp": 8}`` (the `engine.backbones.clover.parallel` syntax).
+    """``"ep=8"`` -> ``{"ep": 8}``; ``"ep=8,tp=8"`` -> ``{"ep": 8, "tp": 8}`` (the `engine.decoding.parallel` syntax).
 
     Raises:
         ValueError: not ``ep=N`` and/or ``tp=N`` with ints >= 1 and, when both are given, equal.
@@ -120,7 +120,7 @@ def project_parallel(
 ) -> ParallelForward:
     """Bytes and FLOPs per GPU of one forward split over GPUs, its roofline time and a communication term.
 
-    Per GPU, from the single-GPU `forward_cost` breakdown (what `engine.backbones.clover.parallel` keeps on a rank):
+    Per GPU, from the single-GPU `forward_cost` breakdown (what `engine.decoding.parallel` keeps on a rank):
 
     * ``routed_experts`` bytes and FLOPs / ep: the union's experts fall on the ep shards evenly (exact
       in expectation under independent routing; with correlated routing the busiest shard sets the
@@ -132,7 +132,7 @@ def project_parallel(
     * ``embedding``, ``norms``, ``routers``, ``lm_head``: replicated, read in full by every GPU
       (norm FLOPs counted in full too: an upper bound, they are < 0.1 % of a forward's).
 
-    Communication (what `engine.backbones.clover.parallel` runs, not an all-to-all dispatch): per layer one
+    Communication (what `engine.decoding.parallel` runs, not an all-to-all dispatch): per layer one
     all_reduce of the mixer output and one of the shared-expert output ([T, hidden], ``act_bytes``
     per element) with tp, one of the routed-expert output plus one 8-byte union count with ep. A ring
     all-reduce over G GPUs sends ``2 (G - 1) / G`` times the message from each GPU, at

@@ -75,8 +75,6 @@ def test_opening_the_same_trace_again_loads_it_again(page, tmp_path):
     saved = tmp_path / "my-run.parquet"
     saved.write_bytes(state.trace_bytes().getvalue())
     file_nfe = len(state.trace)
-    _set_max_new_tokens(pg, 96)  # the next Generate makes a run with another NFE
-    _wait_max_new_tokens(state, 96)
     box = pg.locator("input[type=file]").first
     loaded = pg.locator('.clover-status[data-running="0"]',
                         has_text=re.compile(rf"^loaded trace my-run\.parquet: {file_nfe} steps")).first
@@ -86,6 +84,9 @@ def test_opening_the_same_trace_again_loads_it_again(page, tmp_path):
         assert _nfe(pg) == file_nfe, attempt
         assert len(state.trace) == file_nfe
         if attempt == 0:
+            # opening the trace took its budget (32); a larger one makes a run with another NFE
+            _set_max_new_tokens(pg, 96)
+            _wait_max_new_tokens(state, 96)
             _generate(pg, state)
             assert _nfe(pg) != file_nfe and state.trace.decode_config["max_new_tokens"] == 96
             assert not loaded.is_visible()
@@ -110,6 +111,9 @@ def test_opening_the_same_bad_file_again_says_so_again(page, tmp_path):
         refused.wait_for(timeout=TIMEOUT_MS)
         assert state.error.startswith("Trace not loaded"), attempt
         if attempt == 0:
+            # opening the trace took its budget (32); a larger one makes a run with another NFE
+            _set_max_new_tokens(pg, 96)
+            _wait_max_new_tokens(state, 96)
             _generate(pg, state)
             assert state.error == ""
             refused.wait_for(state="hidden", timeout=TIMEOUT_MS)

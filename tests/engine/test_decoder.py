@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.backbones.base import Capabilities
+from engine.backbones.base import OBSERVABLES, Capabilities
 from engine.backbones.clover.config import CloverConfig
 from engine.decoding.decoder import BlockDecoder, DecodeConfig
 from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
@@ -35,7 +35,7 @@ class ScriptedModel(torch.nn.Module):
     def __init__(self, script, mask_logit=-1e9):
         super().__init__()
         self.config = CFG
-        self.capabilities = Capabilities(family="scripted", cost_family="clover")
+        self.capabilities = Capabilities(family="scripted", cost_family="clover", observables=frozenset(OBSERVABLES))
         self.script = script
         self.mask_logit = mask_logit
         self.calls = []

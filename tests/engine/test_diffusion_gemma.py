@@ -24,6 +24,7 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
     EntropyBoundSamplerConfig,
 )
 
+from engine.backbones.clover.config import recorded_clover_config
 from engine.backbones.diffusion_gemma import DiffusionGemmaDecodeConfig
 from engine.decoding.diffusion_gemma import DiffusionGemmaDecoder, load_diffusion_gemma
 from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
@@ -236,7 +237,7 @@ def test_rewrites_round_trip_through_parquet(decoder, tmp_path):
         for name in ("tokens", "rewritten", "remasked", "previous_tokens", "accepted", "forced", "confidence"):
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
     np.testing.assert_array_equal(back.slot_index().n_rewritten, idx.n_rewritten)
-    assert back.meta["revisable"] is True and back.model_config() is None
+    assert back.meta["revisable"] is True and recorded_clover_config(back) is None
     assert back.decode_end.tokens.tolist() == trace.decode_end.tokens.tolist()
 
 

@@ -1,4 +1,4 @@
-"""engine.backbones.clover.parallel: the Clover model's experts split over 2 processes (gloo, CPU) decode what one
+"""engine.decoding.parallel: the Clover model's experts split over 2 processes (gloo, CPU) decode what one
 process decodes, the per-rank bytes add up, and a dead rank ends the run instead of hanging."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _env(rank: int, port: int) -> None:
 def _ep_rank(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
-    from engine.backbones.clover import parallel
+    from engine.decoding import parallel
 
     _env(rank, port)
     parallel.init_distributed(30.0, backend="gloo")
@@ -94,7 +94,7 @@ def test_ep2_decodes_like_one_process(tmp_path):
 
 
 def _dying_rank(rank: int, port: int, out: str, how: str) -> None:
-    from engine.backbones.clover import parallel
+    from engine.decoding import parallel
 
     _env(rank, port)
     parallel.init_distributed(5.0, backend="gloo")
@@ -131,7 +131,7 @@ def test_dead_rank_fails_instead_of_hanging(tmp_path, how):
 
 
 def test_parse_parallel():
-    from engine.backbones.clover.parallel import parse_parallel
+    from engine.decoding.parallel import parse_parallel
 
     assert parse_parallel("ep=2") == {"ep": 2}
     assert parse_parallel("tp=2") == {"tp": 2}

@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import CFG_CONV, loud_model
 
-from engine.backbones.base import Capabilities
+from engine.backbones.base import OBSERVABLES, Capabilities
 from engine.backbones.clover.config import CloverConfig
 from engine.decoding.decoder import BlockDecoder, DecodeConfig
 from engine.backbones.clover.model import CloverModel, ModelOutput
@@ -35,7 +35,7 @@ class PositionScript(torch.nn.Module):
     def __init__(self, truth: dict[int, int], draft):
         super().__init__()
         self.config, self.truth, self.draft, self.calls = CFG, truth, draft, []
-        self.capabilities = Capabilities(family="scripted", cost_family="clover")
+        self.capabilities = Capabilities(family="scripted", cost_family="clover", observables=frozenset(OBSERVABLES))
         self._p = torch.nn.Parameter(torch.zeros(1))
         self._real = CloverModel(CFG)
 

@@ -1,4 +1,4 @@
-"""engine.backbones.clover.parallel.shard_heads: the Clover model's heads (attention and GDN) and shared experts split
+"""engine.decoding.parallel.shard_heads: the Clover model's heads (attention and GDN) and shared experts split
 over 2 processes (gloo, CPU) decode the tokens one process decodes, confidences within 1e-5, in both
 memory modes; with the experts split as well (ep=2,tp=2) too."""
 
@@ -47,7 +47,7 @@ def _head_bytes(model, r) -> float:
 def _tp_rank(rank: int, port: int, out: str, ep: bool) -> None:
     import torch.distributed as dist
 
-    from engine.backbones.clover import parallel
+    from engine.decoding import parallel
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
@@ -112,7 +112,7 @@ def _bad_rank(rank: int, port: int, out: str) -> None:
 
     import torch.distributed as dist
 
-    from engine.backbones.clover import parallel
+    from engine.decoding import parallel
     from engine.backbones.clover.config import CloverConfig
     from engine.backbones.clover.model import random_model
 
@@ -138,7 +138,7 @@ def test_tp_refuses_indivisible_heads(tmp_path):
 
 
 def test_shard_heads_needs_distributed():
-    from engine.backbones.clover import parallel
+    from engine.decoding import parallel
 
     with pytest.raises(RuntimeError, match="torch.distributed"):
         parallel.shard_heads(loud_model())

@@ -139,7 +139,7 @@ class SparseMoE(nn.Module):
         self.shared_expert_gate = nn.Linear(D, 1, bias=False)
         self.last_topk: torch.Tensor | None = None  # [T, k] ids of the last forward (for hooks/tests)
         self.aux_loss: torch.Tensor | None = None  # load-balancing loss of the last training forward
-        # Expert parallel (engine.backbones.clover.parallel.shard_experts): this rank holds experts [lo, hi) only and the
+        # Expert parallel (engine.decoding.parallel.shard_experts): this rank holds experts [lo, hi) only and the
         # shard sums the ranks' partial outputs; None = every expert here.
         self.expert_parallel = None
 

@@ -1,5 +1,5 @@
 """The ``--parallel`` syntax (``ep=N``, ``tp=M``, ``ep=N,tp=M``), read by the runtime split
-(`engine.backbones.clover.parallel`, ``engine.generate --parallel``) and by the cost projection of a split
+(`engine.decoding.parallel`, ``engine.generate --parallel``) and by the cost projection of a split
 (`engine.cost.parallel.parse_split`, ``python -m engine.cost --parallel``). Pure text: no torch,
 no model code, so the cost model can read the syntax without importing ``torch.distributed``.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 def parse_parallel(text: str) -> dict[str, int]:
     """``"ep=2"`` -> ``{"ep": 2}``; ``"tp=2"`` -> ``{"tp": 2}``; ``"ep=2,tp=2"`` -> ``{"ep": 2, "tp": 2}``.
 
-    ep = expert parallel (`engine.backbones.clover.parallel.shard_experts`), tp = tensor parallel
-    (`engine.backbones.clover.parallel.shard_heads`). Both split over the same ranks, so each given value must equal
+    ep = expert parallel (`engine.decoding.parallel.shard_experts`), tp = tensor parallel
+    (`engine.decoding.parallel.shard_heads`). Both split over the same ranks, so each given value must equal
     the world size (checked by the caller).
 
     Raises:
