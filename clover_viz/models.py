@@ -199,8 +199,8 @@ def build_model(spec: ModelSpec) -> LoadedModel:
         raise ValueError(f"a {spec.kind!r} model spec names nothing to load; wrap the model with "
                          "LoadedModel.in_memory(model, tokenizer)")
     model = load_model(spec.path, device=DEVICE)
-    if capabilities_of(model).revises_commits:  # DiffusionGemma: its own sampler
-        return _revisable(spec, model)
+    if capabilities_of(model).sampler != "block":  # DiffusionGemma: its own sampler (engine.decoding.decoder_for)
+        return _own_sampler(spec, model)
     try:
         tokenizer = load_tokenizer(spec.path)
     except ValueError:
@@ -212,56 +212,20 @@ def build_model(spec: ModelSpec) -> LoadedModel:
     return LoadedModel(spec, model, tokenizer, f"{Path(spec.path).name} ({_shown_path(spec.path)})")
 
 
-class _RevisableModel:
-    """What `LoadedModel` reads from a model (``config``, ``model_id``), for a decoder that runs its
-    own sampler (`engine.decoding.diffusion_gemma.DiffusionGemmaDecoder`)."""
-
-    def __init__(self, decoder: Any):
-        self.decoder, self.config, self.model_id = decoder, decoder.info, decoder.model_id
-
-    @property
-    def capabilities(self) -> Any:
-        """The decoder's `engine.backbones.base.Capabilities`."""
-        return self.decoder.capabilities
-
-
-class _RevisableSession:
-    """The decoder interface `ExplorerState` drives (``encode_prompt``, ``generate(ids, hooks=, record_trace=,
-    cancel=, config=)``), over a DiffusionGemma decoder. From the explorer's settings only
-    ``max_new_tokens`` applies: the canvas length is the model's and its sampler accepts by entropy, so
-    block_size, threshold and the policy are not used (the trace's metadata records what ran)."""
-
-    def __init__(self, decoder: Any, tokenizer: Any):
-        self.decoder, self.tokenizer = decoder, tokenizer
-
-    def encode_prompt(self, prompt: Any) -> list[int]:
-        if isinstance(prompt, str) and hasattr(self.tokenizer, "encode") and hasattr(self.tokenizer, "token_to_id"):
-            prompt = self.tokenizer.encode(prompt).ids  # a tokenizers-library Tokenizer
-        return self.decoder.encode_prompt(prompt)
-
-    def generate(self, prompt: Any, hooks: Any = (), record_trace: bool = True, cancel: Any = None,
-                 config: Any = None) -> Any:
-        from engine.backbones.diffusion_gemma import DiffusionGemmaDecodeConfig
-
-        dg = config if isinstance(config, DiffusionGemmaDecodeConfig) or config is None else \
-            DiffusionGemmaDecodeConfig(max_new_tokens=int(config.max_new_tokens))
-        return self.decoder.generate(self.encode_prompt(prompt), dg, hooks=hooks, record_trace=record_trace,
-                                     cancel=cancel)
-
-
-def _revisable(spec: ModelSpec, decoder: Any) -> LoadedModel:
-    """A DiffusionGemma decoder as a `LoadedModel`. Its folder's ``tokenizer.json`` is read with the
-    tokenizers library, as for every other model here (the same pipeline a transformers fast tokenizer
-    wraps, post-processor and BOS included); without one, the decoder's own tokenizer, or token ids."""
+def _own_sampler(spec: ModelSpec, model: Any) -> LoadedModel:
+    """A model that runs its own sampler (DiffusionGemma) as a `LoadedModel`. Its folder's ``tokenizer.json``
+    is read with the tokenizers library, as for every other model here (the same pipeline a transformers
+    fast tokenizer wraps, post-processor and BOS included); without one, the tokenizer its decoder brings
+    (`engine.decoding.decoder_for`: the model's own), or token ids."""
     from engine.checkpoint import load_tokenizer
+    from engine.decoding import decoder_for
 
     try:
         tokenizer = load_tokenizer(spec.path)
     except ValueError:
-        tokenizer = decoder.tokenizer
-    return LoadedModel(spec, _RevisableModel(decoder), tokenizer,
-                       f"{Path(spec.path).name} ({_shown_path(spec.path)}; DiffusionGemma, revisable)",
-                       _RevisableSession(decoder, tokenizer))
+        tokenizer = decoder_for(model).tokenizer
+    return LoadedModel(spec, model, tokenizer,
+                       f"{Path(spec.path).name} ({_shown_path(spec.path)}; DiffusionGemma, revisable)")
 
 
 def _shown_path(path: str) -> str:

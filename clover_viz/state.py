@@ -74,6 +74,7 @@ from clover_viz.session_settings import (
 from clover_viz.session_traces import SessionTraces
 from engine.cost import DEFAULT_DEVICE, UNION_ASSUMPTIONS
 from engine.recording.events import BlockStart, DecodeEnd, StepEvent
+from engine.decoding import decoder_for  # imports the decoder it picks only when called (kernels: seconds)
 from engine.decoding.policies import POLICIES
 from engine.prompting import model_input
 from engine.recording.trace import Trace
@@ -266,9 +267,6 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         (and sets `error`, keeping the runs on display) when the prompt, the model or the
         settings are unusable.
         """
-        # deferred: engine.decoding.decoder loads the model code and its kernels (triton), seconds
-        from engine.decoding.decoder import BlockDecoder
-
         if self._closed:
             return False
         if not self.prompt or not self.prompt.strip():
@@ -287,7 +285,8 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
             else:
                 _check_memory_mode(config.memory_mode, loaded)
                 dc = config
-            decoder = loaded.decoder or BlockDecoder(loaded.model, loaded.tokenizer, dc)
+            # the block decoder, or the sampler the model runs itself (DiffusionGemma), by its capabilities
+            decoder = loaded.decoder or decoder_for(loaded.model, loaded.tokenizer, dc)
             given = model_input(self.prompt, loaded.model)  # the chat template where the model has one
             prompt_ids = decoder.encode_prompt(given.text)
         except (ValueError, TypeError) as exc:

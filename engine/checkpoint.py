@@ -69,9 +69,13 @@ def load_model(
       a block-diffusion model with token shift (`engine.backbones.causal_lm.model.wrap_pretrained`).
     * ``Dream`` / ``llada``: a masked diffusion checkpoint, bidirectional with a full recompute
       per forward (`engine.backbones.masked_diffusion.load_masked_diffusion`).
-    * ``diffusion_gemma``: transformers' DiffusionGemma (revisable commits, its own sampler): the
-      return value is an `engine.decoding.diffusion_gemma.DiffusionGemmaDecoder` (``.generate(prompt)``
-      gives text, tokens and a trace), not a model for `BlockDecoder`.
+    * ``diffusion_gemma``: transformers' DiffusionGemma, an
+      `engine.backbones.diffusion_gemma.model.DiffusionGemmaModel` that runs its own revisable sampler
+      (``capabilities.sampler == "diffusion_gemma"``).
+
+    Whatever the format, the return value is a model; `engine.decoding.decoder_for(model, tokenizer,
+    config)` gives the decoder that drives it (`BlockDecoder`, or the model's own sampler's decoder),
+    chosen by its declared `Capabilities`.
 
     A transformers Qwen3.5-MoE directory (``qwen3_5_moe``, ``qwen3_5_moe_text``) is refused with
     the command that converts it (`engine.convert`). Weights are read from safetensors only.

@@ -31,6 +31,10 @@ from engine.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_MODEL  # noqa: E402
 from engine.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, example_names, example_prompt
 
 
+FAMILY_NAMES = {"diffusion_gemma": "DiffusionGemma"}
+"""``Capabilities.family`` -> how the summary line names it, where that differs from the family."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.generate", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint directory (default {DEFAULT_MODEL})")
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main_parallel(args, threads)
     from engine.backbones.base import capabilities_of
     from engine.checkpoint import load_model, load_tokenizer
-    from engine.decoding.decoder import BlockDecoder
+    from engine.decoding import decoder_for
 
     try:
         dc = _decode_config(args)
@@ -121,15 +125,15 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--device {args.device}: CUDA is not available on this machine; use --device cpu")
         model = load_model(args.model, device=args.device, dtype=args.dtype)
         caps = capabilities_of(model)
-        if caps.revises_commits:  # DiffusionGemma: its own sampler
-            return _main_revisable(args, model, threads)
         if args.cuda_graphs:
             if not caps.cuda_graphs:
                 raise ValueError(f"--cuda-graphs covers Clover checkpoints; {args.model} is another format")
             from engine.backbones.clover.cuda_graphs import enable_cuda_graphs
 
             enable_cuda_graphs(model)  # ValueError off CUDA
-        tokenizer = load_tokenizer(args.model)
+        decoder = decoder_for(model, config=dc)  # the block decoder, or the sampler the model runs itself
+        if decoder.tokenizer is None:  # the model brought no tokenizer of its own: the folder's tokenizer.json
+            decoder.tokenizer = load_tokenizer(args.model)
         from engine.prompting import model_input
 
         given = model_input(args.prompt, model, raw=args.raw_prompt)  # the one rule (chat template or as given)
@@ -137,16 +141,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: {given.note}", file=sys.stderr)
         args.prompt = given.text
         trained = caps.largest_trained_block
-        if trained is not None and dc.block_size > trained:
+        if caps.sampler == "block" and trained is not None and dc.block_size > trained:
             print(f"note: block_size {dc.block_size} is larger than any block {Path(args.model).name} was trained "
                   f"on (at most {trained}): expect worse text; --block-size {trained} or less stays in "
                   "distribution", file=sys.stderr)
         # the trace's events carry the cost model's bytes and FLOPs printed below (saved only with --trace)
-        result = BlockDecoder(model, tokenizer, dc).generate(args.prompt, record_trace=True)
+        result = decoder.generate(args.prompt, record_trace=True)
     except (ValueError, TypeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(result.text)
+    if caps.sampler != "block":  # a sampler of its own (DiffusionGemma): the block settings do not apply
+        family, revisable = FAMILY_NAMES.get(caps.family, caps.family), "revisable; " if caps.revises_commits else ""
+        print(f"[{Path(args.model).name}] {family}, canvas {trained} ({revisable}block_size, threshold and policy "
+              f"do not apply) | tokens={len(result.tokens)} denoising steps={result.nfe} stop={result.stop_reason} | "
+              f"threads={threads}")
+        if args.trace is not None:
+            print(f"trace saved to {result.trace.save(args.trace)}")
+        return 0
     print(
         f"[{Path(args.model).name}] block_size={dc.block_size} {_policy_label(dc)} "
         f"memory_mode={dc.memory_mode}{_mode_note(args)} | "
@@ -248,32 +260,6 @@ def _policy_label(dc) -> str:
                "top_k": f"tokens_per_step={dc.tokens_per_step}", "entropy": f"max_entropy={dc.max_entropy}",
                "factor": f"factor={dc.factor}"}[dc.policy]
     return f"policy={dc.policy} {setting}"
-
-
-def _main_revisable(args, decoder, threads: int) -> int:
-    """A DiffusionGemma directory: its own revisable sampler (`engine.backbones.diffusion_gemma`); of the block
-    settings only ``--max-new-tokens`` applies (its canvas length and entropy rule replace the rest)."""
-    from engine.backbones.diffusion_gemma import DiffusionGemmaDecodeConfig
-
-    tok = None
-    try:
-        if decoder.tokenizer is None:  # a tokenizers-library tokenizer.json transformers could not wrap
-            from engine.checkpoint import load_tokenizer
-
-            tok = load_tokenizer(args.model)
-        prompt = args.prompt if tok is None else tok.encode(args.prompt).ids
-        result = decoder.generate(prompt, DiffusionGemmaDecodeConfig(max_new_tokens=args.max_new_tokens),
-                                  record_trace=True)
-    except (ValueError, TypeError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(result.text if tok is None else tok.decode(list(result.tokens)))
-    print(f"[{Path(args.model).name}] DiffusionGemma, canvas {decoder.info.canvas_length} (revisable; block_size, "
-          f"threshold and policy do not apply) | tokens={len(result.tokens)} denoising steps={result.nfe} "
-          f"stop={result.stop_reason} | threads={threads}")
-    if args.trace is not None:
-        print(f"trace saved to {result.trace.save(args.trace)}")
-    return 0
 
 
 def _main_parallel(args, threads: int) -> int:

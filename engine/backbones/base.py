@@ -78,6 +78,11 @@ class Capabilities:
         cost_family: one of `COST_FAMILIES` (how `engine.cost` prices its forwards).
         revises_commits: it can rewrite or withdraw tokens it accepted (DiffusionGemma); such a model
             runs its own sampler, not the block decoder's accept-once rule.
+        sampler: the decoding algorithm that drives it, a key of `engine.decoding.samplers.SAMPLERS`:
+            ``block`` (`engine.decoding.decoder.BlockDecoder`, which calls the protocol's forward), or the
+            name of a model's own sampler (``diffusion_gemma``: `engine.decoding.diffusion_gemma.
+            DiffusionGemmaDecoder`; such a model implements only ``config``, ``device``, ``dtype`` and
+            ``capabilities`` of the protocol). `engine.decoding.decoder_for` picks the decoder by it.
         chat_template: the chat template a plain prompt is wrapped in (``"chatml"``), or None
             (`engine.prompting`).
         chat_system: the default system turn of that template (None: no system turn).
@@ -92,6 +97,7 @@ class Capabilities:
     observables: frozenset[str] = frozenset()
     cost_family: str = "recompute"
     revises_commits: bool = False
+    sampler: str = "block"
     chat_template: str | None = None
     chat_system: str | None = None
     largest_trained_block: int | None = None

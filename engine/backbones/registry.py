@@ -26,7 +26,7 @@ MODEL_TYPES: dict[str, str] = {
     "qwen3": "engine.backbones.causal_lm.model:load_pretrained_backbone",
     "dream": "engine.backbones.masked_diffusion:load_masked_diffusion",
     "llada": "engine.backbones.masked_diffusion:load_masked_diffusion",
-    "diffusion_gemma": "engine.decoding.diffusion_gemma:load_diffusion_gemma",
+    "diffusion_gemma": "engine.backbones.diffusion_gemma.model:load_diffusion_gemma_model",
 }
 """``model_type`` (lower case) -> ``"module:function"`` of its loader. A ``config.json`` without a
 ``model_type`` is a Clover checkpoint (as older saves were)."""
@@ -39,7 +39,7 @@ DESCRIPTIONS: dict[str, str] = {
     "qwen3": "a transformers causal LM decoded block-wise with token shift (engine.backbones.causal_lm.model)",
     "dream": "a Dream masked-diffusion checkpoint (engine.backbones.masked_diffusion)",
     "llada": "a LLaDA masked-diffusion checkpoint (engine.backbones.masked_diffusion)",
-    "diffusion_gemma": "transformers' DiffusionGemma, revisable commits (engine.decoding.diffusion_gemma)",
+    "diffusion_gemma": "transformers' DiffusionGemma, its own revisable sampler (engine.backbones.diffusion_gemma)",
 }
 """``model_type`` -> one line for error messages and ``--help``."""
 

@@ -67,12 +67,11 @@ class BlockDecoder(HookRegistry):
     def __init__(self, model: CloverModel, tokenizer=None, config: DecodeConfig | None = None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a block-diffusion backbone (a CloverModel, or a transformers-backed "
-                            f"model from engine.load_model), got {type(model).__name__}; a DiffusionGemma directory "
-                            "loads as a decoder with its own .generate(prompt)")
+                            f"model from engine.load_model), got {type(model).__name__}")
         self.capabilities = capabilities_of(model)  # TypeError for a module that implements no backbone
-        if self.capabilities.revises_commits:
-            raise TypeError(f"{type(model).__name__} revises what it committed and runs its own sampler; the block "
-                            "decoder's accept-once rule does not apply to it")
+        if self.capabilities.sampler != "block":
+            raise TypeError(f"{type(model).__name__} runs its own sampler ({self.capabilities.sampler!r}), not the "
+                            "block decoder's accept-once rule: decode it with engine.decoding.decoder_for(model)")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.config = config or DecodeConfig()

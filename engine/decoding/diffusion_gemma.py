@@ -1,11 +1,13 @@
 """The DiffusionGemma decoder (decoding wing): `DiffusionGemmaDecoder` runs transformers'
 DiffusionGemma ``generate`` -- its own revisable entropy-bound sampler, not this project's block
 decoder -- with the recording of `engine.backbones.diffusion_gemma.recording` around it, and
-returns a `DiffusionGemmaResult` (a `engine.decoding.decoder.DecodeResult`); `load_diffusion_gemma`
-opens a checkpoint (the backbone registry's row for ``model_type`` ``diffusion_gemma``).
+returns a `DiffusionGemmaResult` (a `engine.decoding.config.DecodeResult`). It is the decoder
+`engine.decoding.decoder_for` gives a model whose ``Capabilities.sampler`` is ``diffusion_gemma``
+(`engine.backbones.diffusion_gemma.model.DiffusionGemmaModel`); `load_diffusion_gemma` opens a
+checkpoint and wraps it in one.
 
 The package `engine.backbones.diffusion_gemma` describes the sampler and what each event holds, and
-holds the model description, the decode settings and the recorder this module drives.
+holds the model, its description, the decode settings and the recorder this module drives.
 
 Tests: ``.venv/bin/python -m pytest tests/engine/test_diffusion_gemma.py -q``
 """
@@ -24,21 +26,23 @@ from typing import Any
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
-from engine.backbones.base import Capabilities
+from engine.backbones.base import capabilities_of
 from engine.backbones.diffusion_gemma.decode_config import DiffusionGemmaDecodeConfig
-from engine.backbones.diffusion_gemma.info import MODEL_TYPE, DiffusionGemmaInfo
+from engine.backbones.diffusion_gemma.model import DiffusionGemmaModel, load_diffusion_gemma_model
 from engine.backbones.diffusion_gemma.recording import _Cancelled, _Recorder, _recording
-from engine.decoding.decoder import DecodeResult, HookRegistry
+from engine.decoding.config import DecodeConfig, DecodeResult
+from engine.decoding.hooks import HookRegistry
 from engine.recording.events import DecodeEnd
+from engine.recording.trace import Trace
 
 Hook = Callable[[object], None]
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 @dataclass
 class DiffusionGemmaResult(DecodeResult):
-    """What `DiffusionGemmaDecoder.generate` returns: a `engine.decoding.decoder.DecodeResult`
+    """What `DiffusionGemmaDecoder.generate` returns: a `engine.decoding.config.DecodeResult`
     (``tokens`` cut before the first EOS; ``n_forced`` = slots read out without acceptance;
     ``bytes_read`` / ``flops`` None) plus:
 
@@ -56,40 +60,50 @@ class DiffusionGemmaDecoder(HookRegistry):
     """Runs DiffusionGemma's own sampler and reports each denoising step as events.
 
     Args:
-        model: a ``transformers.DiffusionGemmaForBlockDiffusion`` (put in eval mode here).
-        tokenizer: its tokenizer (a transformers tokenizer) for text prompts and answers, or None.
-        config: default `DiffusionGemmaDecodeConfig`.
-        name: model id for traces (default: the config's ``name_or_path``).
+        model: a `DiffusionGemmaModel` (`engine.checkpoint.load_model` of a DiffusionGemma folder; put in
+            eval mode here).
+        tokenizer: for text prompts and answers: a transformers tokenizer or a ``tokenizers.Tokenizer``;
+            None = the model's own (None too when its folder has none: prompts are then token ids).
+        config: default settings: a `DiffusionGemmaDecodeConfig`, or the project's
+            `engine.decoding.config.DecodeConfig`, of which only ``max_new_tokens`` applies (the canvas
+            length and the entropy rule replace block_size, threshold and the policy).
 
     Attributes:
-        model, tokenizer, config: as given.
-        info: the model's `DiffusionGemmaInfo`.
+        model, tokenizer: as given (the tokenizer resolved).
+        config: the default `DiffusionGemmaDecodeConfig`.
+        info: the model's `engine.backbones.diffusion_gemma.info.DiffusionGemmaInfo`.
+        model_id: the name traces record.
 
     Raises:
-        TypeError: for a model that is not a DiffusionGemma, or a config of another type.
+        TypeError: for a model that does not run the DiffusionGemma sampler, or a config of another type.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any = None,
-                 config: DiffusionGemmaDecodeConfig | None = None, name: str | None = None):
-        name = name or str(getattr(getattr(model, "config", None), "name_or_path", "") or "diffusion-gemma")
-        self.info = DiffusionGemmaInfo.from_model(model, name)
+    def __init__(self, model: DiffusionGemmaModel, tokenizer: Any = None,
+                 config: DiffusionGemmaDecodeConfig | DecodeConfig | None = None):
+        self.capabilities = capabilities_of(model)  # TypeError for an object that declares none
+        if self.capabilities.sampler != "diffusion_gemma":
+            raise TypeError(f"DiffusionGemmaDecoder drives a model whose sampler is 'diffusion_gemma', got "
+                            f"{type(model).__name__} with sampler {self.capabilities.sampler!r}; "
+                            "engine.decoding.decoder_for(model) picks the decoder a model needs")
         self.model = model.eval()
-        self.model_id = name
-        self.tokenizer = tokenizer
-        self.config = config or DiffusionGemmaDecodeConfig()
-        if not isinstance(self.config, DiffusionGemmaDecodeConfig):
-            raise TypeError(f"config must be a DiffusionGemmaDecodeConfig, got {type(self.config).__name__}")
+        self.info = model.info
+        self.model_id = model.model_id
+        self.tokenizer = model.tokenizer if tokenizer is None else tokenizer
+        self.config = self._own_config(config) or DiffusionGemmaDecodeConfig()
         self._hooks: list[Hook] = []
 
-    @property
-    def capabilities(self) -> Capabilities:
-        """DiffusionGemma: revises what it accepted (its own sampler, not the accept-once rule), no
-        recurrent state or memory unit, its expert union when its text model is an MoE; forwards
-        priced as full recomputes over the canvas."""
-        observed = frozenset({"expert_union"}) if self.info.num_experts else frozenset()
-        return Capabilities(family="diffusion_gemma", memory_modes=("state",), observables=observed,
-                            cost_family="recompute", revises_commits=True,
-                            largest_trained_block=int(self.info.canvas_length))
+    @staticmethod
+    def _own_config(config: DiffusionGemmaDecodeConfig | DecodeConfig | None) -> DiffusionGemmaDecodeConfig | None:
+        """``config`` as a `DiffusionGemmaDecodeConfig` (a `DecodeConfig` gives its ``max_new_tokens``).
+
+        Raises:
+            TypeError: for a config of another type.
+        """
+        if config is None or isinstance(config, DiffusionGemmaDecodeConfig):
+            return config
+        if isinstance(config, DecodeConfig):
+            return DiffusionGemmaDecodeConfig(max_new_tokens=config.max_new_tokens)
+        raise TypeError(f"config must be a DiffusionGemmaDecodeConfig or a DecodeConfig, got {type(config).__name__}")
 
     # ------------------------------------------------------------------ input
     def encode_prompt(self, prompt: str | Sequence[int] | torch.Tensor) -> list[int]:
@@ -104,7 +118,10 @@ class DiffusionGemmaDecoder(HookRegistry):
             if self.tokenizer is None:
                 raise TypeError("a text prompt needs a tokenizer: DiffusionGemmaDecoder(model, tokenizer) "
                                 "or pass token ids")
-            ids = list(self.tokenizer(prompt)["input_ids"])
+            if isinstance(self.tokenizer, Tokenizer):  # the tokenizers library's (a folder's tokenizer.json)
+                ids = self.tokenizer.encode(prompt).ids
+            else:  # a transformers tokenizer
+                ids = list(self.tokenizer(prompt)["input_ids"])
         elif isinstance(prompt, torch.Tensor):
             if prompt.dim() != 1 or prompt.dtype not in (torch.int64, torch.int32):
                 raise TypeError(f"a tensor prompt must be 1-D int64, got shape {tuple(prompt.shape)} "
@@ -124,7 +141,7 @@ class DiffusionGemmaDecoder(HookRegistry):
             raise ValueError(f"prompt ids {bad[:5]} are outside the vocabulary [0, {V})")
         return ids
 
-    def resolve(self, config: DiffusionGemmaDecodeConfig | None = None) -> dict[str, Any]:
+    def resolve(self, config: DiffusionGemmaDecodeConfig | DecodeConfig | None = None) -> dict[str, Any]:
         """The settings a decode with ``config`` (default: the decoder's) runs with: each
         field as given, else the model's generation config, else transformers' DiffusionGemma
         default (EOS / pad: else the text config's). ``block_size`` is the canvas length.
@@ -132,14 +149,13 @@ class DiffusionGemmaDecoder(HookRegistry):
         Raises:
             TypeError: for a config of another type.
         """
+        # local: transformers is optional and heavy; only a DiffusionGemma decode needs it
         from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
             DiffusionGemmaGenerationConfig,
         )
 
-        dc = config or self.config
-        if not isinstance(dc, DiffusionGemmaDecodeConfig):
-            raise TypeError(f"config must be a DiffusionGemmaDecodeConfig, got {type(dc).__name__}")
-        gen = getattr(self.model, "generation_config", None)
+        dc = self._own_config(config) or self.config
+        gen = getattr(self.model.lm, "generation_config", None)
         defaults = DiffusionGemmaGenerationConfig._get_default_generation_params()
 
         def pick(name: str, gen_name: str | None = None, fallback: Any = None) -> Any:
@@ -176,7 +192,7 @@ class DiffusionGemmaDecoder(HookRegistry):
     def generate(
         self,
         prompt: str | Sequence[int] | torch.Tensor,
-        config: DiffusionGemmaDecodeConfig | None = None,
+        config: DiffusionGemmaDecodeConfig | DecodeConfig | None = None,
         hooks: Iterable[Hook] = (),
         record_trace: bool = True,
         cancel: threading.Event | Callable[[], bool] | None = None,
@@ -185,7 +201,7 @@ class DiffusionGemmaDecoder(HookRegistry):
 
         Args:
             prompt: text (needs a tokenizer) or token ids.
-            config: overrides the decoder's `DiffusionGemmaDecodeConfig` for this call.
+            config: overrides the decoder's config for this call (a `DecodeConfig` gives its ``max_new_tokens``).
             hooks: callables receiving every event of this decode only.
             record_trace: record an `engine.recording.trace.Trace` (a hook like any other).
             cancel: a `threading.Event` (or callable returning True) checked after every
@@ -199,6 +215,7 @@ class DiffusionGemmaDecoder(HookRegistry):
             TypeError / ValueError: a bad prompt (`encode_prompt`) or config, or a prompt plus
                 the canvases ``max_new_tokens`` needs beyond ``max_position_embeddings``.
         """
+        # local: transformers is optional and heavy; only a DiffusionGemma decode needs it
         from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
             EntropyBoundSamplerConfig,
         )
@@ -217,8 +234,6 @@ class DiffusionGemmaDecoder(HookRegistry):
         observers = list(self._hooks) + list(hooks)
         trace = None
         if record_trace:
-            from engine.recording.trace import Trace
-
             tok_text = ((lambda i: self.tokenizer.decode([i], skip_special_tokens=False))
                         if self.tokenizer is not None else None)
             trace = Trace(decode_config=settings, model_id=self.model_id, token_text=tok_text, prompt_ids=ids,
@@ -241,16 +256,15 @@ class DiffusionGemmaDecoder(HookRegistry):
             "confidence_threshold": settings["confidence_threshold"], "eos_token_id": eos,
             "pad_token_id": settings["pad_token_id"], "disable_compile": True,
         }
-        device = next(self.model.parameters()).device
-        input_ids = torch.tensor([ids], dtype=torch.long, device=device)
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.model.device)
         if settings["seed"] is not None:
             torch.manual_seed(settings["seed"])
         sequences: list[int] = []
         t0 = time.perf_counter()
         rec.t_last = t0
-        with _recording(self.model, rec, observe_experts=bool(observers)):
+        with _recording(self.model.lm, rec, observe_experts=bool(observers)):
             try:
-                out = self.model.generate(input_ids, streamer=rec.streamer(), **gen_kwargs)
+                out = self.model.lm.generate(input_ids, streamer=rec.streamer(), **gen_kwargs)
                 sequences = out.sequences[0].tolist()
                 stop_reason = None
             except _Cancelled:
@@ -278,49 +292,11 @@ class DiffusionGemmaDecoder(HookRegistry):
 
 def load_diffusion_gemma(path: str | Path, device: str | torch.device = "cpu",
                          dtype: torch.dtype | str | None = None) -> DiffusionGemmaDecoder:
-    """Load a DiffusionGemma checkpoint (a ``save_pretrained`` folder or a Hub id) for the explorer.
-
-    Args:
-        path: the checkpoint folder (``config.json`` with ``model_type: "diffusion_gemma"``,
-            weights, optionally a tokenizer) or a Hub id transformers can resolve.
-        device: where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
-        dtype: weight dtype (a ``torch.dtype`` or ``"float32"`` / ``"bfloat16"`` / ``"float16"``);
-            None = the checkpoint's own.
-
-    Returns:
-        A `DiffusionGemmaDecoder` (``.generate(prompt, config)`` returns a result with
-        ``.text`` and ``.trace``); its tokenizer is None when the folder has none.
-
-    Raises:
-        FileNotFoundError: a local path that does not exist.
-        ValueError: a checkpoint whose config is not a DiffusionGemma one, or an unknown dtype name.
-    """
-    from transformers import AutoConfig, AutoTokenizer, DiffusionGemmaForBlockDiffusion
-
-    p = Path(path)
-    if (p.is_absolute() or str(path).startswith(".")) and not p.exists():
-        raise FileNotFoundError(f"no DiffusionGemma checkpoint at {str(path)!r}")
-    if isinstance(dtype, str):
-        names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-                 "float16": torch.float16, "fp16": torch.float16}
-        if dtype not in names:
-            raise ValueError(f"dtype must be one of {sorted(names)} or a torch.dtype, got {dtype!r}")
-        dtype = names[dtype]
-    cfg = AutoConfig.from_pretrained(path)
-    if getattr(cfg, "model_type", None) != MODEL_TYPE:
-        raise ValueError(f"{str(path)!r} holds a {getattr(cfg, 'model_type', None)!r} model, not a DiffusionGemma "
-                         f"checkpoint (model_type {MODEL_TYPE!r})")
-    kwargs = {} if dtype is None else {"dtype": dtype}
-    model = DiffusionGemmaForBlockDiffusion.from_pretrained(path, **kwargs).to(device)
-    tokenizer = None
-    # a local folder without tokenizer files gets None: transformers would build an empty Gemma tokenizer
-    if not p.exists() or any((p / f).is_file() for f in _TOKENIZER_FILES):
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-        except Exception:  # noqa: BLE001  none, or one AutoTokenizer cannot build (the Rust side raises a bare
-            tokenizer = None  # Exception); `engine.load_tokenizer` may still read a tokenizers-library tokenizer.json
-    name = p.name if p.exists() else str(path)
-    return DiffusionGemmaDecoder(model, tokenizer, name=name)
+    """Open a DiffusionGemma checkpoint and wrap it in its decoder, in one call:
+    ``DiffusionGemmaDecoder(load_diffusion_gemma_model(path, device, dtype))`` (arguments and errors:
+    `engine.backbones.diffusion_gemma.model.load_diffusion_gemma_model`). ``.generate(prompt, config)``
+    returns a result with ``.text`` and ``.trace``."""
+    return DiffusionGemmaDecoder(load_diffusion_gemma_model(path, device, dtype))
 
 
 __all__ = [

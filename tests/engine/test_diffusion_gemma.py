@@ -24,8 +24,11 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
     EntropyBoundSamplerConfig,
 )
 
+from engine.backbones.base import capabilities_of
 from engine.backbones.clover.config import recorded_clover_config
 from engine.backbones.diffusion_gemma import DiffusionGemmaDecodeConfig
+from engine.decoding import decoder_for
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
 from engine.decoding.diffusion_gemma import DiffusionGemmaDecoder, load_diffusion_gemma
 from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
 from engine.recording.trace import Trace
@@ -368,8 +371,25 @@ def test_load_model_opens_it_by_path(checkpoint):
     from engine.checkpoint import load_model, model_format
 
     assert model_format(checkpoint) == "diffusion_gemma"
-    dec = load_model(checkpoint)
-    assert isinstance(dec, DiffusionGemmaDecoder) and dec.info.revisable
+    model = load_model(checkpoint)  # a model, as for every format; its capabilities name its sampler
+    caps = capabilities_of(model)
+    assert (caps.sampler, caps.revises_commits, caps.largest_trained_block) == ("diffusion_gemma", True, L)
+    assert model.config.revisable and not model.training
+    dec = decoder_for(model, config=DecodeConfig(max_new_tokens=8))  # picked by the capabilities
+    assert isinstance(dec, DiffusionGemmaDecoder) and dec.model is model
+    assert dec.config == DiffusionGemmaDecodeConfig(max_new_tokens=8)  # of DecodeConfig only max_new_tokens applies
+    with pytest.raises(TypeError, match="runs its own sampler"):
+        BlockDecoder(model)
+
+
+def test_a_decode_config_runs_like_its_max_new_tokens(decoder):
+    """Callers that hold the project's DecodeConfig (the explorer's settings) need no special case."""
+    own = decoder.generate(PROMPT, DiffusionGemmaDecodeConfig(max_new_tokens=16, seed=3)).tokens
+    torch.manual_seed(3)
+    shared = decoder.generate(PROMPT, config=DecodeConfig(max_new_tokens=16, block_size=4, threshold=0.5)).tokens
+    assert shared == own
+    with pytest.raises(TypeError, match="DiffusionGemmaDecodeConfig or a DecodeConfig"):
+        decoder.generate(PROMPT, config={"max_new_tokens": 16})
 
 
 def test_the_app_shows_it_beside_a_clover_run_on_the_same_prompt(tmp_path):

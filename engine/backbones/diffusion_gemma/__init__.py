@@ -53,6 +53,9 @@ positions ``P + b * L``, P the prompt length; no slot is pre-filled):
 
 Layout, one job per module:
 
+* `engine.backbones.diffusion_gemma.model` -- `DiffusionGemmaModel`, the transformers model with its
+  tokenizer and its declared `Capabilities` (``sampler="diffusion_gemma"``, revisable commits), and
+  `load_diffusion_gemma_model` (the backbone registry's row);
 * `engine.backbones.diffusion_gemma.info` -- `MODEL_TYPE` and `DiffusionGemmaInfo`, what traces
   and views need to know about a checkpoint;
 * `engine.backbones.diffusion_gemma.decode_config` -- `DiffusionGemmaDecodeConfig`, one decode's
@@ -60,16 +63,18 @@ Layout, one job per module:
 * `engine.backbones.diffusion_gemma.recording` -- the wrapper around ``generate``'s sampler, its
   streamer and router hooks, and the recorder that turns them into events (the fields above).
 
-The decoder that runs the sampler loop, `DiffusionGemmaDecoder`, its `DiffusionGemmaResult` and the
-loader `load_diffusion_gemma` (the backbone registry's row) are `engine.decoding.diffusion_gemma`:
-they build on the block decoder's `DecodeResult` and hook registry, so they sit in the decoding
-wing. This package re-exports the names of its own modules (its public API), not those.
+The decoder that runs the sampler loop, `DiffusionGemmaDecoder`, and its `DiffusionGemmaResult` are
+`engine.decoding.diffusion_gemma`: they build on the block decoder's `DecodeResult` and hook
+registry, so they sit in the decoding wing; `engine.decoding.decoder_for` gives it for this model.
+This package re-exports the names of its own modules (its public API), not those.
 
 Use::
 
-    from engine.decoding.diffusion_gemma import load_diffusion_gemma
+    from engine.checkpoint import load_model
+    from engine.decoding import decoder_for
 
-    dec = load_diffusion_gemma("path/to/checkpoint")  # or engine.checkpoint.load_model
+    model = load_model("path/to/checkpoint")  # a DiffusionGemmaModel
+    dec = decoder_for(model)  # a DiffusionGemmaDecoder (its sampler, by model.capabilities.sampler)
     result = dec.generate("Why is the sky blue?", DiffusionGemmaDecodeConfig(max_new_tokens=64, seed=0))
     result.text, result.trace  # the answer, a `engine.recording.trace.Trace` the figures draw
 
@@ -80,9 +85,12 @@ from __future__ import annotations
 
 from engine.backbones.diffusion_gemma.decode_config import DiffusionGemmaDecodeConfig
 from engine.backbones.diffusion_gemma.info import MODEL_TYPE, DiffusionGemmaInfo
+from engine.backbones.diffusion_gemma.model import DiffusionGemmaModel, load_diffusion_gemma_model
 
 __all__ = [
     "MODEL_TYPE",
     "DiffusionGemmaDecodeConfig",
     "DiffusionGemmaInfo",
+    "DiffusionGemmaModel",
+    "load_diffusion_gemma_model",
 ]
