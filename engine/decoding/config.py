@@ -1,5 +1,7 @@
 """Decoding settings and what a decode returns: `DecodeConfig` (validated on construction) and
-`DecodeResult`. Wing ``decoding``; `engine.decoding.decoder` re-exports both as the decoding API."""
+`DecodeResult` (built at a decode's end by `DecodeResult.finished`, reported by `DecodeResult.end_event`),
+and `prompt_token_ids`, the prompt check every decoder's ``encode_prompt`` ends with.
+Wing ``decoding``; `engine.decoding.decoder` re-exports both as the decoding API."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ import numbers
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from engine.backbones.clover.model import MEMORY_MODES
 from engine.decoding.policies import POLICIES
+from engine.recording.events import DecodeEnd
 
 
 def _check_int(name: str, val, lo: int, hint: str) -> int:
@@ -169,3 +173,46 @@ class DecodeResult:
     bytes_read: float | None = None
     flops: float | None = None
     observer_s: float = 0.0
+
+    @classmethod
+    def finished(cls, tokens: list[int], prompt_ids: list[int], nfe: int, n_forced: int, wall_s: float,
+                 stop_reason: str, tokenizer=None, **fields) -> DecodeResult:
+        """The result of a decode that wrote ``tokens`` (cut before the first EOS) in ``nfe`` forwards and
+        ``wall_s`` seconds: ``text`` decoded with ``tokenizer`` ("" without one), tokens per forward and per
+        second derived (0.0 for no forward / no time); ``fields`` are the remaining attributes (``trace``,
+        ``bytes_read``, ...; a subclass's own). Every decoder builds its result here."""
+        return cls(
+            text=tokenizer.decode(tokens) if tokenizer is not None else "", tokens=tokens, prompt_ids=prompt_ids,
+            nfe=nfe, tokens_per_forward=len(tokens) / nfe if nfe else 0.0, n_forced=n_forced, wall_s=wall_s,
+            tokens_per_s=len(tokens) / wall_s if wall_s > 0 else 0.0, stop_reason=stop_reason, **fields)
+
+    def end_event(self) -> DecodeEnd:
+        """The `engine.recording.events.DecodeEnd` that reports this result to a decode's hooks."""
+        return DecodeEnd(np.asarray(self.tokens, dtype=np.int64), self.nfe, self.tokens_per_forward, self.n_forced,
+                         self.wall_s, self.stop_reason, self.bytes_read, self.flops, observer_s=self.observer_s)
+
+
+def prompt_token_ids(prompt, vocab_size: int) -> list[int]:
+    """The ids of a prompt given as ids (a decoder encodes text first): a 1-D int tensor or a sequence of
+    ints, non-empty and inside the vocabulary [0, vocab_size).
+
+    Raises:
+        TypeError: not a 1-D int tensor or a sequence of ints (text: "prompt must be str ...").
+        ValueError: no ids, or ids outside the vocabulary.
+    """
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dim() != 1 or prompt.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"a tensor prompt must be 1-D int64, got shape {tuple(prompt.shape)} dtype {prompt.dtype}")
+        ids = prompt.tolist()
+    elif isinstance(prompt, (list, tuple)):
+        if not all(isinstance(t, numbers.Integral) and not isinstance(t, (bool, np.bool_)) for t in prompt):
+            raise TypeError("a prompt sequence must hold ints (token ids)")
+        ids = [int(t) for t in prompt]
+    else:
+        raise TypeError(f"prompt must be str, a list of ids or a 1-D tensor, got {type(prompt).__name__}")
+    if not ids:
+        raise ValueError("the prompt is empty; give at least one token")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+    return ids

@@ -45,9 +45,9 @@ import torch
 
 from engine.backbones.base import OBSERVABLES, capabilities_of
 from engine.cost.meter import CostMeter
-from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
+from engine.recording.events import BlockEnd, BlockStart, StepEvent
 from engine.backbones.clover.model import CloverModel
-from engine.decoding.config import DecodeConfig, DecodeResult
+from engine.decoding.config import DecodeConfig, DecodeResult, prompt_token_ids
 from engine.decoding.hooks import Hook, HookRegistry
 from engine.decoding.step import BlockSlots, SlotSelector, StepDecision, finished_tokens, split_prompt
 from kernels.confidence import top_candidates
@@ -128,23 +128,8 @@ class BlockDecoder(HookRegistry):
                     "surrogate, which is what decoding non-UTF-8 bytes with errors='surrogateescape' leaves; "
                     "decode the bytes with their real encoding (or errors='replace') before passing the prompt"
                 ) from None
-            ids = self.tokenizer.encode(prompt).ids
-        elif isinstance(prompt, torch.Tensor):
-            if prompt.dim() != 1 or prompt.dtype not in (torch.int64, torch.int32):
-                raise TypeError(f"a tensor prompt must be 1-D int64, got shape {tuple(prompt.shape)} "
-                                f"dtype {prompt.dtype}")
-            ids = prompt.tolist()
-        elif isinstance(prompt, (list, tuple)):
-            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
-                raise TypeError("a prompt sequence must hold ints (token ids)")
-            ids = [int(t) for t in prompt]
-        else:
-            raise TypeError(f"prompt must be str, a list of ids or a 1-D tensor, got {type(prompt).__name__}")
-        if not ids:
-            raise ValueError("the prompt is empty; give at least one token")
-        bad = [t for t in ids if not 0 <= t < cfg.vocab_size]
-        if bad:
-            raise ValueError(f"prompt ids {bad[:5]} are outside the vocabulary [0, {cfg.vocab_size})")
+            prompt = self.tokenizer.encode(prompt).ids
+        ids = prompt_token_ids(prompt, cfg.vocab_size)
         if cfg.mask_token_id in ids:
             raise ValueError(
                 f"the prompt contains the MASK token (id {cfg.mask_token_id}) at index "
@@ -262,18 +247,13 @@ class BlockDecoder(HookRegistry):
             block_index += 1
 
         wall_s = time.perf_counter() - t_start
-        tpf = len(generated) / nfe if nfe else 0.0
-        bytes_read = None if meter is None else meter.bytes_read
-        flops = None if meter is None else meter.flops
+        result = DecodeResult.finished(
+            generated, ids, nfe, n_forced, wall_s, stop_reason, self.tokenizer, trace=trace,
+            bytes_read=None if meter is None else meter.bytes_read, flops=None if meter is None else meter.flops,
+            observer_s=observer_s)
         if observers:
-            emit(DecodeEnd(np.asarray(generated, dtype=np.int64), nfe, tpf, n_forced, wall_s, stop_reason,
-                           bytes_read, flops, observer_s=observer_s))
-        text = self.tokenizer.decode(generated) if self.tokenizer is not None else ""
-        return DecodeResult(
-            text=text, tokens=generated, prompt_ids=ids, nfe=nfe, tokens_per_forward=tpf,
-            n_forced=n_forced, wall_s=wall_s, tokens_per_s=len(generated) / wall_s if wall_s > 0 else 0.0,
-            stop_reason=stop_reason, trace=trace, bytes_read=bytes_read, flops=flops, observer_s=observer_s,
-        )
+            emit(result.end_event())
+        return result
 
     def _check_config(self, config: DecodeConfig | None) -> DecodeConfig:
         """The decode's settings (`config` or the decoder's), checked against the model."""

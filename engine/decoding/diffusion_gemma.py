@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -24,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tokenizers import Tokenizer
 
@@ -32,9 +30,8 @@ from engine.backbones.base import capabilities_of
 from engine.backbones.diffusion_gemma.decode_config import DiffusionGemmaDecodeConfig
 from engine.backbones.diffusion_gemma.model import DiffusionGemmaModel, load_diffusion_gemma_model
 from engine.backbones.diffusion_gemma.recording import _Cancelled, _Recorder, _recording
-from engine.decoding.config import DecodeConfig, DecodeResult
+from engine.decoding.config import DecodeConfig, DecodeResult, prompt_token_ids
 from engine.decoding.hooks import HookRegistry
-from engine.recording.events import DecodeEnd
 from engine.recording.trace import Trace
 
 Hook = Callable[[object], None]
@@ -119,27 +116,10 @@ class DiffusionGemmaDecoder(HookRegistry):
                 raise TypeError("a text prompt needs a tokenizer: DiffusionGemmaDecoder(model, tokenizer) "
                                 "or pass token ids")
             if isinstance(self.tokenizer, Tokenizer):  # the tokenizers library's (a folder's tokenizer.json)
-                ids = self.tokenizer.encode(prompt).ids
+                prompt = self.tokenizer.encode(prompt).ids
             else:  # a transformers tokenizer
-                ids = list(self.tokenizer(prompt)["input_ids"])
-        elif isinstance(prompt, torch.Tensor):
-            if prompt.dim() != 1 or prompt.dtype not in (torch.int64, torch.int32):
-                raise TypeError(f"a tensor prompt must be 1-D int64, got shape {tuple(prompt.shape)} "
-                                f"dtype {prompt.dtype}")
-            ids = prompt.tolist()
-        elif isinstance(prompt, (list, tuple)):
-            if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
-                raise TypeError("a prompt sequence must hold ints (token ids)")
-            ids = [int(t) for t in prompt]
-        else:
-            raise TypeError(f"prompt must be str, a list of ids or a 1-D tensor, got {type(prompt).__name__}")
-        if not ids:
-            raise ValueError("the prompt is empty; give at least one token")
-        V = self.info.vocab_size
-        bad = [t for t in ids if not 0 <= t < V]
-        if bad:
-            raise ValueError(f"prompt ids {bad[:5]} are outside the vocabulary [0, {V})")
-        return ids
+                prompt = list(self.tokenizer(prompt)["input_ids"])
+        return prompt_token_ids(prompt, self.info.vocab_size)
 
     def resolve(self, config: DiffusionGemmaDecodeConfig | DecodeConfig | None = None) -> dict[str, Any]:
         """The settings a decode with ``config`` (default: the decoder's) runs with: each
@@ -278,16 +258,11 @@ class DiffusionGemmaDecoder(HookRegistry):
             generated = generated[:hit_eos]
         if stop_reason is None:
             stop_reason = "eos" if hit_eos is not None else "max_new_tokens"
-        nfe = rec.nfe
-        tpf = len(generated) / nfe if nfe else 0.0
+        result = DiffusionGemmaResult.finished(generated, ids, rec.nfe, rec.n_forced, wall_s, stop_reason,
+                                               self.tokenizer, trace=trace, sequences=sequences, settings=settings)
         if observers:
-            emit(DecodeEnd(np.asarray(generated, dtype=np.int64), nfe, tpf, rec.n_forced, wall_s, stop_reason))
-        text = self.tokenizer.decode(generated) if self.tokenizer is not None else ""
-        return DiffusionGemmaResult(
-            text=text, tokens=generated, prompt_ids=ids, nfe=nfe, tokens_per_forward=tpf, n_forced=rec.n_forced,
-            wall_s=wall_s, tokens_per_s=len(generated) / wall_s if wall_s > 0 else 0.0, stop_reason=stop_reason,
-            trace=trace, sequences=sequences, settings=settings,
-        )
+            emit(result.end_event())
+        return result
 
 
 def load_diffusion_gemma(path: str | Path, device: str | torch.device = "cpu",

@@ -42,17 +42,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine.data.agent import IM_END, IM_START, CallTurn, Conversation
+from engine.decoding.decoder import BlockDecoder
+from engine.decoding.step import BlockSlots, SlotSelector, finished_tokens, split_prompt
+from engine.experiments.tasks import ScoredAnswer, score_answer
+
 
 @dataclass
-class RoundRun:
-    """One round of a chain decoded in one setting.
+class RoundRun(ScoredAnswer):
+    """One round of a chain decoded in one setting (a `engine.experiments.tasks.ScoredAnswer`).
 
     Attributes (F = processor firings):
         setting: the setting's name; round: the call's index in the conversation.
-        prompt_len: P, prompt tokens; target: (A,) int64 ground-truth answer ids (ends with EOS).
-        tokens: (G,) int64 generated ids up to and excluding the first EOS; hit_eos: stopped at one.
-        text: decoded text; nfe, n_forced: forwards and forced slots; wall_s: seconds.
-        exact_match, json_valid, name_correct: `engine.data.agent.score_call`'s verdicts.
+        prompt_len, target, tokens, hit_eos, text, nfe, n_forced, wall_s, exact_match, json_valid,
+            name_correct: as `ScoredAnswer`.
         complete: the text holds a closed ``<tool_call>...</tool_call>``.
         fire_name: (F,) str -- ``repetition`` or ``eos_bias``; fire_pos: (F,) int64 answer position
             of the slot; fire_token: (F,) int64 the token whose logit changed; fire_value: (F,)
@@ -66,17 +69,6 @@ class RoundRun:
 
     setting: str
     round: int
-    prompt_len: int
-    target: np.ndarray
-    tokens: np.ndarray
-    hit_eos: bool
-    text: str
-    nfe: int
-    n_forced: int
-    wall_s: float
-    exact_match: bool
-    json_valid: bool
-    name_correct: bool
     complete: bool
     fire_name: np.ndarray = field(default_factory=lambda: np.zeros(0, "<U12"))
     fire_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -144,9 +136,6 @@ def decode_chain(model, tokenizer, conversation, settings: Mapping[str, object],
         ValueError: no settings, settings that differ in block_size or memory_mode, or prompts
             that do not extend each other (`chain_prompts`).
     """
-    from engine.decoding.decoder import BlockDecoder
-    from engine.decoding.step import SlotSelector, split_prompt
-
     if not settings:
         raise ValueError("decode_chain needs at least one setting")
     cfgs = list(settings.values())
@@ -187,9 +176,6 @@ def decode_chain(model, tokenizer, conversation, settings: Mapping[str, object],
 def _decode_round(model, tokenizer, state, committed, head, P, dc, select, name, index, call, shared) -> RoundRun:
     """`BlockDecoder.generate`'s block loop from a state that already holds `committed`; forwards
     found in `shared` (this round's earlier settings) are reused, new ones added to it."""
-    from engine.data.agent import score_call
-    from engine.decoding.step import BlockSlots, finished_tokens
-
     cfg = model.config
     budget = min(dc.max_new_tokens, cfg.max_position_embeddings - P)
     seq, commit, head = list(committed), None, list(head)
@@ -233,15 +219,13 @@ def _decode_round(model, tokenizer, state, committed, head, P, dc, select, name,
         block_index += 1
     wall = time.perf_counter() - t0
     text = tokenizer.decode(generated)
-    s = score_call(text, call)
+    verdicts, fields = score_answer(text, call, tokenizer)
     fa = list(zip(*fires)) if fires else [[], [], [], [], []]
     wa = list(zip(*writes)) if writes else [[], [], []]
     return RoundRun(
-        setting=name, round=index, prompt_len=P, target=np.asarray(tokenizer.encode(call.target).ids, np.int64),
-        tokens=np.asarray(generated, np.int64), hit_eos=hit_eos, text=text, nfe=nfe, n_forced=n_forced, wall_s=wall,
-        exact_match=bool(s["exact_match"]), json_valid=bool(s["json_valid"]), name_correct=bool(s["name_correct"]),
-        complete="</tool_call>" in text and "<tool_call>" in text,
-        n_fields=len(s["fields"]), n_fields_correct=sum(f["correct"] for f in s["fields"]), n_reused=n_reused,
+        setting=name, round=index, prompt_len=P, tokens=np.asarray(generated, np.int64), hit_eos=hit_eos, nfe=nfe,
+        n_forced=n_forced, wall_s=wall, **verdicts, complete="</tool_call>" in text and "<tool_call>" in text,
+        n_fields=len(fields), n_fields_correct=sum(f["correct"] for f in fields), n_reused=n_reused,
         fire_name=np.asarray(fa[0], "<U12"), fire_pos=np.asarray(fa[1], np.int64),
         fire_token=np.asarray(fa[2], np.int64), fire_value=np.asarray(fa[3], np.float32),
         fire_forward=np.asarray(fa[4], np.int64), write_pos=np.asarray(wa[0], np.int64),
@@ -267,8 +251,6 @@ def turn_per_call_chain(conversation):
     Raises:
         ValueError: the request does not split into one clause per call.
     """
-    from engine.data.agent import IM_END, IM_START, CallTurn, Conversation
-
     text = conversation.text
     system_end = text.index(IM_END) + len(IM_END) + 1
     user = text[system_end:].split(IM_END, 1)[0].split("\n", 1)[1]  # the request turn's content

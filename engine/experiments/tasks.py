@@ -29,21 +29,53 @@ KIND_ACCEPTED, KIND_FORCED, KIND_EOS = 0, 1, 2
 
 
 @dataclass
-class TaskRun:
-    """One decode of one task in one setting, with every write it made.
+class ScoredAnswer:
+    """One decoded answer scored against its target: what a `TaskRun` and a chain's round
+    (`engine.experiments.chains.RoundRun`) share.
+
+    Attributes:
+        prompt_len: P, prompt tokens (answer position j sits at absolute position P + j).
+        target: (A,) int64 -- the ground-truth answer ids, ending with EOS.
+        tokens: (G,) int64 -- generated ids up to and excluding the first EOS.
+        hit_eos: the decode stopped at an EOS (which is then answer position G).
+        text: the decoded text; nfe, n_forced: forwards and forced slots; wall_s: seconds.
+        exact_match, json_valid, name_correct: `engine.data.agent.score_call`'s verdicts.
+    """
+
+    prompt_len: int
+    target: np.ndarray
+    tokens: np.ndarray
+    hit_eos: bool
+    text: str
+    nfe: int
+    n_forced: int
+    wall_s: float
+    exact_match: bool
+    json_valid: bool
+    name_correct: bool
+
+
+def score_answer(text: str, task, tokenizer, score: Callable | None = None) -> tuple[dict, list]:
+    """The `ScoredAnswer` fields that scoring ``text`` against ``task`` gives (``target``, ``text`` and the
+    verdicts of ``score``, default `engine.data.agent.score_call`), and the per-argument ``fields`` list."""
+    s = (score or score_call)(text, task)
+    return dict(target=np.asarray(tokenizer.encode(task.target).ids, np.int64), text=text,
+                exact_match=bool(s["exact_match"]), json_valid=bool(s["json_valid"]),
+                name_correct=bool(s["name_correct"])), s["fields"]
+
+
+@dataclass
+class TaskRun(ScoredAnswer):
+    """One decode of one task in one setting, with every write it made (a `ScoredAnswer`).
 
     Attributes (W = written answer slots, S = iterations = NFE, F = slots masked at the
     blocks' first forwards):
         setting: the setting's name; task: index into the task list.
         block_size, threshold: the decode's settings.
-        prompt_len: P, prompt tokens (answer position j sits at absolute position P + j).
-        target: (A,) int64 -- the ground-truth answer ids, ending with EOS.
-        tokens: (G,) int64 -- generated ids up to and excluding the first EOS.
-        hit_eos: the decode stopped at an EOS (which is then answer position G).
-        text: the decoded text; nfe, n_forced: forwards and forced slots; wall_s: seconds of the
-            decode without the recording hook's own time (`engine.decoding.decoder.DecodeResult.observer_s`;
-            from a trace: its ``DecodeEnd.wall_s`` less its ``observer_s``).
-        exact_match, json_valid, name_correct: `engine.data.agent.score_call`'s verdicts.
+        prompt_len, target, tokens, hit_eos, text, nfe, n_forced, exact_match, json_valid,
+            name_correct: as `ScoredAnswer`; wall_s: seconds of the decode without the recording
+            hook's own time (`engine.decoding.decoder.DecodeResult.observer_s`; from a trace: its
+            ``DecodeEnd.wall_s`` less its ``observer_s``).
         fields: ``score_call(...)["fields"]`` (one dict per ground-truth argument).
         write_pos: (W,) int64 -- answer position of each write (only writes at or before the
             first EOS: text after it is dropped).
@@ -64,17 +96,6 @@ class TaskRun:
     task: int
     block_size: int
     threshold: float
-    prompt_len: int
-    target: np.ndarray
-    tokens: np.ndarray
-    hit_eos: bool
-    text: str
-    nfe: int
-    n_forced: int
-    wall_s: float
-    exact_match: bool
-    json_valid: bool
-    name_correct: bool
     fields: list = field(default_factory=list)
     write_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     write_token: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -194,13 +215,11 @@ def _task_run(task, tokenizer, setting, index, block_size, threshold, prompt_len
               n_forced, wall_s, extra, score: Callable | None = None) -> TaskRun:
     """A `TaskRun` from a finished decode's numbers and its `_collect` arrays, scored by `score`
     (default `score_call`)."""
-    s = (score or score_call)(text, task)
+    verdicts, fields = score_answer(text, task, tokenizer, score)
     return TaskRun(
         setting=setting, task=index, block_size=int(block_size), threshold=float(threshold),
-        prompt_len=int(prompt_len), target=np.asarray(tokenizer.encode(task.target).ids, np.int64),
-        tokens=np.asarray(tokens, np.int64), hit_eos=hit_eos, text=text, nfe=int(nfe), n_forced=int(n_forced),
-        wall_s=float(wall_s), exact_match=bool(s["exact_match"]), json_valid=bool(s["json_valid"]),
-        name_correct=bool(s["name_correct"]), fields=s["fields"], **extra)
+        prompt_len=int(prompt_len), tokens=np.asarray(tokens, np.int64), hit_eos=hit_eos, nfe=int(nfe),
+        n_forced=int(n_forced), wall_s=float(wall_s), fields=fields, **verdicts, **extra)
 
 
 def task_run_from_trace(trace, task, tokenizer, setting: str = "", index: int = 0) -> TaskRun:
