@@ -90,6 +90,9 @@ class Capabilities:
         cuda_graphs: `engine.backbones.clover.cuda_graphs` can capture its forward.
         trains_in_parallel: it has ``forward_train`` (one forward over a whole noisy sequence), which the
             parallel verifier of `engine.decoding.speculative` and `engine.train` use.
+        drafts: it drafts blocks for a target to verify (``read`` / ``draft`` / ``rollback``,
+            `engine.backbones.drafter.model.DraftedLM`), so ``DecodeConfig(policy="verify")`` runs
+            on it (`engine.decoding.verify`).
     """
 
     family: str
@@ -103,6 +106,7 @@ class Capabilities:
     largest_trained_block: int | None = None
     cuda_graphs: bool = False
     trains_in_parallel: bool = False
+    drafts: bool = False
 
     def __post_init__(self) -> None:
         if self.cost_family not in COST_FAMILIES:

@@ -27,6 +27,7 @@ MODEL_TYPES: dict[str, str] = {
     "dream": "engine.backbones.masked_diffusion:load_masked_diffusion",
     "llada": "engine.backbones.masked_diffusion:load_masked_diffusion",
     "diffusion_gemma": "engine.backbones.diffusion_gemma.model:load_diffusion_gemma_model",
+    "block-drafter": "engine.backbones.drafter.model:load_drafter_model",
 }
 """``model_type`` (lower case) -> ``"module:function"`` of its loader. A ``config.json`` without a
 ``model_type`` is a Clover checkpoint (as older saves were)."""
@@ -40,6 +41,7 @@ DESCRIPTIONS: dict[str, str] = {
     "dream": "a Dream masked-diffusion checkpoint (engine.backbones.masked_diffusion)",
     "llada": "a LLaDA masked-diffusion checkpoint (engine.backbones.masked_diffusion)",
     "diffusion_gemma": "transformers' DiffusionGemma, its own revisable sampler (engine.backbones.diffusion_gemma)",
+    "block-drafter": "a block drafter over a frozen pinned causal LM (engine.backbones.drafter)",
 }
 """``model_type`` -> one line for error messages and ``--help``."""
 

@@ -156,7 +156,13 @@ class Factor:
         return accepted
 
 
-POLICIES = ("low_confidence", "top_k", "margin", "entropy", "factor")
+SLOT_POLICIES = ("low_confidence", "top_k", "margin", "entropy", "factor")
+"""Policies that choose slots by the model's own confidences (`make_policy`)."""
+
+POLICIES = SLOT_POLICIES + ("verify",)
+"""Every value of ``DecodeConfig.policy``: the slot policies, and ``verify`` -- a drafter proposes, the
+target keeps what it would write itself (`engine.decoding.verify`; models that declare
+``Capabilities.drafts``)."""
 
 
 def make_policy(name: str, *, threshold: float, tokens_per_step: int, max_entropy: float,
@@ -172,4 +178,7 @@ def make_policy(name: str, *, threshold: float, tokens_per_step: int, max_entrop
         return Entropy(max_entropy)
     if name == "factor":
         return Factor(factor)
+    if name == "verify":
+        raise ValueError("'verify' is not a slot policy: the target verifies a drafted block "
+                         "(engine.decoding.verify, run by BlockDecoder on a model that drafts)")
     raise ValueError(f"unknown policy {name!r}; choose one of {POLICIES}")

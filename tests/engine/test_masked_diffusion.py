@@ -23,7 +23,7 @@ from engine.decoding.decoder import BlockDecoder, DecodeConfig  # noqa: E402
 from engine.backbones.masked_diffusion import (  # noqa: E402
     MaskedDiffusionModel, load_masked_diffusion, save_masked_diffusion,
 )
-from engine.decoding.policies import POLICIES  # noqa: E402
+from engine.decoding.policies import SLOT_POLICIES as POLICIES  # noqa: E402
 
 V, MASK = 128, 126
 PROMPT = [5, 9, 33, 17, 60, 4, 8, 21, 70, 11]

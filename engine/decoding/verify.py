@@ -1,0 +1,200 @@
+"""Verify mode: a drafter proposes a block, the target keeps what it would have written itself.
+
+Wing ``decoding``. `BlockDecoder.generate` runs this loop for ``DecodeConfig(policy="verify")`` on a
+backbone that drafts (`engine.backbones.base.Capabilities.drafts`: `engine.backbones.drafter`).
+Speculative decoding with greedy verification (Leviathan, Kalman & Matias, ICML 2023; the block
+drafter of DFlash, arXiv 2602.06036):
+
+1. **Prefill.** The target reads the prompt (one forward); its argmax is the first token ``t0``.
+2. **Draft.** One drafter forward over ``[t0, MASK x k]`` (``k = block_size - 1``, fewer near the
+   budget) placed right after the tokens read; each MASK slot's argmax is its draft (MASK and ids
+   the tokenizer cannot decode are never candidates, as in the block decoder).
+3. **Verify.** One target forward over ``[t0, d_1 .. d_k]`` (causal, KV cache): row ``j`` is the
+   target's own prediction for the slot after it. The accepted run is the longest prefix with
+   ``d_i == argmax(row i - 1)``; the target's token after it (the correction at the first rejected
+   slot, or the bonus after a fully accepted draft) is written too and becomes the next ``t0``.
+   The rejected tail leaves the KV cache and the drafter's context (`DraftedLM.rollback`).
+
+The output equals the target's greedy decode token for token (up to floating-point ties between
+a one-token and a k-token forward): the draft only decides how many tokens one target forward
+writes. No logits processor applies (they would change what the target writes).
+
+Events, one block per round (so the views show each draft): the block's slots are the ``k`` drafted
+positions after ``t0`` plus one slot for the bonus. Slot ``i < k`` carries its draft as
+``candidate`` with the drafter's confidence; ``accepted`` marks the accepted run; ``forced`` marks
+the slot the target wrote itself (the first rejected slot, or the bonus slot); slots after it stay
+MASK (discarded). The prefill is block 0 with one slot, forced (the target's first token).
+``nfe`` counts target forwards (prefill included), so ``tokens_per_forward`` is tokens per target
+forward; `VerifyResult` adds the drafter's forwards and the accepted run of every round.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from engine.decoding.config import DecodeConfig, DecodeResult
+from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
+
+
+@dataclass
+class VerifyResult(DecodeResult):
+    """A `DecodeResult` of verify mode (``nfe`` = target forwards) plus:
+
+    Attributes:
+        draft_forwards: drafter forwards (one per round).
+        accepted_lengths: drafted tokens the target accepted in each round (0 .. k).
+        drafted: drafted slots in each round (k).
+    """
+
+    draft_forwards: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
+
+
+def _pick(logits: torch.Tensor, banned: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(argmax ids [n], their probabilities [n], probabilities [n, V]) with ``banned`` ids excluded."""
+    masked = logits.masked_fill(banned[None, :], float("-inf"))
+    probs = torch.softmax(masked.float(), -1)
+    conf, ids = probs.max(-1)
+    return ids, conf, probs
+
+
+def generate_verified(decoder, ids: list[int], dc: DecodeConfig, observers: list[Callable],
+                      is_cancelled: Callable[[], bool], trace) -> VerifyResult:
+    """The verify-mode loop (module docstring) for a `BlockDecoder` whose model drafts.
+
+    Args:
+        decoder: the `engine.decoding.decoder.BlockDecoder` (its model, tokenizer and candidate rule).
+        ids: the encoded prompt; dc: the settings (``block_size`` = drafted slots + 1,
+            ``max_new_tokens``; threshold and processors do not apply).
+        observers: hooks (the trace among them); is_cancelled: checked after every round.
+        trace: the `engine.recording.trace.Trace` being recorded, or None.
+    """
+    from engine.cost.meter import CostMeter
+    from kernels.confidence import top_candidates
+
+    model = decoder.model
+    cfg = model.config
+    mask_id, eos_id = cfg.mask_token_id, cfg.eos_token_id
+    banned = decoder._undecodable(cfg.vocab_size, eos_id).to(model.device).clone()
+    banned[mask_id] = True
+    P = len(ids)
+    budget = min(dc.max_new_tokens, cfg.max_position_embeddings - P)
+    stop_reason = "max_new_tokens" if budget == dc.max_new_tokens else "context"
+    K = min(dc.top_candidates, 8)
+    meter = CostMeter(cfg, model.dtype.itemsize, "state", 0, dc.block_size, decoder.capabilities) if observers else None
+    observer_s = 0.0
+
+    def emit(ev):
+        for fn in observers:
+            fn(ev)
+
+    def block_events(index: int, pos0: int, L: int, drafted: np.ndarray, d_conf: np.ndarray, d_top: tuple,
+                     written: list[int], n_acc: int, forced_slot: int, wall: float, n_fwd: int, ctx: int) -> None:
+        tokens = np.full(L, mask_id, dtype=np.int64)
+        tokens[: len(written)] = written
+        masked = np.ones(L, dtype=bool)
+        cand = np.full(L, -1, dtype=np.int64)
+        conf = np.full(L, np.nan, dtype=np.float32)
+        tt = np.full((L, K), -1, dtype=np.int64)
+        tp = np.full((L, K), np.nan, dtype=np.float32)
+        k = len(drafted)
+        cand[:k], conf[:k] = drafted, d_conf
+        tt[:k], tp[:k] = d_top
+        accepted = np.zeros(L, dtype=bool)
+        accepted[:n_acc] = True
+        forced = np.zeros(L, dtype=bool)
+        if 0 <= forced_slot < L:
+            forced[forced_slot] = True
+        cost = meter.forward(0, n_fwd, None, context_len=ctx)
+        emit(BlockStart(index, pos0, dc.block_size, L, np.zeros(L, dtype=bool), np.full(L, mask_id, dtype=np.int64)))
+        emit(StepEvent(block_index=index, step_index=0, position_start=pos0, tokens=tokens, masked_before=masked,
+                       confidence=conf, candidate=cand, top_tokens=tt, top_probs=tp, accepted=accepted, forced=forced,
+                       eos_filled=np.zeros(L, dtype=bool), expert_union=None, state_norm=None, memory_share=None,
+                       n_tokens_forward=n_fwd, wall_s=wall, bytes_read=float(cost.bytes_read), flops=float(cost.flops),
+                       arithmetic_intensity=float(cost.arithmetic_intensity)))
+        emit(BlockEnd(index, pos0, tokens.copy(), 1, eos_id in written))
+
+    t_start = time.perf_counter()
+    state = model.setup_state(1, "state")
+    t0_clock = time.perf_counter()
+    logits = model.read(state, ids)
+    t0, p0, probs0 = _pick(logits[-1:], banned)
+    generated = [int(t0[0])]
+    nfe, draft_forwards, block_index = 1, 0, 0
+    accepted_lengths: list[int] = []
+    drafted_counts: list[int] = []
+    if observers:
+        t_obs = time.perf_counter()
+        tp0, tt0 = top_candidates(probs0, K)
+        block_events(0, P, 1, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32),
+                     (np.zeros((0, K), dtype=np.int64), np.zeros((0, K), dtype=np.float32)),
+                     generated[:1], 0, 0, t_obs - t0_clock, P, 0)
+        observer_s += time.perf_counter() - t_obs
+    hit_eos = generated[0] == eos_id
+    cancelled = False
+    while not hit_eos and len(generated) < budget:
+        if is_cancelled():
+            cancelled = True
+            break
+        t_round = time.perf_counter()
+        anchor = generated[-1]
+        pos = state.position  # the anchor's position (the target has read everything before it)
+        k = max(0, min(dc.block_size - 1, budget - len(generated) - 1))
+        if k:
+            d_logits = model.draft(state, [anchor] + [mask_id] * k)[1:]
+            drafts, d_conf, d_probs = _pick(d_logits, banned)
+            draft_forwards += 1
+            drafted = [int(t) for t in drafts]
+        else:
+            drafted, d_conf, d_probs = [], torch.zeros(0), torch.zeros(0, cfg.vocab_size)
+        v_logits = model.read(state, [anchor] + drafted)
+        nfe += 1
+        target = [int(t) for t in _pick(v_logits, banned)[0]]
+        n = 0
+        while n < k and drafted[n] == target[n]:
+            n += 1
+        written = drafted[:n] + [target[n]]
+        model.rollback(state, pos + 1 + n)
+        if eos_id in written:
+            written = written[: written.index(eos_id) + 1]
+            hit_eos = True
+        written = written[: budget - len(generated)]
+        generated += written
+        accepted_lengths.append(n)
+        drafted_counts.append(k)
+        block_index += 1
+        if observers:
+            t_obs = time.perf_counter()
+            tp, tt = top_candidates(d_probs, K) if k else (torch.zeros(0, K), torch.zeros(0, K, dtype=torch.long))
+            block_events(block_index, pos + 1, k + 1, np.asarray(drafted, dtype=np.int64),
+                         d_conf.float().cpu().numpy(), (tt.cpu().numpy().astype(np.int64), tp.float().cpu().numpy()),
+                         written, min(n, len(written)), n if n < len(written) else -1, t_obs - t_round, k + 1, pos)
+            observer_s += time.perf_counter() - t_obs
+    if eos_id in generated:
+        generated = generated[: generated.index(eos_id)]
+        stop_reason = "eos"
+    elif cancelled:
+        stop_reason = "cancelled"
+    wall_s = time.perf_counter() - t_start
+    tpf = len(generated) / nfe if nfe else 0.0
+    n_target = nfe  # tokens the target wrote itself: the first token and one per round (events: ``forced``)
+    bytes_read = None if meter is None else meter.bytes_read
+    flops = None if meter is None else meter.flops
+    if observers:
+        emit(DecodeEnd(np.asarray(generated, dtype=np.int64), nfe, tpf, n_target, wall_s, stop_reason, bytes_read, flops,
+                       observer_s=observer_s))
+    if trace is not None:
+        trace.meta["verify"] = {"draft_forwards": draft_forwards, "accepted_lengths": accepted_lengths,
+                                "drafted": drafted_counts}
+    text = decoder.tokenizer.decode(generated) if decoder.tokenizer is not None else ""
+    return VerifyResult(text=text, tokens=generated, prompt_ids=ids, nfe=nfe, tokens_per_forward=tpf, n_forced=n_target,
+                        wall_s=wall_s, tokens_per_s=len(generated) / wall_s if wall_s > 0 else 0.0,
+                        stop_reason=stop_reason, trace=trace, bytes_read=bytes_read, flops=flops,
+                        observer_s=observer_s, draft_forwards=draft_forwards, accepted_lengths=accepted_lengths,
+                        drafted=drafted_counts)

@@ -1,0 +1,151 @@
+"""The block drafter over a frozen causal LM (engine.backbones.drafter): both decoding modes end to end on a
+tiny random Llama target with a tiny random drafter.
+
+verify mode must equal the target's own greedy ``generate`` token for token whatever the drafter proposes;
+commit mode runs the seed's rule on the drafter's confidences (at block_size 1 every slot is the anchor, so
+it is the target's greedy decode too).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from engine.backbones.base import capabilities_of  # noqa: E402
+from engine.backbones.drafter.files import load_drafter_net, save_drafter  # noqa: E402
+from engine.backbones.drafter.model import DraftedLM  # noqa: E402
+from engine.backbones.drafter.net import BlockDrafter, DrafterConfig  # noqa: E402
+from engine.decoding.decoder import BlockDecoder, DecodeConfig  # noqa: E402
+from engine.recording.trace import Trace  # noqa: E402
+
+V, EOS = 128, 2
+PROMPTS = [[5, 9, 33, 17, 60, 4, 8, 21, 70, 11], [40, 41, 42], [7] * 13]
+
+
+@pytest.fixture(scope="module")
+def drafted():
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   eos_token_id=EOS, bos_token_id=1, initializer_range=0.2, tie_word_embeddings=True)
+    lm = transformers.LlamaForCausalLM(cfg).eval()
+    seen = {t for p in PROMPTS for t in p + _greedy_lm(lm, p, 40)}
+    mask = next(i for i in range(V - 1, 2, -1) if i not in seen)  # MASK must not be a token the target writes
+    net = BlockDrafter(DrafterConfig(hidden_size=64, target_layers=(1, 2), num_layers=1, num_heads=4, num_kv_heads=2,
+                                     head_dim=16, intermediate_size=128, block_size=4, vocab_size=V,
+                                     mask_token_id=mask, rope_theta=10000.0))
+    net.init_layers_from(lm, [1])
+    return DraftedLM.build(lm, net, "tiny-drafter", mask, EOS)
+
+
+def _greedy(model: DraftedLM, prompt: list[int], n: int) -> list[int]:
+    return _greedy_lm(model.lm, prompt, n)
+
+
+def _greedy_lm(lm, prompt: list[int], n: int) -> list[int]:
+    out = lm.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                            max_new_tokens=n, do_sample=False, eos_token_id=EOS, pad_token_id=EOS)
+    gen = out[0, len(prompt):].tolist()
+    return gen[: gen.index(EOS)] if EOS in gen else gen
+
+
+def test_declares_drafting(drafted):
+    caps = capabilities_of(drafted)
+    assert caps.drafts and caps.family == "drafter" and caps.cost_family == "kv_cache"
+    assert caps.largest_trained_block == 4
+
+
+@pytest.mark.parametrize("block_size", [2, 4, 8])
+def test_verify_equals_greedy_generate(drafted, block_size):
+    dec = BlockDecoder(drafted)
+    for prompt in PROMPTS:
+        ref = _greedy(drafted, prompt, 30)
+        res = dec.generate(prompt, config=DecodeConfig(block_size=block_size, max_new_tokens=30, policy="verify"))
+        assert res.tokens == ref
+        assert res.nfe == 1 + len(res.accepted_lengths)  # the prefill, then one target forward per round
+        assert res.draft_forwards == sum(1 for k in res.drafted if k)
+        assert sum(res.accepted_lengths) + len(res.accepted_lengths) + 1 >= len(res.tokens)
+        assert all(0 <= a <= block_size - 1 for a in res.accepted_lengths)
+
+
+def test_verify_with_an_oracle_drafter_writes_whole_blocks(drafted, monkeypatch):
+    """A drafter that proposes exactly the target's continuation is accepted in full: block_size tokens
+    per verify forward (the accept rule counts right, the bonus is added)."""
+    B = 4
+    prompt, ref = next((p, r) for p in PROMPTS if len(r := _greedy(drafted, p, 40)) >= 34)  # no EOS before 34
+
+    def oracle(state, block):
+        done = len(state.committed) - len(prompt)  # generated tokens the target has read before the anchor
+        logits = torch.full((len(block), V), -10.0)
+        for j in range(1, len(block)):
+            logits[j, ref[done + j]] = 10.0
+        return logits
+
+    monkeypatch.setattr(drafted, "draft", oracle)
+    res = BlockDecoder(drafted).generate(prompt, config=DecodeConfig(block_size=B, max_new_tokens=33, policy="verify"))
+    assert res.tokens == ref[:33]
+    assert res.accepted_lengths == [B - 1] * 8
+    assert res.nfe == 9 and res.tokens_per_forward == pytest.approx(33 / 9)
+
+
+def test_verify_events_show_draft_accepted_run_and_rejected_slot(drafted, tmp_path):
+    dec = BlockDecoder(drafted)
+    res = dec.generate(PROMPTS[0], config=DecodeConfig(block_size=4, max_new_tokens=24, policy="verify"))
+    tr = res.trace
+    assert tr.meta["verify"]["accepted_lengths"] == res.accepted_lengths
+    steps = tr.steps[1:]
+    assert len(steps) == len(res.accepted_lengths)
+    for st, n in zip(steps, res.accepted_lengths):
+        assert int(st.accepted.sum()) == n and bool(st.accepted[:n].all())
+        assert int(st.forced.sum()) == 1 and bool(st.forced[n])  # the target's own token right after the run
+        drafted_slots = st.candidate[: len(st.candidate) - 1]
+        assert (drafted_slots >= 0).all()  # every drafted slot records its draft
+        if n < len(st.candidate) - 1:  # a rejection: the draft differs from what the target wrote there
+            assert st.candidate[n] != st.tokens[n]
+    loaded = Trace.load(tr.save(tmp_path / "verify.parquet"))
+    assert loaded.generated_tokens.tolist() == res.tokens
+    assert len(loaded) == len(tr)
+
+
+def test_commit_mode_block_size_1_is_the_targets_greedy_decode(drafted):
+    dec = BlockDecoder(drafted)
+    for prompt in PROMPTS:
+        res = dec.generate(prompt, config=DecodeConfig(block_size=1, max_new_tokens=20, threshold=0.95))
+        assert res.tokens == _greedy(drafted, prompt, 20)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_commit_mode_blocks_follow_the_seed_rule(drafted, prompt):
+    """block 4, threshold 1.0: one slot per forward (forced fill); the anchor slot of the first block is the
+    target's own next token; the trace records every step."""
+    dec = BlockDecoder(drafted)
+    res = dec.generate(prompt, config=DecodeConfig(block_size=4, max_new_tokens=12, threshold=1.0))
+    assert res.trace is not None and len(res.trace) == res.nfe
+    greedy0 = _greedy(drafted, prompt, 1)[0]
+    first = res.trace.steps[0]
+    anchor = len(prompt) % 4  # the first slot after the prompt head
+    assert first.candidate[anchor] == greedy0
+    assert res.n_forced == res.nfe  # threshold 1.0: nothing passes, one forced fill per forward
+
+
+def test_drafter_directory_round_trip_and_corrupt_weights(drafted, tmp_path):
+    d = save_drafter(tmp_path / "tiny", drafted.drafter, base="tiny")
+    net, cfg = load_drafter_net(d)
+    assert cfg["model_type"] == "block-drafter"
+    for k, v in drafted.drafter.state_dict().items():
+        assert torch.equal(net.state_dict()[k], v)
+    (d / "drafter.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="cannot read the drafter's weights"):
+        load_drafter_net(d)
+
+
+def test_verify_refused_for_a_model_that_does_not_draft():
+    from tests.toy_backbone import ToyBackbone, ToyConfig
+
+    dec = BlockDecoder(ToyBackbone(ToyConfig()))
+    with pytest.raises(ValueError, match="verify"):
+        dec.generate([3, 4, 5], config=DecodeConfig(block_size=4, max_new_tokens=4, policy="verify"))
