@@ -37,8 +37,10 @@ from typing import Callable
 import numpy as np
 import torch
 
+from engine.cost.meter import CostMeter
 from engine.decoding.config import DecodeConfig, DecodeResult
 from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
+from kernels.confidence import top_candidates
 
 
 @dataclass
@@ -75,9 +77,6 @@ def generate_verified(decoder, ids: list[int], dc: DecodeConfig, observers: list
         observers: hooks (the trace among them); is_cancelled: checked after every round.
         trace: the `engine.recording.trace.Trace` being recorded, or None.
     """
-    from engine.cost.meter import CostMeter
-    from kernels.confidence import top_candidates
-
     model = decoder.model
     cfg = model.config
     mask_id, eos_id = cfg.mask_token_id, cfg.eos_token_id

@@ -40,6 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from engine.backbones.causal_lm.adapter import base_spec, load_base
+from engine.backbones.drafter.files import save_drafter
 from engine.backbones.drafter.net import BlockDrafter, DrafterConfig, default_target_layers
 from engine.training.drafter_data import FeatureCache, cache_features, read_distill
 
@@ -184,9 +186,6 @@ def _forward(model, arch, feats, anchors, block, frozen, slots, last_slot):
 
 def train(args) -> int:
     """Train a drafter (or the Medusa baseline) on a feature cache for ``--minutes``; see the module docstring."""
-    from engine.backbones.causal_lm.adapter import base_spec, load_base
-    from engine.backbones.drafter.files import save_drafter
-
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     torch.set_num_threads(args.threads)
@@ -306,8 +305,6 @@ def _save_state(path: Path, model, opt, cfg: DrafterConfig, step: int, minutes: 
 
 def cache(args) -> int:
     """Cache the target's features over a distill file (see the module docstring)."""
-    from engine.backbones.causal_lm.adapter import base_spec, load_base
-
     torch.set_num_threads(args.threads)
     lm, tok = load_base(args.base)
     rows = read_distill(args.data)

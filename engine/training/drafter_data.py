@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from tqdm import tqdm
 
 from engine.backbones.causal_lm.adapter import chat_prompt
@@ -53,8 +55,6 @@ class FeatureCache:
 
     def save(self, path: Path) -> None:
         """Write as safetensors (tensors) with the layers and agreement in its metadata."""
-        from safetensors.torch import save_file
-
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file({"feats": self.feats.contiguous(), "ids": self.ids, "offsets": self.offsets,
                    "prompt_len": self.prompt_len}, str(path),
@@ -67,8 +67,6 @@ class FeatureCache:
         Raises:
             FileNotFoundError: no file at ``path`` (run ``python -m engine.training.drafter cache``).
         """
-        from safetensors import safe_open
-
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no feature cache at {path}: run `python -m engine.training.drafter cache` first")

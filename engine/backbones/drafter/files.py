@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from engine.backbones.drafter.net import BlockDrafter, DrafterConfig
 
@@ -21,8 +22,6 @@ WEIGHTS = "drafter.safetensors"
 def save_drafter(directory: Path, drafter: BlockDrafter, base: str, minutes: float = 0.0,
                  metrics: dict | None = None, recipe: dict | None = None, chat_format: str = "chatml") -> Path:
     """Write ``config.json`` and ``drafter.safetensors`` into ``directory`` (created); returns it."""
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     cfg = {"model_type": MODEL_TYPE, "name": directory.name if directory.name != "model" else directory.parent.name,
@@ -65,9 +64,6 @@ def load_drafter_net(directory: str | Path) -> tuple[BlockDrafter, dict[str, Any
     Raises:
         ValueError: a bad config (see `read_drafter_config`), missing or mismatched weights.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     cfg = read_drafter_config(directory)
     net = BlockDrafter(DrafterConfig.from_dict(cfg["drafter"]))
     path = Path(directory) / WEIGHTS

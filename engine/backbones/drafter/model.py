@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from engine.backbones.base import BlockOutput, Capabilities
+from engine.backbones.causal_lm.adapter import SMOLLM2_SYSTEM, base_spec, load_base
 from engine.backbones.causal_lm.model import HFBlockConfig, TransformersBackbone, _cache_kwarg, count_parameters
 from engine.backbones.drafter.files import load_drafter_net
 from engine.backbones.drafter.net import BlockDrafter
@@ -147,7 +148,7 @@ class DraftedLM(TransformersBackbone):
         Raises:
             ValueError: ``batch_size != 1`` or a memory mode other than ``state``.
         """
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # local: transformers is heavy; imported when a decode starts
 
         self.check_state_args(batch_size, memory_mode, "drafter over a causal LM",
                               "the target keeps all history in its KV cache")
@@ -270,8 +271,6 @@ def load_drafter_model(directory: str | Path, device: str | torch.device = "cpu"
         engine.backbones.causal_lm.adapter.MissingBaseError: the pinned base is not installed (the
             message has the pip command).
     """
-    from engine.backbones.causal_lm.adapter import base_spec, load_base
-
     directory = Path(directory)
     net, cfg = load_drafter_net(directory)
     spec = base_spec(cfg["base"])
@@ -280,8 +279,6 @@ def load_drafter_model(directory: str | Path, device: str | torch.device = "cpu"
                             spec.eos_token_id, base=cfg["base"])
     model.chat_format = cfg.get("chat_format")
     if model.chat_format == "chatml":
-        from engine.backbones.causal_lm.adapter import SMOLLM2_SYSTEM
-
         model.chat_system = SMOLLM2_SYSTEM
     model.to(device)
     if dtype is not None:
