@@ -74,6 +74,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from engine.backbones.base import capabilities_of
+from engine.backbones.registry import model_type_of
+from engine.eval import drafter as eval_drafter
 from engine.eval.summary import summarise_agent, summarise_code, summarise_open  # re-exported (tests, notebooks)
 from engine.training.probes import open_name_probe, value_probe
 
@@ -103,7 +106,7 @@ def _decode_and_score(setting: str, idx: list[int], turns: list, max_new: int, s
     from engine.decoding.decoder import DecodeConfig
     from engine.experiments.tasks import decode_task
 
-    if SETTINGS[setting]["memory_mode"] == "state+window" and not _W["model"].config.attention_window:
+    if not capabilities_of(_W["model"]).runs(SETTINGS[setting]["memory_mode"]):  # state+window without a window
         return []
     cfg = DecodeConfig(max_new_tokens=max_new, **SETTINGS[setting])
     out = []
@@ -325,7 +328,24 @@ def _hf_model_dir(argv: list[str] | None) -> bool:
     return model is not None and read_adapter_config(model) is not None
 
 
+def _drafter_dir(argv: list[str] | None) -> bool:
+    """True when ``--model`` names a block drafter over a frozen base (`engine.eval.drafter`)."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    model = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--model"),
+                 next((a.split("=", 1)[1] for a in args if a.startswith("--model=")), None))
+    try:
+        return model is not None and model_type_of(model) == "block-drafter"
+    except ValueError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
+    if _drafter_dir(argv):
+        import sys
+
+        return eval_drafter.main(list(sys.argv[1:] if argv is None else argv))
     if _hf_model_dir(argv):
         import sys
 

@@ -137,7 +137,7 @@ def test_drafter_directory_round_trip_and_corrupt_weights(drafted, tmp_path):
     net, cfg = load_drafter_net(d)
     assert cfg["model_type"] == "block-drafter"
     for k, v in drafted.drafter.state_dict().items():
-        assert torch.equal(net.state_dict()[k], v)
+        assert torch.equal(net.state_dict()[k], v.half().float())  # stored in fp16
     (d / "drafter.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="cannot read the drafter's weights"):
         load_drafter_net(d)

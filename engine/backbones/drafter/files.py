@@ -1,6 +1,6 @@
 """A drafter's directory on disk (backbones wing, drafter family): ``config.json`` (``model_type``
 ``block-drafter``, the pinned base it drafts for, the chat format, the `DrafterConfig`) and
-``drafter.safetensors`` (the trained weights only -- the base's embeddings and LM head are read
+``drafter.safetensors`` (the trained weights only, stored in fp16 -- the base's embeddings and LM head are read
 from the pinned base, never copied).
 """
 
@@ -31,7 +31,9 @@ def save_drafter(directory: Path, drafter: BlockDrafter, base: str, minutes: flo
         cfg["heldout"] = metrics
     if recipe:
         cfg["recipe"] = recipe
-    sd = {k: v.detach().contiguous() for k, v in drafter.state_dict().items()}
+    # fp16 on disk halves the shipped file; the loader casts back into the fp32 parameters
+    sd = {k: (v.detach().half() if v.is_floating_point() else v.detach()).contiguous()
+          for k, v in drafter.state_dict().items()}
     tmp = directory / (WEIGHTS + ".tmp")
     save_file(sd, str(tmp), metadata={"format": "pt"})
     tmp.replace(directory / WEIGHTS)
