@@ -50,6 +50,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from engine.backbones.base import capabilities_of
 from engine.cost.formulas import param_counts
 from engine.cost.parallel import project_parallel
 from engine.backbones.clover.parallel_syntax import parse_parallel  # re-exported: engine.generate reads --parallel here
@@ -160,7 +161,7 @@ def shard_experts(model: torch.nn.Module, group=None) -> torch.nn.Module:
     if not dist.is_initialized():
         raise RuntimeError("shard_experts needs torch.distributed initialised (init_distributed, or torchrun)")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    E = getattr(getattr(model, "config", None), "num_experts", 0)
+    E = model.config.num_experts if capabilities_of(model).family == "clover" else 0  # routed experts: Clover's
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not E or layers is None:
         raise ValueError("shard_experts needs a Clover model with routed experts (engine.backbones.clover.model.CloverModel)")

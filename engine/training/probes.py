@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 import torch
 import torch.nn.functional as F
 
+from engine.backbones.base import capabilities_of
 from engine.backbones.clover.model import CloverModel
 
 
@@ -105,7 +106,7 @@ def value_probe(model, tokenizer, n_tasks: int = 60, block_size: int = 32) -> di
     was_training = model.training
     model.eval()
     hits: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    modes = [("window", True), ("state", False)] if model.config.attention_window else [("state", False)]
+    modes = [("window", True), ("state", False)] if capabilities_of(model).runs("state+window") else [("state", False)]
     for t in eval_tasks(n=n_tasks):
         enc = tokenizer.encode(t.prompt + t.target)
         p0, tgt = len(t.prompt), t.target
@@ -180,7 +181,7 @@ def open_name_probe(model, tokenizer, n_tasks: int = 60) -> dict:
     was_training = model.training
     model.eval()
     hits: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    modes = [("window", True), ("state", False)] if model.config.attention_window else [("state", False)]
+    modes = [("window", True), ("state", False)] if capabilities_of(model).runs("state+window") else [("state", False)]
     firsts: Counter = Counter()
     for t in eval_turns(n_tasks):
         if t.name is None:

@@ -6,8 +6,9 @@ Run: .venv/bin/python -m pytest tests/engine/test_eval_probe.py -q
 import torch
 import torch.nn.functional as F
 
-from engine.checkpoint import load_tokenizer
+from engine.backbones.base import Capabilities
 from engine.backbones.clover.config import CloverConfig
+from engine.checkpoint import load_tokenizer
 from engine.eval import value_probe
 
 TOK = load_tokenizer("models/clover-tiny")
@@ -23,6 +24,8 @@ class Oracle(torch.nn.Module):
                                       "mask_token_id": 1, "eos_token_id": 3})
         self.cheat, self.masked = cheat, []
         self.lm_head = torch.nn.Identity()
+        # what the probe asks: both memory modes run (clover-test has an attention window)
+        self.capabilities = Capabilities(family="clover", memory_modes=("state", "state+window"), cost_family="clover")
 
     def forward_train(self, clean, noisy, L, use_window):
         assert clean.shape[1] % L == 0

@@ -137,3 +137,29 @@ def test_state_window_mode_refused(tiny):
     model, _ = tiny
     with pytest.raises(ValueError, match="KV cache"):
         model.setup_state(1, "state+window")
+
+
+def test_config_has_no_clover_fields_and_old_traces_still_load(tiny, tmp_path):
+    """HFBlockConfig carries no Clover fields (what the model can do is its Capabilities); a trace saved when
+    it still had ``attention_window`` / ``num_experts`` (and no capabilities record) loads and is priced as
+    a KV-cache transformer's."""
+    import dataclasses
+
+    from engine.backbones.base import cost_family_of
+    from engine.backbones.causal_lm.model import HFBlockConfig
+    from engine.backbones.clover.config import recorded_clover_config
+    from engine.recording.trace import Trace
+
+    model, _ = tiny
+    names = {f.name for f in dataclasses.fields(HFBlockConfig)}
+    assert not names & {"attention_window", "num_experts"}
+    assert not model.capabilities.runs("state+window") and not model.capabilities.emits("expert_union")
+    r = BlockDecoder(model, None, DecodeConfig(block_size=4, threshold=0.3, max_new_tokens=8)).generate(PROMPT[:6])
+    old = {**r.trace.meta["model_config"], "attention_window": 0, "num_experts": 0}  # as such traces recorded it
+    r.trace.meta["model_config"] = old
+    del r.trace.meta["capabilities"]
+    back = Trace.load(r.trace.save(tmp_path / "old.parquet"))
+    assert back.meta["model_config"]["attention_window"] == 0 and "capabilities" not in back.meta
+    assert HFBlockConfig.from_dict(back.meta["model_config"]) == model.config
+    assert cost_family_of(back.meta.get("capabilities"), back.meta["model_config"]) == "kv_cache"
+    assert recorded_clover_config(back) is None and len(back) == r.nfe

@@ -87,9 +87,6 @@ class HFBlockConfig:
     tie_word_embeddings: bool
     num_parameters: int = 0
     backbone: str = "transformers"
-    # Clover fields the shared code paths look up; constant here.
-    attention_window: int = 0
-    num_experts: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
