@@ -24,8 +24,11 @@ share S of batches associative-recall rows (``--recall-block-size``, ``--recall-
 ``--recall-vocab``; `engine.training.rows`). The stages that made the bundled model are in
 models/clover-tiny/README.md.
 
-``--init-from`` naming a pinned pretrained base with ``--objective block-diffusion`` runs the
-transformers adaptation recipe instead (`engine.training.causal_lm`).
+One command for every training recipe (`RECIPES`): ``python -m engine.train [clover] ...`` trains
+Clover (this docstring); ``python -m engine.train causal-lm ...`` adapts a pretrained transformers
+model (`engine.training.causal_lm`; ``python -m engine.train causal-lm distill ...`` writes its data).
+``--init-from`` naming a pinned pretrained base with ``--objective block-diffusion`` still picks the
+causal-LM recipe without its name.
 
 Writes ``train_log.jsonl`` (loss, tokens/s, held-out metrics) and, every
 ``--save-every-min`` minutes and at the end, the checkpoint (``config.json``,
@@ -39,6 +42,10 @@ rows), `engine.training.masking` (noise), `engine.training.probes` (held-out met
 
 from __future__ import annotations
 
+import importlib
+import sys
+
+from engine.backbones.causal_lm.adapter import BASES
 from engine.training.loop import (AUX_WEIGHT, BLOCK_SIZE_WEIGHTS, ROW_SHAPE, WINDOW_DROP, Batch, Progress, build_parser,
                                   draw_batch, evaluate, held_out_batches, lr_at, make_optimizer, parse_args,
                                   parse_block_weights, setup_model, train_step)
@@ -51,38 +58,43 @@ from engine.training.surgery import (ATTENTION_CONV_WEIGHT, INDUCTION_TAPS, init
 
 __all__ = [  # re-exported: `from engine.train import X` keeps working
     "AGENT_SHARE", "ATTENTION_CONV_WEIGHT", "AUX_WEIGHT", "BLOCK_SIZE_WEIGHTS", "EPS", "FIRST_ORDINARY_ID", "INDUCTION_TAPS",
-    "OTHER_BLOCK_RATE", "RECALL_VOCABS", "ROW_SHAPE", "WINDOW_DROP", "Batch", "Progress", "RowSource", "build_parser",
-    "draw_batch", "easy_conversations", "evaluate", "held_out_batches", "heldout_loss", "init_induction_heads",
+    "OTHER_BLOCK_RATE", "RECALL_VOCABS", "RECIPES", "ROW_SHAPE", "WINDOW_DROP", "Batch", "Progress", "RowSource",
+    "build_parser", "draw_batch", "easy_conversations", "evaluate", "held_out_batches", "heldout_loss", "init_induction_heads",
     "lr_at", "main", "make_optimizer", "mask_blocks", "pack_conversations", "parse_args", "parse_block_weights",
     "quick_agent_eval", "setup_model", "tiny_config", "train_step", "value_probe", "with_attention_conv",
     "with_front_attention",
 ]
 
-def _hf_objective(argv: list[str] | None) -> bool:
+RECIPES: dict[str, str] = {
+    "clover": "engine.training.loop:main",
+    "causal-lm": "engine.training.causal_lm:main",
+}
+"""``python -m engine.train RECIPE ...`` -> the ``"module:main"`` that runs it (imported only when run):
+``clover`` trains a Clover model (the default); ``causal-lm`` adapts a pretrained transformers model
+(`engine.training.causal_lm`, also ``python -m engine.training.causal_lm``), ``causal-lm distill``
+writes its self-distillation data."""
+
+
+def _hf_objective(argv: list[str]) -> bool:
     """``--objective block-diffusion`` with ``--init-from`` naming a pinned pretrained base
-    (`engine.backbones.causal_lm.adapter.BASES`, e.g. ``smollm2-135m-instruct``): the transformers adaptation recipe."""
-    import sys
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "--objective" not in args and not any(a.startswith("--objective=") for a in args):
+    (`engine.backbones.causal_lm.adapter.BASES`, e.g. ``smollm2-135m-instruct``): the causal-LM recipe
+    without its name, as this command line took it before it had recipes."""
+    if "--objective" not in argv and not any(a.startswith("--objective=") for a in argv):
         return False
-    from engine.backbones.causal_lm.adapter import BASES
-
-    return any(a in BASES or a.split("=", 1)[-1] in BASES for a in args)
+    return any(a in BASES or a.split("=", 1)[-1] in BASES for a in argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line: `engine.training.causal_lm.main` for an adaptation run (`_hf_objective`), else
-    `engine.training.loop.main`."""
-    if _hf_objective(argv):  # adapting a pretrained transformers model: engine.training.causal_lm
-        import sys
-
-        from engine.training.causal_lm import main as hf_main
-
-        return hf_main(list(sys.argv[1:] if argv is None else argv))
-    from engine.training.loop import main as train_main
-
-    return train_main(argv)
+    """``python -m engine.train [RECIPE] ...``: run the recipe its first word names (`RECIPES`); without
+    one, ``causal-lm`` for an adaptation run (`_hf_objective`), else ``clover``. The recipe parses the
+    rest (``python -m engine.train causal-lm --help`` shows its flags)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in RECIPES:
+        recipe, args = args[0], args[1:]
+    else:
+        recipe = "causal-lm" if _hf_objective(args) else "clover"
+    module, _, func = RECIPES[recipe].partition(":")
+    return getattr(importlib.import_module(module), func)(args)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
     # 1. self-distillation data: the base's own greedy answers (cached under runs/, resumable)
     python -m engine.training.causal_lm distill --out runs/smollm2/distill.jsonl --n 600 --threads 1
-    # 2. adaptation (also reachable as `python -m engine.train --init-from smollm2-135m-instruct ...`)
+    # 2. adaptation (also `python -m engine.train causal-lm ...`, or `python -m engine.train --init-from
+    #    smollm2-135m-instruct --objective block-diffusion ...`; step 1 also `python -m engine.train causal-lm distill`)
     python -m engine.train --init-from smollm2-135m-instruct --objective block-diffusion \\
         --out runs/smollm2-bd --data runs/smollm2/distill.jsonl --minutes 70 --threads 1 [--resume]
 
@@ -48,7 +49,8 @@ Data: the self-distillation file (``distill``: prompts from
 (autocast bf16, fused AdamW).
 
 Training wing. This module is the recipe's training loop (`train`) and its command line
-(``python -m engine.training.causal_lm [distill]``); the jobs it drives are
+(``python -m engine.train causal-lm [distill]``, the ``causal-lm`` row of `engine.train.RECIPES`;
+``python -m engine.training.causal_lm [distill]`` is the same command); the jobs it drives are
 `engine.training.causal_lm_objective` (examples and losses), `engine.training.causal_lm_data`
 (the distill file and the example stream) and `engine.training.causal_lm_lora` (LoRA and the
 adapter directory).

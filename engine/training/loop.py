@@ -84,7 +84,10 @@ def parse_block_weights(spec: str) -> dict[int, float]:
 def build_parser() -> argparse.ArgumentParser:
     from engine.threads import add_threads_argument
 
-    ap = argparse.ArgumentParser(prog="python -m engine.train", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m engine.train", description=__doc__.splitlines()[0],
+                                 epilog="This is the clover recipe, the default (python -m engine.train [clover] ...); "
+                                        "python -m engine.train causal-lm --help shows the recipe that adapts a "
+                                        "pretrained transformers model (engine.train.RECIPES).")
     ap.add_argument("--out", type=Path, default=Path("runs/clover-train"),
                     help="output checkpoint directory (default runs/clover-train, never the bundled model; "
                          "an existing checkpoint there is refused unless --resume or --overwrite)")

@@ -35,7 +35,7 @@ def _capture_parser(monkeypatch, module: str, argv: list[str]) -> argparse.Argum
     return built.value.parser
 
 
-# (module, argv that reaches its parser): engine.train --objective block-diffusion --init-from <a pinned base>
+# (module, argv that reaches its parser): engine.train causal-lm (or --objective block-diffusion --init-from <a pinned base>)
 # and engine.eval on a transformers model dispatch to engine.training.causal_lm / engine.eval.chat, listed by their own name.
 CLIS = [
     ("engine.generate", []),
@@ -43,6 +43,8 @@ CLIS = [
     ("engine.eval.chat", []),
     ("engine.sweep", []),
     ("engine.train", []),
+    ("engine.train", ["causal-lm"]),
+    ("engine.train", ["causal-lm", "distill"]),
     ("engine.training.causal_lm", []),
     ("engine.training.causal_lm", ["distill"]),
     ("engine.checkpoint", []),
