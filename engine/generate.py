@@ -58,10 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="forwards allowed per block; the last writes every slot still masked (forced fills); "
                         "default: until the block is full")
     p.add_argument("--policy", default="low_confidence",
-                   choices=["low_confidence", "top_k", "margin", "entropy", "factor"],
+                   choices=["low_confidence", "top_k", "margin", "entropy", "factor", "verify"],
                    help="which slots a forward accepts: low_confidence (confidence >= --threshold), top_k "
                         "(--tokens-per-step slots), margin (top-1 minus top-2 >= --threshold), entropy "
-                        "(<= --max-entropy), factor (Fast-dLLM, --factor); default %(default)s")
+                        "(<= --max-entropy), factor (Fast-dLLM, --factor); verify: a block drafter proposes "
+                        "--block-size - 1 tokens and its frozen base keeps the longest prefix it would write "
+                        "itself (models/smollm2-drafter; lossless); default %(default)s")
     p.add_argument("--tokens-per-step", type=int, default=2, help="slots written per step by --policy top_k")
     p.add_argument("--max-entropy", type=float, default=0.5, help="entropy bound (nats) of --policy entropy")
     p.add_argument("--factor", type=float, default=1.0, help="Fast-dLLM factor of --policy factor")
@@ -258,7 +260,7 @@ def _policy_label(dc) -> str:
     """The policy and the one setting it reads (``threshold`` only for the policies that use it)."""
     setting = {"low_confidence": f"threshold={dc.threshold}", "margin": f"threshold={dc.threshold}",
                "top_k": f"tokens_per_step={dc.tokens_per_step}", "entropy": f"max_entropy={dc.max_entropy}",
-               "factor": f"factor={dc.factor}"}[dc.policy]
+               "factor": f"factor={dc.factor}", "verify": "(the target verifies each drafted block)"}[dc.policy]
     return f"policy={dc.policy} {setting}"
 
 

@@ -49,6 +49,7 @@ from engine.recording.events import BlockEnd, BlockStart, StepEvent
 from engine.backbones.clover.model import CloverModel
 from engine.decoding.config import DecodeConfig, DecodeResult, prompt_token_ids
 from engine.decoding.hooks import Hook, HookRegistry
+from engine.decoding.verify import generate_verified
 from engine.decoding.step import BlockSlots, SlotSelector, StepDecision, finished_tokens, split_prompt
 from kernels.confidence import top_candidates
 
@@ -186,6 +187,12 @@ class BlockDecoder(HookRegistry):
             for fn in observers:
                 fn(ev)
 
+        if dc.policy == "verify":  # a drafter proposes, the target verifies: its own loop
+            if not self.capabilities.drafts:
+                raise ValueError(f"policy 'verify' needs a model that drafts blocks for a target to verify "
+                                 f"(a block drafter, model_type 'block-drafter'); {getattr(self.model, 'model_id', 'this model')} "
+                                 "does not -- choose a slot policy such as 'low_confidence'")
+            return generate_verified(self, ids, dc, observers, is_cancelled, trace)
         state = self.model.setup_state(1, dc.memory_mode)
         undeclared = {name: None for name in OBSERVABLES if not self.capabilities.emits(name)}
         meter = (CostMeter(cfg, self.model.dtype.itemsize, dc.memory_mode, state.window, block_size, self.capabilities)

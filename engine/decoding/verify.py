@@ -39,7 +39,7 @@ import torch
 
 from engine.cost.meter import CostMeter
 from engine.decoding.config import DecodeConfig, DecodeResult
-from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
+from engine.recording.events import BlockEnd, BlockStart, StepEvent
 from kernels.confidence import top_candidates
 
 
@@ -181,19 +181,15 @@ def generate_verified(decoder, ids: list[int], dc: DecodeConfig, observers: list
     elif cancelled:
         stop_reason = "cancelled"
     wall_s = time.perf_counter() - t_start
-    tpf = len(generated) / nfe if nfe else 0.0
     n_target = nfe  # tokens the target wrote itself: the first token and one per round (events: ``forced``)
-    bytes_read = None if meter is None else meter.bytes_read
-    flops = None if meter is None else meter.flops
+    result = VerifyResult.finished(
+        generated, ids, nfe, n_target, wall_s, stop_reason, decoder.tokenizer, trace=trace,
+        bytes_read=None if meter is None else meter.bytes_read, flops=None if meter is None else meter.flops,
+        observer_s=observer_s, draft_forwards=draft_forwards, accepted_lengths=accepted_lengths,
+        drafted=drafted_counts)
     if observers:
-        emit(DecodeEnd(np.asarray(generated, dtype=np.int64), nfe, tpf, n_target, wall_s, stop_reason, bytes_read, flops,
-                       observer_s=observer_s))
+        emit(result.end_event())
     if trace is not None:
         trace.meta["verify"] = {"draft_forwards": draft_forwards, "accepted_lengths": accepted_lengths,
                                 "drafted": drafted_counts}
-    text = decoder.tokenizer.decode(generated) if decoder.tokenizer is not None else ""
-    return VerifyResult(text=text, tokens=generated, prompt_ids=ids, nfe=nfe, tokens_per_forward=tpf, n_forced=n_target,
-                        wall_s=wall_s, tokens_per_s=len(generated) / wall_s if wall_s > 0 else 0.0,
-                        stop_reason=stop_reason, trace=trace, bytes_read=bytes_read, flops=flops,
-                        observer_s=observer_s, draft_forwards=draft_forwards, accepted_lengths=accepted_lengths,
-                        drafted=drafted_counts)
+    return result
