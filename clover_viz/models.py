@@ -3,7 +3,8 @@ the notebooks and the benchmarks all load through here (one loader, one cache, o
 
 * `resolve_model(text)` turns what a user typed (a checkpoint directory, a bundled
   model's name, ``"clover-test"``) into a hashable `ModelSpec` without loading anything.
-* `build_model(spec)` loads it (slow); `load_model_cached(spec)` does so once per process.
+* `build_model(spec)` loads it (slow); `load_model_cached(spec)` does so once per process, holding at
+  most `MODEL_CACHE_SIZE` models (the least recently used is unloaded and marked ``evicted``).
 * `load_demo_model()` is the notebooks' and benchmarks' entry point: the bundled model, or
   the labelled random stand-in.
 * `LoadedModel.in_memory(model, tokenizer)` wraps a model a notebook already holds.
@@ -30,9 +31,12 @@ import dataclasses
 import os
 import threading
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from clover_viz import limits
+from clover_viz.limits import inside_roots, outside_roots
 from engine.backbones.base import Capabilities, capabilities_of
 from engine.checkpoint import DEFAULT_MODEL_DIR, file_as_model_dir  # one place for the default and the message
 
@@ -41,7 +45,7 @@ RANDOM_MODEL_NAME = "clover-test"
 RANDOM_MODEL_LABEL = "random clover-test (no trained model found)"
 RANDOM_MODEL_SEED = 0
 DEV_WEIGHT_SCALE = 15.0
-MODEL_CACHE_SIZE = 4  # models kept per process (oldest dropped first)
+MODEL_CACHE_SIZE = 4  # models held or being built per process, at most (least recently used unloaded first)
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class LoadedModel:
 
     ``decoder``: an ``engine.decoding.decoder.BlockDecoder`` over this model to decode with instead
     of a new one (a notebook handed one over; its registered hooks then fire too), or None.
+    ``evicted``: set by the model cache when it dropped this model to make room
+    (`load_model_cached`); a session holding it reloads before its next decode.
     """
 
     spec: ModelSpec
@@ -77,6 +83,18 @@ class LoadedModel:
     tokenizer: Any
     label: str
     decoder: Any = None
+    evicted: bool = dataclasses.field(default=False, compare=False)
+
+    @property
+    def holds_weights(self) -> bool:
+        """False for what `unloaded` returns."""
+        return not isinstance(self.model, _Unloaded)
+
+    def unloaded(self) -> LoadedModel:
+        """This model's description without its weights (config, id, capabilities, label, tokenizer): what a
+        session keeps of an evicted model, so the memory is freed while the page still names it."""
+        return dataclasses.replace(self, model=_Unloaded(self.config, self.model_id, self.capabilities),
+                                   decoder=None, evicted=True)
 
     @property
     def config(self) -> Any:
@@ -119,6 +137,15 @@ class LoadedModel:
         return loaded
 
 
+@dataclass(frozen=True)
+class _Unloaded:
+    """What `LoadedModel` reads from a model that was unloaded (`LoadedModel.unloaded`)."""
+
+    config: Any
+    model_id: str
+    capabilities: Capabilities
+
+
 def bundled_models() -> list[str]:
     """Names of the models shipped in the repository's ``models/`` (directories holding a
     ``config.json``), the default one first."""
@@ -128,16 +155,23 @@ def bundled_models() -> list[str]:
     return sorted(names, key=lambda n: n != default)
 
 
-def resolve_model(model_dir: str, dev_sharpen_random: bool = False) -> ModelSpec:
+def resolve_model(model_dir: str, dev_sharpen_random: bool = False,
+                  roots: Sequence[Path] | None = None) -> ModelSpec:
     """Turn the model-directory text into a `ModelSpec` (no loading).
 
     Relative paths are tried against the working directory, then the repository root; a bare
     name also as a bundled model, ``models/<name>`` (``clover-tiny``, ``smollm2-bd``).
 
+    Args:
+        roots: the served app's model roots (`clover_viz.limits.model_roots`): only places inside
+            them are looked at (after resolving symlinks, ``..`` and ``~``), and a text naming none
+            gets one message whether or not it exists (`clover_viz.limits.OUTSIDE_ROOTS`). A bundled
+            model's name always works. None (notebooks, the command line): any path.
+
     Raises:
         ValueError: for a directory that does not exist (other than the default one), a file
             (`engine.checkpoint.file_as_model_dir`, the command line's message) or a directory
-            without ``config.json``, saying what to pass instead.
+            without ``config.json``, saying what to pass instead; with ``roots``, for a path outside them.
     """
     text = (model_dir or "").strip()
     scale = DEV_WEIGHT_SCALE if dev_sharpen_random else 1.0
@@ -152,6 +186,12 @@ def resolve_model(model_dir: str, dev_sharpen_random: bool = False) -> ModelSpec
     candidates = [path] if path.is_absolute() else [Path.cwd() / path, REPO_ROOT / path]
     if not path.is_absolute() and len(path.parts) == 1:  # a bundled model by name: "smollm2-bd"
         candidates.append(REPO_ROOT / "models" / path)
+    if roots is not None:  # the served app: nothing outside its roots is looked at, nor said to exist
+        if text in bundled_models():
+            candidates = [REPO_ROOT / "models" / text]
+        candidates = [p for p in candidates if inside_roots(p, roots)]
+        if not candidates:
+            raise ValueError(outside_roots(roots, bundled_models()))
     found = next((p for p in candidates if p.is_dir()), None)
     if found is None:
         a_file = next((p for p in candidates if p.is_file()), None)
@@ -240,36 +280,87 @@ def _shown_path(path: str) -> str:
 DEVICE = os.environ.get("CLOVER_DEVICE", "").strip() or "cpu"
 """Torch device the explorer's models decode on (``CLOVER_DEVICE``: ``cpu``, ``cuda``, ``cuda:1`` ...)."""
 
-_MODEL_CACHE: dict[ModelSpec, LoadedModel] = {}
-_MODEL_CACHE_LOCK = threading.Lock()  # guards the two dicts only; never held while a model builds
-_BUILD_LOCKS: dict[ModelSpec, threading.Lock] = {}  # one per spec: a second caller waits for the same build
+_MODEL_CACHE: dict[ModelSpec, LoadedModel] = {}  # least recently used first
+_SLOTS = threading.Condition()  # guards the dicts below; never held while a model builds
+_BUILDING: dict[ModelSpec, int] = {}  # spec -> weight bytes reserved by its build under way
+_WAITERS: dict[ModelSpec, int] = {}  # spec -> callers waiting for its build (a cancelled build still serves them)
 
 
-def load_model_cached(spec: ModelSpec) -> LoadedModel:
+class LoadCancelled(RuntimeError):
+    """A load given up because its caller went away (`load_model_cached`'s ``cancel``)."""
+
+
+def load_model_cached(spec: ModelSpec, cancel: threading.Event | None = None,
+                      check_memory: bool = False) -> LoadedModel:
     """`build_model` once per process and spec (sessions share models; decoding never mutates them).
 
-    Keeps the last `MODEL_CACHE_SIZE` specs loaded (the oldest is dropped first). Thread-safe: a
-    model being built (SmolLM2's first load takes ~1 min) holds only its own spec's lock, so a
-    model already cached is returned at once to every other caller (another browser session),
-    and two callers asking for the same new spec share one build.
+    At most `MODEL_CACHE_SIZE` models are held or being built at once, process-wide: a new one
+    first unloads the least recently used (marked ``evicted``; a session holding it reloads before
+    its next decode), and when every place is taken by a build under way, it waits for one. Two
+    callers asking for the same spec share one build; a model already cached is returned at once
+    to every other caller (another browser session) while some other model builds.
+
+    Args:
+        cancel: set when the caller has gone (a closed tab): a wait ends with `LoadCancelled`, and a
+            build that finishes for nobody else is thrown away rather than cached. A build already
+            running is not interrupted (torch cannot stop mid-read).
+        check_memory: refuse a model whose weights would not fit in the free memory
+            (`clover_viz.limits.check_memory`; the served app), before anything is allocated.
+
+    Raises:
+        LoadCancelled: ``cancel`` was set.
+        clover_viz.limits.NotEnoughMemory: with ``check_memory``.
     """
-    with _MODEL_CACHE_LOCK:
-        hit = _MODEL_CACHE.get(spec)
-        if hit is not None:
-            return hit
-        build_lock = _BUILD_LOCKS.setdefault(spec, threading.Lock())
-    with build_lock:
-        with _MODEL_CACHE_LOCK:
-            hit = _MODEL_CACHE.get(spec)
-        if hit is not None:  # built by the caller this one waited for
-            return hit
+    with _SLOTS:
+        while True:
+            hit = _MODEL_CACHE.pop(spec, None)
+            if hit is not None:
+                _MODEL_CACHE[spec] = hit  # most recently used: last
+                return hit
+            if spec not in _BUILDING:
+                if len(_MODEL_CACHE) + len(_BUILDING) < MODEL_CACHE_SIZE:
+                    break
+                if _MODEL_CACHE:
+                    _MODEL_CACHE.pop(next(iter(_MODEL_CACHE))).evicted = True
+                    continue
+            _WAITERS[spec] = _WAITERS.get(spec, 0) + 1  # for its own build under way, or for a place
+            try:
+                _SLOTS.wait(0.25)
+            finally:
+                _WAITERS[spec] -= 1
+                if not _WAITERS[spec]:
+                    del _WAITERS[spec]
+            if cancel is not None and cancel.is_set():
+                raise LoadCancelled(f"the load of {spec.path or spec.kind} was cancelled: its session closed")
+        _BUILDING[spec] = 0
+    try:
+        if check_memory and spec.kind == "checkpoint":
+            need = limits.weight_bytes(spec.path)
+            with _SLOTS:
+                limits.check_memory(f"{Path(spec.path).name} ({_shown_path(spec.path)})", need, sum(_BUILDING.values()))
+                _BUILDING[spec] = need
         loaded = build_model(spec)
-        with _MODEL_CACHE_LOCK:
-            while len(_MODEL_CACHE) >= MODEL_CACHE_SIZE:
-                _MODEL_CACHE.pop(next(iter(_MODEL_CACHE)))
-            _MODEL_CACHE[spec] = loaded
-            _BUILD_LOCKS.pop(spec, None)
-        return loaded
+    except BaseException:
+        with _SLOTS:
+            del _BUILDING[spec]
+            _SLOTS.notify_all()
+        raise
+    with _SLOTS:
+        del _BUILDING[spec]
+        _SLOTS.notify_all()
+        if cancel is not None and cancel.is_set() and not _WAITERS.get(spec):
+            raise LoadCancelled(f"the load of {spec.path or spec.kind} was cancelled: its session closed")
+        while len(_MODEL_CACHE) + len(_BUILDING) >= MODEL_CACHE_SIZE and _MODEL_CACHE:
+            _MODEL_CACHE.pop(next(iter(_MODEL_CACHE))).evicted = True
+        _MODEL_CACHE[spec] = loaded
+        _SLOTS.notify_all()
+    return loaded
+
+
+def cached_models() -> list[ModelSpec]:
+    """The specs the process holds loaded now, least recently used first."""
+    with _SLOTS:
+        return list(_MODEL_CACHE)
 
 
 def load_demo_model(model_dir: str | Path = DEFAULT_MODEL_DIR, allow_fallback: bool = True) -> LoadedModel:
@@ -309,9 +400,11 @@ __all__ = [
     "RANDOM_MODEL_NAME",
     "RANDOM_MODEL_SEED",
     "REPO_ROOT",
+    "LoadCancelled",
     "LoadedModel",
     "ModelSpec",
     "build_model",
+    "cached_models",
     "load_demo_model",
     "load_model_cached",
     "resolve_model",

@@ -98,7 +98,7 @@ class SessionCost:
         if self.running:
             self.error = "Break-even not measured: a decode is running; measure when it has ended (or Stop it)."
             return None
-        loaded = self._loaded or self.load_model()
+        loaded = self._loaded if self._loaded is not None and self._loaded.holds_weights else self.load_model()
         key = self._break_even_key()
         if loaded is None or key is None:
             return None

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clover_viz import models
 from clover_viz.examples import EXAMPLE_PROMPTS, YOUR_PROMPT, examples_for
 from clover_viz.models import LoadedModel, resolve_model
 from engine.checkpoint import best_memory_mode
@@ -51,7 +52,7 @@ class SessionModels:
             loaded = self._given
         else:
             try:
-                spec = resolve_model(self.model_dir, self.dev_sharpen_random)
+                spec = resolve_model(self.model_dir, self.dev_sharpen_random, roots=self._model_roots)
                 loaded = self._loader(spec)
             except (ValueError, TypeError, OSError) as exc:
                 self._load_failed(exc)
@@ -67,7 +68,7 @@ class SessionModels:
         if not self.running:
             self.status = "no model loaded: fix the model directory, or pick a bundled model"
 
-    def start_load(self) -> bool:
+    def start_load(self, note: str = "") -> bool:
         """Load `model_dir` in a background thread (the served app: a first load of SmolLM2 takes
         about a minute, and the server's event loop -- every other browser session's decode and
         redraws -- must not wait for it). `loading` is True and `status` counts the seconds until
@@ -75,19 +76,20 @@ class SessionModels:
 
         A Generate pressed meanwhile decodes once the model is ready. A second call (another model
         picked) supersedes the first: only the newest load is applied. Returns False (and sets
-        `error`) when `model_dir` names no model; no thread is started then.
+        `error`) when `model_dir` names no model; no thread is started then. ``note`` leads the
+        status line while it loads (why it loads again).
         """
         if self._closed:
             return False
         self._given = None
         try:
-            spec = resolve_model(self.model_dir, self.dev_sharpen_random)
+            spec = resolve_model(self.model_dir, self.dev_sharpen_random, roots=self._model_roots)
         except (ValueError, TypeError, OSError) as exc:
             self._pending_load = None
             self.loading = False
             self._load_failed(exc)
             return False
-        box: dict[str, Any] = {"spec": spec, "model_dir": self.model_dir, "t0": time.monotonic()}
+        box: dict[str, Any] = {"spec": spec, "model_dir": self.model_dir, "t0": time.monotonic(), "note": note}
         loader = self._loader
 
         def work() -> None:
@@ -103,7 +105,7 @@ class SessionModels:
         self.loading = True
         self.model_ok = False
         self.model_label = f"loading {self._model_name()} ..."
-        self.status = f"loading {self._model_name()} ..."
+        self.status = f"{note}loading {self._model_name()} ..."
         box["thread"].start()
         return True
 
@@ -117,7 +119,7 @@ class SessionModels:
             return
         if box["thread"].is_alive():
             secs = int(time.monotonic() - box["t0"])
-            status = f"loading {self._model_name()} ... {secs} s"
+            status = f"{box['note']}loading {self._model_name()} ... {secs} s"
             if secs >= 5:
                 status += " (a first load of a SmolLM2 model dequantises its base: about a minute)"
             if self.status != status and not self.running:
@@ -138,6 +140,27 @@ class SessionModels:
         if self._generate_when_loaded:
             self._generate_when_loaded = False
             self.generate()
+
+    def _drop_evicted(self) -> None:
+        """UI thread: let go of a model the process cache unloaded (`clover_viz.models.load_model_cached`)
+        so its memory is freed; the page keeps naming it, and the next decode reloads it
+        (`_reload_evicted`). A running decode keeps its model until it ends."""
+        loaded = self._loaded
+        if loaded is not None and loaded.evicted and loaded.holds_weights and not self.running:
+            self._loaded = loaded.unloaded()
+
+    def _reload_evicted(self) -> bool:
+        """Before a decode in the served app: when the session's model was unloaded to make room for
+        other sessions' models, say so and reload it in the background; the decode starts once it is
+        loaded. Returns True when a reload was started (the caller decodes no further now)."""
+        loaded = self._loaded
+        if not (self.background_loads and self._given is None and loaded is not None and loaded.evicted):
+            return False
+        note = (f"{loaded.label} was unloaded to make room for other visitors' models (this server keeps "
+                f"{models.MODEL_CACHE_SIZE} at a time); ")
+        if self.start_load(note=note):
+            self._generate_when_loaded = True
+        return True
 
     def _apply_loaded(self, loaded: LoadedModel, adjust_mode: bool) -> LoadedModel:
         """Make ``loaded`` the session's model: label, examples, memory-mode advice (UI thread)."""

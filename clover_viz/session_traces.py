@@ -22,6 +22,7 @@ from pathlib import Path
 
 import param
 
+from clover_viz.limits import size_text
 from clover_viz.runs import model_of
 from engine.recording.trace import Trace
 
@@ -70,6 +71,10 @@ class SessionTraces:
         """
         if isinstance(source, Trace):
             loaded = source
+        elif isinstance(source, (bytes, bytearray)) and self.max_upload_bytes is not None \
+                and len(source) > self.max_upload_bytes:
+            self.refuse_upload(name or "the uploaded file", len(source))
+            return False
         else:
             label = name or ("the uploaded file" if isinstance(source, (bytes, bytearray)) else Path(source).name)
             path: Path | None = None
@@ -108,6 +113,13 @@ class SessionTraces:
         finally:
             self._quiet = False
         return True
+
+    def refuse_upload(self, name: str, size_bytes: int) -> None:
+        """Say that an upload over `max_upload_bytes` was not loaded (the page stays as it was); the
+        browser calls this for a file it did not send (`clover_viz.panel_settings`)."""
+        limit = self.max_upload_bytes or 0
+        self.error = (f"Trace not loaded: {name!r} is {size_text(int(size_bytes))}; this server takes trace files "
+                      f"up to {size_text(limit)}." + (" The run on display is unchanged." if self.trace is not None else ""))
 
     def _settings_note(self, trace: Trace, taken: list[str], left: list[str]) -> str:
         """The status line's account of `_take_trace_settings`: what was taken, what not, and the model

@@ -182,6 +182,9 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
     repetition_penalty = param.Number(default=2.0, bounds=(0.1, 20.0), doc="Logit penalty when on.")
     eos_bias = param.Boolean(default=False, doc="Progressive EOS bias past a soft length limit (model card).")
     eos_soft_limit = param.Integer(default=96, bounds=(0, 4096), doc="Generated tokens before EOS is favoured.")
+    max_upload_bytes = param.Integer(default=None, allow_None=True, bounds=(0, None), doc=(
+        "Largest trace file `load_trace` takes as bytes (an upload; the served app: "
+        "`clover_viz.limits.MAX_TRACE_UPLOAD_BYTES`); None: no limit."))
     auto_redecode = param.Boolean(default=True, doc=(
         "Re-decode when threshold or block_size changes (sliders set them on release)."))
 
@@ -230,9 +233,11 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
 
     generate_button: str = "Generate"  # what the front end calls its decode button (the notebook's: "Decode")
 
-    def __init__(self, loader: Any = None, **params: Any) -> None:
+    def __init__(self, loader: Any = None, model_roots: Any = None, **params: Any) -> None:
         super().__init__(**params)
         self._loader = loader or load_model_cached
+        # the served app's model roots (`clover_viz.limits.model_roots`); None: any path (notebooks, scripts)
+        self._model_roots = None if model_roots is None else tuple(model_roots)
         self._loaded: LoadedModel | None = None
         self._trained_block: int | None = None  # set by load_model
         self._given: LoadedModel | None = None  # set by use_model: decode with it, not model_dir
@@ -276,6 +281,8 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
             self._generate_when_loaded = True
             self.status = f"loading {self._model_name()} ... the decode starts when it is loaded"
             return True
+        if self._reload_evicted():  # the served app unloaded this session's model for another's
+            return True
         loaded = self.load_model(adjust_mode=False)
         if loaded is None:
             return False
@@ -316,6 +323,8 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
                   "capabilities": loaded.capabilities.to_dict()},
         )
         events = self._events
+        # one decode per session at a time: a superseded one ends after its current forward, then this one starts
+        before = self._run.thread if self._run is not None else None
 
         def hook(ev: Any, _rid: int = run.run_id) -> None:
             if isinstance(ev, StepEvent):
@@ -324,6 +333,8 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
 
         def work() -> None:
             try:
+                if before is not None:
+                    before.join()
                 decoder.generate(prompt_ids, hooks=[hook], record_trace=False, cancel=run.cancel, config=dc)
             except Exception as exc:  # noqa: BLE001  (any failure is reported on the UI thread by drain())
                 events.put((run.run_id, "error", exc))
@@ -468,6 +479,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         advance playback by ``dt`` seconds."""
         self._poll_load()
         self.drain()
+        self._drop_evicted()
         if not self.playing:
             return
         if self.n_steps == 0:
