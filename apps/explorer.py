@@ -20,6 +20,14 @@ Environment:
 * ``CLOVER_DEVICE`` -- torch device to decode on (default ``cpu``; ``cuda`` on a GPU machine).
 * ``CLOVER_DEV_SHARPEN=1`` -- development option: start with the random model's
   weights multiplied by 15 so that its confidences look like a trained model's.
+* ``CLOVER_MODEL_ROOTS`` (``os.pathsep``-separated) or ``--args --model-root DIR`` (repeatable) -- where
+  a visitor may load models from (default: ``./runs`` and ``./models`` of the start directory; the
+  bundled models always). Paths outside are refused with one message (`clover_viz.limits`).
+* ``CLOVER_MAX_UPLOAD_MB`` -- largest trace upload (default 12; above ~15 also pass
+  ``--websocket-max-message-size`` to ``panel serve``: `clover_viz.limits.websocket_bytes_for`).
+
+Serving to others (a class): README, "Serving the explorer to others" -- model roots, memory checked
+before a load, the upload limit, one decode per session, at most `MODEL_CACHE_SIZE` models loaded.
 
 Importable without serving (tests do): `create_app()` builds one session's template.
 Layout follows the Panel gallery order: constants -> extension -> cached model
@@ -28,7 +36,10 @@ loading -> views -> template -> ``servable()`` only when served.
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
+import threading
 import time
 from typing import Any
 
@@ -42,13 +53,21 @@ DEV_SHARPEN = os.environ.get("CLOVER_DEV_SHARPEN", "") not in ("", "0")
 
 import panel as pn  # noqa: E402
 
-from clover_viz.models import DEFAULT_MODEL_DIR, LoadedModel, ModelSpec, load_model_cached  # noqa: E402
+from clover_viz.limits import (  # noqa: E402
+    MAX_TRACE_UPLOAD_BYTES,
+    model_roots,
+    upload_limit_for_socket,
+    websocket_limit_bytes,
+)
+from clover_viz.models import REPO_ROOT, DEFAULT_MODEL_DIR, LoadedModel, ModelSpec, load_model_cached  # noqa: E402
 from clover_viz.panel_views import ExplorerApp  # noqa: E402
 from clover_viz.state import ExplorerState  # noqa: E402
 from panel.io.resources import CDN_DIST  # noqa: E402
 from panel.theme.fast import Fast  # noqa: E402
 
 MODEL_DIR = os.environ.get("CLOVER_MODEL_DIR", DEFAULT_MODEL_DIR)
+# where visitors may load models from: --model-root (after --args) / CLOVER_MODEL_ROOTS, else ./runs, ./models
+MODEL_ROOTS = model_roots(sys.argv[1:] if pn.state.served else (), bundled=REPO_ROOT / "models")
 
 # ------------------------------------------------------------------------------ extension
 pn.extension("plotly", notifications=True, sizing_mode="stretch_width")
@@ -69,8 +88,10 @@ class OfflineFast(Fast):
 
 
 # ------------------------------------------------------------------------------ cached model loading
-def load_model(spec: ModelSpec) -> LoadedModel:
-    """One model per spec for the whole server process (the cache of `clover_viz.models`).
+def load_model(spec: ModelSpec, cancel: threading.Event | None = None) -> LoadedModel:
+    """One model per spec for the whole server process (the cache of `clover_viz.models`: at most
+    `MODEL_CACHE_SIZE` loaded, the least recently used unloaded first), refused before loading when
+    its weights would not fit in the free memory; ``cancel`` (the session closed) gives the load up.
 
     Sessions share the model; decoding never mutates it. Serving also pins torch to
     `TORCH_THREADS` CPU threads.
@@ -79,12 +100,13 @@ def load_model(spec: ModelSpec) -> LoadedModel:
 
     if TORCH_THREADS > 0 and torch.get_num_threads() != TORCH_THREADS:
         torch.set_num_threads(TORCH_THREADS)
-    return load_model_cached(spec)
+    return load_model_cached(spec, cancel=cancel, check_memory=True)
 
 
 # ------------------------------------------------------------------------------ views + template
 def create_app(model_dir: str | None = None, dev_sharpen_random: bool | None = None,
-               start_callbacks: bool = True, loader: Any = None, **settings: Any) -> pn.template.FastListTemplate:
+               start_callbacks: bool = True, loader: Any = None, model_roots: Any = None,
+               **settings: Any) -> pn.template.FastListTemplate:
     """Build one session: state, views, template; start its periodic callback when served.
 
     Served, the session's models load in a background thread (`ExplorerState.start_load`): a
@@ -95,12 +117,18 @@ def create_app(model_dir: str | None = None, dev_sharpen_random: bool | None = N
         model_dir: model directory (default `MODEL_DIR`).
         dev_sharpen_random: the dev option of `ExplorerState` (default from ``CLOVER_DEV_SHARPEN``).
         start_callbacks: start the per-session periodic callback (needs a server session).
-        loader: ``ModelSpec -> LoadedModel`` (default `load_model`: the process-wide cache).
-        **settings: other `ExplorerState` parameters (``max_new_tokens=32`` ...).
+        loader: ``ModelSpec -> LoadedModel`` (default `load_model`: the process-wide cache, given up
+            when the session closes).
+        model_roots: where models may be loaded from (default `MODEL_ROOTS`).
+        **settings: other `ExplorerState` parameters (``max_new_tokens=32`` ...; ``max_upload_bytes``
+            defaults to `MAX_TRACE_UPLOAD_BYTES`).
     """
+    closed = threading.Event()  # set when the session ends: its load under way is given up
+    settings.setdefault("max_upload_bytes", MAX_TRACE_UPLOAD_BYTES)
     state = ExplorerState(
-        loader=loader or load_model, model_dir=model_dir or MODEL_DIR,
-        dev_sharpen_random=DEV_SHARPEN if dev_sharpen_random is None else dev_sharpen_random, **settings,
+        loader=loader or functools.partial(load_model, cancel=closed), model_dir=model_dir or MODEL_DIR,
+        dev_sharpen_random=DEV_SHARPEN if dev_sharpen_random is None else dev_sharpen_random,
+        model_roots=MODEL_ROOTS if model_roots is None else model_roots, **settings,
     )
     served = start_callbacks and pn.state.curdoc is not None and pn.state.curdoc.session_context is not None
     if served:
@@ -137,7 +165,19 @@ def create_app(model_dir: str | None = None, dev_sharpen_random: bool | None = N
 
         callback = pn.state.add_periodic_callback(tick, period=TICK_MS)
 
+        def arm_uploads() -> None:
+            # the page is drawn: refuse files over the limit in the browser, and within what this
+            # server's websocket carries (panel serve --websocket-max-message-size; Bokeh's default 20 MB)
+            socket = websocket_limit_bytes(context)
+            limit = state.max_upload_bytes
+            if socket is not None and limit is not None and upload_limit_for_socket(socket) < limit:
+                limit = upload_limit_for_socket(socket)
+            app.sidebar.arm_upload_limit(limit)
+
+        pn.state.onload(arm_uploads)
+
         def end_session(_context: Any) -> None:
+            closed.set()
             callback.stop()
             state.close()
 

@@ -11,18 +11,46 @@ Tests: ``.venv/bin/python -m pytest tests/apps/test_explorer_app.py -q``
 from __future__ import annotations
 
 import html
+import json
 from pathlib import Path
 from typing import Any
 
 import panel as pn
 import param
 
+from clover_viz.limits import size_text
 from clover_viz.models import bundled_models
 from clover_viz.panel_controls import clear_after_pick
 from clover_viz.state import ExplorerState
 
 MONO = "JetBrains Mono, Menlo, Consolas, monospace"
 MAX_PROMPT_CHARS = 2_000_000  # the prompt box's limit: > 30x the largest bundled context (see SettingsPanel)
+
+
+# A file over the upload limit must never be sent: bokeh's file input reads the whole file into one
+# websocket message, and a message over the server's limit closes the page's connection. Armed once
+# the page is drawn (`SettingsPanel.arm_upload_limit`), this wraps each view's ``load_files``: a pick
+# over the limit (read from the notice's placeholder, in bytes) clears the box and reports the name
+# and size through the hidden notice, so the server names the limit and nothing else changes.
+_UPLOAD_LIMIT_JS = """
+for (const view of [...window.Bokeh.index.find(cb_obj)]) {
+  if (view.__clover_upload_limit) { continue; }
+  view.__clover_upload_limit = true;
+  const load = view.load_files.bind(view);
+  view.load_files = async (files) => {
+    const limit = Number(notice.placeholder) || 0;
+    let size = 0;
+    for (const f of files) { size += f.size; }
+    if (limit > 0 && size > limit) {
+      const name = files.length ? files[0].name : "";  // read before clearing: the FileList is live
+      view.input_el.value = "";
+      notice.value = JSON.stringify({name: name, size: size, at: Date.now()});
+      return;
+    }
+    return load(files);
+  };
+}
+"""
 
 
 # ----------------------------------------------------------------------------- sidebar
@@ -94,6 +122,12 @@ class SettingsPanel(pn.viewable.Viewer):
         self.generate.on_click(lambda _e: s.generate())
         self.stop.on_click(lambda _e: s.stop())
         clear_after_pick(self.open, self._open)  # every pick loads, the same file again too
+        # an upload over the limit: the browser reports it here instead of sending it (_UPLOAD_LIMIT_JS)
+        self.upload_notice = pn.widgets.TextInput(visible=False, placeholder=str(s.max_upload_bytes or 0))
+        self.upload_notice.param.watch(self._on_upload_notice, "value")
+        self.open.jscallback(args={"notice": self.upload_notice}, css_classes=_UPLOAD_LIMIT_JS)
+        self.open_note = pn.pane.Markdown(self._open_note(), margin=(0, 10), styles={"font-size": "12px"})
+        s.param.watch(lambda _e: setattr(self.open_note, "object", self._open_note()), "max_upload_bytes")
         s.param.watch(self._sync, ["running", "model_label", "model_ok", "window_available", "memory_advice", "trace",
                                    "n_steps"])
         self._sync()
@@ -111,6 +145,28 @@ class SettingsPanel(pn.viewable.Viewer):
 
     def _open(self, content: bytes, filename: str) -> None:
         self.state.load_trace(content, name=filename)
+
+    def _open_note(self) -> str:
+        limit = self.state.max_upload_bytes
+        cap = f", at most {size_text(limit)}" if limit is not None else ""
+        return f"Open a saved trace to replay it without the model (.parquet or .arrow{cap}):"
+
+    def arm_upload_limit(self, limit_bytes: int | None = None) -> None:
+        """Refuse files over the limit in the browser, before they are sent (call once the page is drawn;
+        the served app's ``onload``). ``limit_bytes`` replaces the state's limit (the server's websocket
+        carries less)."""
+        if limit_bytes is not None:
+            self.state.max_upload_bytes = limit_bytes
+        self.upload_notice.placeholder = str(self.state.max_upload_bytes or 0)
+        if "clover-upload-limit" not in self.open.css_classes:
+            self.open.css_classes = [*self.open.css_classes, "clover-upload-limit"]  # runs _UPLOAD_LIMIT_JS
+
+    def _on_upload_notice(self, event: Any) -> None:
+        try:
+            picked = json.loads(event.new or "{}")
+            self.state.refuse_upload(str(picked["name"]), int(picked["size"]))
+        except (ValueError, KeyError, TypeError):
+            return
 
     def _sync(self, *_: Any) -> None:
         s = self.state
@@ -150,8 +206,6 @@ class SettingsPanel(pn.viewable.Viewer):
             pn.Row(self.repetition, self.repetition_penalty),
             pn.Row(self.eos, self.eos_limit),
             pn.pane.Markdown("#### Traces", margin=(10, 10, 0, 10)),
-            pn.pane.Markdown("Open a saved trace to replay it without the model:", margin=(0, 10),
-                             styles={"font-size": "12px"}),
-            self.open, self.save,
+            self.open_note, self.open, self.upload_notice, self.save,
             sizing_mode="stretch_width",
         )
