@@ -346,3 +346,54 @@ def test_a_session_runs_one_decode_at_a_time(monkeypatch):
     finally:
         state.close()
     assert most[0] == 1
+
+
+def test_a_load_is_given_up_when_its_session_closes(monkeypatch):
+    """Waiting for a place: the wait ends at once. Building: the build finishes (torch cannot stop
+    mid-read) but its model is thrown away, not cached -- unless another session waits for it."""
+    monkeypatch.setattr(models, "MODEL_CACHE_SIZE", 1)
+    monkeypatch.setattr(models, "_MODEL_CACHE", {})
+    release = threading.Event()
+
+    def slow_build(spec):
+        release.wait(10)
+        return LoadedModel(spec, _Weights(), None, spec.path)
+
+    monkeypatch.setattr(models, "build_model", slow_build)
+    a, b = ModelSpec("checkpoint", "/fake/a"), ModelSpec("checkpoint", "/fake/b")
+    closed_a, closed_b = threading.Event(), threading.Event()
+    out: dict[str, object] = {}
+
+    def load(key, spec, cancel):
+        try:
+            out[key] = models.load_model_cached(spec, cancel=cancel)
+        except models.LoadCancelled as exc:
+            out[key] = exc
+
+    ta = threading.Thread(target=load, args=("a", a, closed_a))
+    ta.start()
+    time.sleep(0.2)  # a builds; b waits for the only place
+    tb = threading.Thread(target=load, args=("b", b, closed_b))
+    tb.start()
+    time.sleep(0.2)
+    closed_b.set()
+    tb.join(5)
+    assert isinstance(out["b"], models.LoadCancelled)
+    closed_a.set()  # a's tab closes mid-build
+    release.set()
+    ta.join(5)
+    assert isinstance(out["a"], models.LoadCancelled) and models.cached_models() == []
+    # the same, with a second session waiting for the same model: it is kept for that one
+    release.clear()
+    closed_a.clear()
+    ta = threading.Thread(target=load, args=("a", a, closed_a))
+    ta.start()
+    time.sleep(0.2)
+    tc = threading.Thread(target=load, args=("c", a, None))
+    tc.start()
+    time.sleep(0.3)
+    closed_a.set()
+    release.set()
+    ta.join(5)
+    tc.join(5)
+    assert isinstance(out["c"], LoadedModel) and models.cached_models() == [a]
