@@ -66,3 +66,27 @@ def test_an_oversized_and_a_malformed_upload_change_nothing(page, tmp_path):
         assert time.monotonic() < deadline + TIMEOUT_MS / 1000, state.status
         time.sleep(0.05)
     assert state.error == ""
+
+
+def test_the_app_resolves_models_only_inside_its_roots(tmp_path):
+    """create_app applies the roots by default (the notebook state does not): an existing and a missing
+    path outside them get the same message."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("clover_explorer_app_limits", root / "apps" / "explorer.py")
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+    state = app.create_app(model_dir="clover-test", start_callbacks=False, max_new_tokens=8).explorer.state
+    try:
+        errors = []
+        for text in ("/etc", "/no/such/dir", str(tmp_path)):
+            state.model_dir = text
+            errors.append(state.error)
+        assert len(set(errors)) == 1 and "model folders" in errors[0], errors
+        state.model_dir = "clover-tiny"
+        assert state.model_ok and state.error == ""
+        assert state.max_upload_bytes == app.MAX_TRACE_UPLOAD_BYTES
+    finally:
+        state.close()
