@@ -14,7 +14,8 @@ arXiv 2602.06036 -- and Medusa / EAGLE):
   their absolute positions.
 * **The block.** ``[anchor, x_1, ..., x_{B-1}]`` at absolute positions ``a .. a+B-1``: the anchor
   is the token the target produced at position ``a`` (its greedy next token); the other slots
-  are MASK (a learned input embedding) or tokens already written. Inside the block attention
+  are MASK (a learned input embedding) or tokens already written; every slot's input also gets
+  the fused feature of position ``a - 1`` through a learned map (``inject``). Inside the block attention
   is bidirectional; every slot reads all context positions ``< a``.
 * **Output.** The drafter's last hidden state goes through the drafter's ``norm`` (initialised
   from the target's final norm) and the target's frozen LM head (its embedding matrix when
@@ -185,6 +186,10 @@ class BlockDrafter(nn.Module):
     Attributes:
         fuse: Linear(len(target_layers) * H -> H) then ``fuse_norm`` -- the context features.
         mask_embedding: [H] input embedding of a MASK slot.
+        inject: Linear(H -> H) (zero, or a scaled identity after `init_layers_from`): the context feature of position ``anchor - 1`` (the
+            state from which the target wrote the anchor) added to every slot's input, so a slot sees the
+            freshest context without first learning to find it by attention (EAGLE feeds its draft
+            layer the same feature).
         layers: `DrafterLayer` x ``num_layers``; norm: final RMSNorm.
         draft_vocab: [Vd] int64 buffer, the ids the drafter proposes (all V when the config's is empty).
     """
@@ -196,6 +201,8 @@ class BlockDrafter(nn.Module):
         self.fuse = nn.Linear(len(cfg.target_layers) * H, H, bias=False)
         self.fuse_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.mask_embedding = nn.Parameter(torch.zeros(H))
+        self.inject = nn.Linear(H, H, bias=False)  # the newest context feature into every slot (zero start)
+        nn.init.zeros_(self.inject.weight)
         self.layers = nn.ModuleList(DrafterLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         vocab = torch.tensor(cfg.draft_vocab or range(cfg.vocab_size), dtype=torch.int64)
@@ -225,7 +232,10 @@ class BlockDrafter(nn.Module):
         dev = block_ids.device
         masked = block_ids == self.cfg.mask_token_id
         x = embed(block_ids.clamp(0, embed.num_embeddings - 1)).to(ctx.dtype)
-        x = torch.where(masked[..., None], self.mask_embedding.to(x.dtype), x).reshape(N * B, -1)
+        x = torch.where(masked[..., None], self.mask_embedding.to(x.dtype), x)
+        if T:  # the feature of the token just before the anchor, which the target used to write it (EAGLE-style)
+            x = x + self.inject(ctx[(anchors - 1).clamp(0, T - 1)])[:, None, :]
+        x = x.reshape(N * B, -1)
         x_pos = (anchors[:, None] + torch.arange(B, device=dev)[None]).reshape(-1)
         ctx_pos = torch.arange(T, device=dev)
         blk = torch.arange(N, device=dev).repeat_interleave(B)
@@ -240,7 +250,9 @@ class BlockDrafter(nn.Module):
 
     def init_layers_from(self, target: nn.Module, layer_indices: list[int]) -> None:
         """Copy a Llama-style target's decoder layers (``target.model.layers[i]``) into the drafter's
-        layers (same parameter names and shapes) and its final norm into ``norm``; records the indices.
+        layers (same parameter names and shapes) and its final norm into ``norm``; start ``mask_embedding``
+        at the target's embedding of the MASK id and ``inject`` at the identity times the embeddings' RMS;
+        records the indices.
 
         Raises:
             ValueError: when the count differs from ``num_layers`` or the shapes do not match.
@@ -254,6 +266,11 @@ class BlockDrafter(nn.Module):
                 raise ValueError(f"target layer {i} has no {sorted(missing)[:3]}: not a Llama-style layer")
             mine.load_state_dict({k: src[k] for k in mine.state_dict()})
         self.norm.weight.data.copy_(target.model.norm.weight.data)
+        # MASK starts as the target's own embedding of the MASK id, and the injected context feature (unit
+        # RMS after fuse_norm) starts scaled to the embeddings' RMS, so neither swamps the token inputs
+        emb = target.get_input_embeddings().weight.data
+        self.mask_embedding.data.copy_(emb[self.cfg.mask_token_id])
+        self.inject.weight.data.copy_(torch.eye(self.cfg.hidden_size) * emb.pow(2).mean().sqrt())
         self.cfg.init_from = tuple(int(i) for i in layer_indices)
 
 
