@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from playwright.sync_api import sync_playwright
 
     sys.path.insert(0, str(ROOT))
-    from clover_viz.models import DEFAULT_MODEL_DIR, resolve_model
+    from clover_viz.models import DEFAULT_MODEL_DIR, resolve_model  # local: after sys.path holds the repository
 
     args.model = args.model or DEFAULT_MODEL_DIR
 

@@ -39,8 +39,8 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name == "Explorer":  # lazy: the Panel app and plain figure users need no ipywidgets
-        from clover_viz.widgets import Explorer
+    if name == "Explorer":
+        from clover_viz.widgets import Explorer  # local: the Panel app and plain figure users need no ipywidgets
 
         return Explorer
     raise AttributeError(f"module 'clover_viz' has no attribute {name!r}")

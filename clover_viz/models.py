@@ -39,6 +39,8 @@ from clover_viz import limits
 from clover_viz.limits import inside_roots, outside_roots
 from engine.backbones.base import Capabilities, capabilities_of
 from engine.checkpoint import DEFAULT_MODEL_DIR, file_as_model_dir  # one place for the default and the message
+from engine.checkpoint import load_tokenizer
+from engine.decoding import decoder_for  # picks a model's decoder by its capabilities; imports it only when called
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RANDOM_MODEL_NAME = "clover-test"
@@ -257,9 +259,6 @@ def _own_sampler(spec: ModelSpec, model: Any) -> LoadedModel:
     is read with the tokenizers library, as for every other model here (the same pipeline a transformers
     fast tokenizer wraps, post-processor and BOS included); without one, the tokenizer its decoder brings
     (`engine.decoding.decoder_for`: the model's own), or token ids."""
-    from engine.checkpoint import load_tokenizer
-    from engine.decoding import decoder_for
-
     try:
         tokenizer = load_tokenizer(spec.path)
     except ValueError:

@@ -123,7 +123,7 @@ def forced_past_answer(trace: Trace) -> int:
     (`engine.generate.forced_past_answer`, the same count). Counted over the finished run's kept
     tokens; for a stopped run the slots dropped at Stop (`dropped_at_stop`) are left out: they are
     counted there."""
-    from engine.generate import forced_past_answer as _past
+    from engine.generate import forced_past_answer as _past  # local: the CLI module loads the decoder (~3 s)
 
     n_prompt = len(trace.prompt_ids) if trace.prompt_ids is not None else 0
     n = _past(trace, n_prompt + len(generated_ids(trace)))

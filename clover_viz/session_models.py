@@ -180,9 +180,31 @@ class SessionModels:
             self.memory_advice = f"`{mode}` is the {why}" if loaded.window_available else why
         if adjust_mode:
             self._start_in_best_memory_mode(loaded)
+            self._fit_policy_to_model(loaded)
         if adjust_mode and not loaded.window_available and self.memory_mode == "state+window":
             self.memory_mode = "state"
         return loaded
+
+    def _fit_policy_to_model(self, loaded: LoadedModel) -> None:
+        """A model that drafts for a target (`Capabilities.drafts`, smollm2-drafter) starts in ``verify`` at
+        the block size it was trained on, unless the policy was chosen (given to the constructor or
+        changed by the user since the state set it); a model that cannot verify leaves ``verify`` for
+        ``low_confidence`` (and the block size the state set for the drafter for the default 32)."""
+        caps = loaded.capabilities
+        quiet, self._quiet = self._quiet, True  # settings the state changes itself: no re-decode
+        try:
+            if caps.drafts and self.policy == self._auto_policy:
+                self._auto_policy = self.policy = "verify"
+                trained = caps.largest_trained_block
+                if trained in self.param.block_size.objects:
+                    self._auto_block = self.block_size = trained
+            elif not caps.drafts and self.policy == "verify":
+                self._auto_policy = self.policy = "low_confidence"
+                if self._auto_block is not None and self.block_size == self._auto_block:
+                    self.block_size = self.param.block_size.default
+                self._auto_block = None
+        finally:
+            self._quiet = quiet
 
     def _start_in_best_memory_mode(self, loaded: LoadedModel) -> None:
         """Set `memory_mode` to the best measured mode of a model loaded from a checkpoint directory

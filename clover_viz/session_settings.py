@@ -24,6 +24,7 @@ from clover_viz.models import LoadedModel
 from clover_viz.runs import prompt_of
 from engine.cost import DEVICES
 from engine.recording.trace import Trace
+from engine.decoding.decoder import DecodeConfig
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX = 1, 2048
@@ -48,7 +49,6 @@ class SessionSettings:
             ValueError: for settings the model cannot run (``state+window`` without a window).
         """
         # deferred: engine.decoding.decoder loads the model code and its kernels (triton), seconds
-        from engine.decoding.decoder import DecodeConfig
 
         _check_memory_mode(self.memory_mode, loaded or self._loaded)
         return DecodeConfig(
@@ -80,7 +80,6 @@ class SessionSettings:
         """Set every setting of ``trace`` the loaded model can run and a control can show (the rule of
         `load_trace`), without re-decoding. Returns (settings taken, settings not taken with why)."""
         # deferred: engine.decoding.decoder loads the model code and its kernels (triton), seconds
-        from engine.decoding.decoder import DecodeConfig
 
         dc = trace.decode_config or {}
         loaded = self._loaded

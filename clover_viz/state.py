@@ -168,7 +168,9 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         "LowConfidence threshold: a masked slot is written when its confidence >= threshold."))
     block_size = param.Selector(default=32, objects=list(BLOCK_SIZES), doc=(
         "Slots per block, block_size (1 = autoregressive greedy decoding)."))
-    policy = param.Selector(default="low_confidence", objects=list(POLICIES), doc="Acceptance policy.")
+    policy = param.Selector(default="low_confidence", objects=list(POLICIES), doc=(
+        "Acceptance policy: which slots a forward writes. 'verify' is for a block drafter over a frozen base "
+        "(smollm2-drafter): the drafter proposes the block and the base keeps what it would write itself."))
     memory_mode = param.Selector(default="state+window", objects=list(MEMORY_MODES), doc=(
         "'state' keeps history only in recurrent state (Clover); 'state+window' also keeps the last W "
         "committed K/V in attention layers (a labelled non-Clover variant; needs attention_window > 0). "
@@ -252,6 +254,9 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         self.stop_timing: dict[str, Any] = {}
         # the memory mode the state chose itself (None: given to the constructor): see _start_in_best_memory_mode
         self._auto_memory_mode: str | None = None if "memory_mode" in params else self.memory_mode
+        # the policy / block size the state chose for a drafter (None: given, or not chosen): _fit_policy_to_model
+        self._auto_policy: str | None = None if "policy" in params else self.policy
+        self._auto_block: int | None = None
         self._on_prompt()  # a prompt given here names its example, or YOUR_PROMPT
 
     @param.depends("threshold", "block_size", watch=True)

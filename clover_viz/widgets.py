@@ -72,6 +72,8 @@ from clover_viz.session_settings import BLOCK_SIZES
 from clover_viz.state import ExplorerState
 from clover_viz.widget_bundle import _CarrierFigure, _StubFigure, _live_widgets, _register
 from clover_viz.widget_decoding import ExplorerDecoding
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
+from engine.recording.trace import Trace
 
 THRESHOLD_MIN, THRESHOLD_MAX = 0.5, 1.0  # the threshold slider's range (it widens to show a lower setting)
 # The app's default prompt (for a Clover model); an Explorer without a prompt starts, as the app does,
@@ -127,9 +129,6 @@ class Explorer(ExplorerDecoding):
 
     def __init__(self, model_or_trace: Any = None, tokenizer: Any = None, decode_config: Any = None,
                  prompt: str | None = None) -> None:
-        from engine.decoding.decoder import BlockDecoder, DecodeConfig
-        from engine.recording.trace import Trace
-
         settings: dict[str, Any] = {"auto_redecode": False}
         if prompt:
             settings["prompt"] = prompt

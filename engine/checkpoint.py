@@ -215,7 +215,7 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
     """
     path = Path(path_or_dir)
     if path.is_dir() and _hf_kind(path / CONFIG_NAME) == "adapter":
-        # the adapter family (transformers-backed) is imported only for an adapter directory
+        # local: a family's module is imported only for its own checkpoints (engine.backbones.registry's rule)
         from engine.backbones.causal_lm.adapter import load_adapter_tokenizer
 
         return load_adapter_tokenizer(path)

@@ -75,7 +75,10 @@ from engine.backbones.clover.convert_mapping import (
     mask_token,
     read_source_config,
 )
-from engine.checkpoint import CONFIG_NAME, TOKENIZER_NAME, save_model
+from engine.checkpoint import CONFIG_NAME, TOKENIZER_NAME, load_tokenizer, save_model
+from engine.backbones.clover.model import CloverModel
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
+from engine.threads import add_threads_argument, configure_threads
 
 SOURCE_FORMATS = ("qwen3_5_moe",)
 """Values of ``--from``."""
@@ -136,7 +139,6 @@ def build_model(src: str | Path, *, name: str | None = None, window: int = DEFAU
         ValueError: an unsupported or damaged source (`read_source_config`, `clover_config`,
             `SourceWeights`, `copy_shared_weights`), or a Clover parameter left unfilled.
     """
-    from engine.backbones.clover.model import CloverModel
 
     src = Path(src)
     scfg = read_source_config(src)
@@ -146,8 +148,6 @@ def build_model(src: str | Path, *, name: str | None = None, window: int = DEFAU
     weights = SourceWeights(src)
     tokenizer = None
     if (src / TOKENIZER_NAME).is_file():
-        from engine.checkpoint import load_tokenizer
-
         tokenizer = load_tokenizer(src / TOKENIZER_NAME)
     src_vocab = int(scfg["vocab_size"])
     mask_id, mask_added = mask_token(tokenizer, src_vocab)
@@ -282,8 +282,6 @@ def measure_agreement(src: str | Path, model, tokenizer=None, *, prompts: int = 
     """
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
-
-    from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     cfg = model.config
     hf_logging.disable_progress_bar()
@@ -424,7 +422,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=8, help="prompts of the agreement measurement")
     ap.add_argument("--max-new-tokens", type=int, default=32, help="greedy tokens per prompt in the measurement")
     ap.add_argument("--overwrite", action="store_true", help="replace a checkpoint already in --out")
-    from engine.threads import add_threads_argument, configure_threads
 
     add_threads_argument(ap)
     args = ap.parse_args(argv)

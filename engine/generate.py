@@ -27,8 +27,16 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.backbones.base import capabilities_of
+from engine.backbones.clover.cuda_graphs import enable_cuda_graphs
 from engine.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_MODEL  # noqa: E402
+from engine.checkpoint import best_memory_mode, file_as_model_dir, load_model, load_tokenizer
+from engine.decoding import decoder_for
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
 from engine.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, example_names, example_prompt
+from engine.prompting import model_input
+from engine.recording.trace_files import trace_format
+from engine.threads import add_threads_argument, configure_threads
 
 
 FAMILY_NAMES = {"diffusion_gemma": "DiffusionGemma"}
@@ -88,7 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "torchrun --nproc-per-node N (engine.decoding.parallel)")
     p.add_argument("--parallel-timeout", type=float, default=None, metavar="S",
                    help="seconds a collective waits for the other ranks before failing (default 60)")
-    from engine.threads import add_threads_argument
 
     add_threads_argument(p)
     return p
@@ -104,7 +111,6 @@ class _ExampleAction(argparse.Action):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from engine.threads import configure_threads
 
     try:
         threads = configure_threads(args.threads)
@@ -114,9 +120,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.parallel is not None:
         return _main_parallel(args, threads)
-    from engine.backbones.base import capabilities_of
-    from engine.checkpoint import load_model, load_tokenizer
-    from engine.decoding import decoder_for
 
     try:
         dc = _decode_config(args)
@@ -130,14 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.cuda_graphs:
             if not caps.cuda_graphs:
                 raise ValueError(f"--cuda-graphs covers Clover checkpoints; {args.model} is another format")
-            from engine.backbones.clover.cuda_graphs import enable_cuda_graphs
-
             enable_cuda_graphs(model)  # ValueError off CUDA
         decoder = decoder_for(model, config=dc)  # the block decoder, or the sampler the model runs itself
         if decoder.tokenizer is None:  # the model brought no tokenizer of its own: the folder's tokenizer.json
             decoder.tokenizer = load_tokenizer(args.model)
-        from engine.prompting import model_input
-
         given = model_input(args.prompt, model, raw=args.raw_prompt)  # the one rule (chat template or as given)
         if caps.chat_template is not None and not given.wrapped:
             print(f"note: {given.note}", file=sys.stderr)
@@ -195,8 +194,6 @@ def _check_inputs(args) -> None:
     if isinstance(args.prompt, str) and args.prompt and not args.prompt.strip():
         raise ValueError("the prompt is only whitespace; give some text to continue")
     if args.trace is not None:
-        from engine.recording.trace_files import trace_format
-
         try:
             trace_format(args.trace)
         except ValueError:
@@ -210,7 +207,6 @@ def _check_inputs(args) -> None:
 
 def _check_model_dir(model: str) -> None:
     """Raise ValueError unless ``model`` is a directory (saying so for a file or a missing path)."""
-    from engine.checkpoint import file_as_model_dir
 
     if Path(model).is_file():
         raise ValueError(file_as_model_dir(model))  # the same message as the explorer's model field
@@ -221,8 +217,6 @@ def _check_model_dir(model: str) -> None:
 
 def _decode_config(args):
     """The `DecodeConfig` of the command line (raises ValueError / TypeError for bad values)."""
-    from engine.checkpoint import best_memory_mode
-    from engine.decoding.decoder import DecodeConfig
 
     if args.memory_mode is None:  # the model's best measured mode, labelled in the summary line
         args.memory_mode, args.memory_mode_why = (best_memory_mode(args.model) if Path(args.model).is_dir()
@@ -267,11 +261,9 @@ def _policy_label(dc) -> str:
 def _main_parallel(args, threads: int) -> int:
     """``--parallel ep=N`` / ``tp=N`` / ``ep=N,tp=N`` under torchrun: every rank decodes with its share of the
     experts and / or heads; rank 0 reports."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # local: torch.distributed and the parallel decode load only under torchrun
 
-    from engine.decoding import parallel
-    from engine.checkpoint import load_model, load_tokenizer
-    from engine.decoding.decoder import BlockDecoder
+    from engine.decoding import parallel  # local: it imports torch.distributed at module level
 
     rank = int(os.environ.get("RANK", "0"))
     try:

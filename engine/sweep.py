@@ -47,6 +47,8 @@ from engine.experiments.sweep.results import (
     summarize,
 )
 from engine.experiments.sweep.runner import CellRunner, SweepResult, run_cell, run_sweep
+from engine.checkpoint import DEFAULT_MODEL_DIR
+from engine.threads import add_threads_argument
 
 __all__ = [
     "GRID_AXES", "Cell", "SweepTask", "load_sweep_model", "load_task_set", "make_cells", "setting_label",
@@ -80,8 +82,6 @@ def _list(typ):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m engine.sweep`` argument parser."""
-    from engine.checkpoint import DEFAULT_MODEL_DIR
-    from engine.threads import add_threads_argument
 
     p = argparse.ArgumentParser(prog="python -m engine.sweep", description=__doc__.splitlines()[0])
     p.add_argument("--models", type=_list(str), default=[DEFAULT_MODEL_DIR],

@@ -61,7 +61,7 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
     Raises:
         ValueError: for a trace without steps.
     """
-    from engine.cost import (
+    from engine.cost import (  # local: engine.cost loads torch (~2 s); the figures draw a trace without it
         ar_break_even_tokens_per_forward,
         ar_step_cost,
         ar_tokens_per_s,
@@ -193,7 +193,7 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
 
     if len(trace) == 0:
         return _empty_figure("Cost", "no steps yet")
-    from engine.cost import (
+    from engine.cost import (  # local: engine.cost loads torch (~2 s); the figures draw a trace without it
         ar_tokens_per_s,
         bytes_per_written_token,
         dtype_name,
@@ -304,8 +304,8 @@ def roofline_figure(trace: Any | None = None, device: str = "h800", config: str 
     ``arithmetic_intensity``: bytes as run, in the run's dtype). ``trace=None`` draws the
     devices and the AR point only.
     """
-    from engine.backbones.clover.config import CloverConfig
-    from engine.cost import (
+    from engine.backbones.clover.config import CloverConfig  # local: as engine.cost below
+    from engine.cost import (  # local: engine.cost loads torch (~2 s); the figures draw a trace without it
         DEVICES,
         ar_step_cost,
         attainable_flops_per_s,

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from engine.backbones.clover.config import CloverConfig
+from engine.checkpoint import load_model
 from engine.cost.devices import DEFAULT_DEVICE, DEVICES, Device, get_device, ridge_point
 from engine.cost.formulas import (
     MEMORY_MODES,
@@ -25,6 +26,7 @@ from engine.cost.formulas import (
 )
 from engine.cost.parallel import ParallelForward, project_parallel_table
 from engine.cost.trace_projection import TraceProjection, project_trace
+from engine.recording.trace import Trace
 from engine.units import format_si
 
 
@@ -159,7 +161,8 @@ def format_parallel_table(rows: Sequence[ParallelForward], tpf: Sequence[float])
     return "\n".join(lines)
 
 
-from engine.cost.break_even import MAX_PREFIX  # noqa: E402
+from engine.cost.break_even import MAX_PREFIX, format_break_even, measure_break_even  # noqa: E402
+from engine.threads import configure_threads
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -204,13 +207,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         device = get_device(args.device)
         if args.trace:
-            try:
-                from engine.recording.trace import (
-                    Trace,  # lazy: the cost model does not need it otherwise
-                )
-            except ImportError as e:
-                print(f"--trace needs engine.recording.trace (Trace.load), which is not available here: {e}", file=sys.stderr)
-                return 2
             trace = Trace.load(args.trace)
             ua: str | float = args.union_assumption
             try:
@@ -247,8 +243,6 @@ def _break_even_main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> i
     """``--break-even``: load ``--model`` and print `format_break_even` of its measured points."""
     if not args.model:
         ap.error("--break-even needs --model DIR (a checkpoint directory, e.g. models/smollm2-bd)")
-    from engine.cost.break_even import format_break_even, measure_break_even
-    from engine.threads import configure_threads
 
     try:
         sizes = [int(b) for b in args.block_sizes.split(",") if b.strip()]
@@ -260,8 +254,6 @@ def _break_even_main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> i
         ap.error(f"--repeats and --prefix must be >= 1 (got {args.repeats}, {args.prefix})")
     try:
         configure_threads(args.threads)
-        from engine.checkpoint import load_model
-
         model = load_model(args.model)
         points = measure_break_even(model, sizes, prefix_len=args.prefix, repeats=args.repeats,
                                     memory_mode=args.memory_mode)

@@ -37,6 +37,8 @@ from typing import Iterable
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from engine.tokenizer import SPECIAL_TOKENS  # noqa: E402  (the one list; ids 0..7 here)
+from engine.data.agent import iter_conversations
+from engine.data.stdlib import iter_stdlib_text
 
 EOT_ID, MASK_ID, IM_START_ID, IM_END_ID = 0, 1, 2, 3
 TOOL_CALL_ID, TOOL_CALL_END_ID, TOOL_RESPONSE_ID, TOOL_RESPONSE_END_ID = 4, 5, 6, 7
@@ -124,8 +126,6 @@ def default_training_texts(seed: int = 0, n_conversations: int = 3000,
                            stdlib_bytes: int = 8_000_000) -> list[str]:
     """The tokenizer's training mix: synthetic conversations (seeds seed..seed+n-1, all below
     EVAL_SEED_START) plus stdlib train-split files in a seeded order up to `stdlib_bytes`."""
-    from engine.data.agent import iter_conversations
-    from engine.data.stdlib import iter_stdlib_text
 
     texts = [c.text + SPECIAL_TOKENS[0] for c in iter_conversations(seed, n_conversations)]
     total = 0
@@ -167,7 +167,6 @@ def main(argv: list[str] | None = None) -> None:
     else:
         tok = build_default_tokenizer(args.out, vocab_size=args.vocab_size, seed=args.seed,
                                       isolate_spaces=args.isolate_spaces)
-    from engine.data.agent import iter_conversations
 
     sample = [c.text for c in itertools.islice(iter_conversations(args.seed), 200)]
     n_chars = sum(map(len, sample))

@@ -52,6 +52,7 @@ from engine.decoding.hooks import Hook, HookRegistry
 from engine.decoding.verify import generate_verified
 from engine.decoding.step import BlockSlots, SlotSelector, StepDecision, finished_tokens, split_prompt
 from kernels.confidence import top_candidates
+from engine.recording.trace import Trace
 
 __all__ = ["BlockDecoder", "DecodeConfig", "DecodeResult", "HookRegistry"]
 
@@ -277,7 +278,6 @@ class BlockDecoder(HookRegistry):
 
     def _new_trace(self, dc: DecodeConfig, ids: list[int]):
         """An empty `engine.recording.trace.Trace` for this decode (settings, model id and config in its metadata)."""
-        from engine.recording.trace import Trace
 
         cfg = self.model.config
         tok_text = (lambda i: self.tokenizer.decode([i], skip_special_tokens=False)) if self.tokenizer else None

@@ -54,6 +54,7 @@ from engine.backbones.base import capabilities_of
 from engine.cost.formulas import param_counts
 from engine.cost.parallel import project_parallel
 from engine.backbones.clover.parallel_syntax import parse_parallel  # re-exported: engine.generate reads --parallel here
+from kernels.moe import routed_experts
 
 __all__ = ["DEFAULT_TIMEOUT_S", "ExpertShard", "init_distributed", "parse_parallel", "rank_bytes_read",
            "reset_shards", "shard_experts", "shard_heads"]
@@ -124,7 +125,6 @@ class ExpertShard:
         Returns:
             ([T, D] in x's dtype, summed over the ranks; the expert union over all ranks, an int).
         """
-        from kernels.moe import routed_experts
 
         T, k = ids.shape
         flat = ids.reshape(-1)

@@ -63,6 +63,7 @@ import torch
 
 from engine.backbones.base import capabilities_of
 from engine.backbones.clover.model import MEMORY_MODES
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
 VERIFIERS = ("sequential", "parallel")
 
@@ -196,8 +197,6 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, model, tokenizer=None, config: SpeculativeConfig | None = None):
-        from engine.decoding.decoder import BlockDecoder
-
         self.config = config or SpeculativeConfig()
         if not isinstance(self.config, SpeculativeConfig):
             raise TypeError(f"config must be a SpeculativeConfig, got {type(self.config).__name__}")
@@ -333,7 +332,6 @@ def greedy_reference(model, tokenizer, prompt, max_new_tokens: int, memory_mode:
     Returns:
         generated ids, up to and excluding the first EOS.
     """
-    from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     dc = DecodeConfig(block_size=1, max_new_tokens=max_new_tokens, memory_mode=memory_mode)
     return BlockDecoder(model, tokenizer, dc).generate(prompt, record_trace=False).tokens

@@ -79,6 +79,19 @@ from engine.backbones.registry import model_type_of
 from engine.eval import drafter as eval_drafter
 from engine.eval.summary import summarise_agent, summarise_code, summarise_open  # re-exported (tests, notebooks)
 from engine.training.probes import open_name_probe, value_probe
+from engine.backbones.clover.config import CloverConfig
+from engine.checkpoint import DEFAULT_MODEL_DIR, file_as_model_dir, load_model, load_tokenizer
+from engine.data.agent import eval_tasks, score_call
+from engine.data.open_tools import eval_turns, score_turn
+from engine.data.packages import package_files
+from engine.data.stdlib import stdlib_files
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
+from engine.experiments.errors import calibration, distance_errors, grouped_rate, slot_errors
+from engine.experiments.sweep.runner import run_sweep
+from engine.experiments.tasks import KIND_ACCEPTED, decode_task
+from engine.threads import add_threads_argument, configure_threads, default_threads
+from engine.backbones.causal_lm.adapter import read_adapter_config
+from engine.eval.chat import main as hf_main
 
 SETTINGS = {
     "bd32-window": dict(block_size=32, threshold=0.95, memory_mode="state+window"),
@@ -91,8 +104,6 @@ _W: dict = {}
 
 
 def _init(model_dir: str, threads: int) -> None:
-    from engine.checkpoint import load_model, load_tokenizer
-
     torch.set_num_threads(threads)
     _W["model"] = load_model(model_dir)
     _W["tok"] = load_tokenizer(model_dir)
@@ -103,8 +114,6 @@ def _decode_and_score(setting: str, idx: list[int], turns: list, max_new: int, s
     text with ``score(text, turn)``; one row per task (``extra(turn)`` adds fields). Every
     write is kept (`engine.experiments.decode_task`): the row's ``run`` is its `TaskRun`, for
     `summarise_writes`."""
-    from engine.decoding.decoder import DecodeConfig
-    from engine.experiments.tasks import decode_task
 
     if not capabilities_of(_W["model"]).runs(SETTINGS[setting]["memory_mode"]):  # state+window without a window
         return []
@@ -136,8 +145,6 @@ def summarise_writes(rows: list[dict], threshold: float = 0.95, block_size: int 
     * ``error_by_distance``: `engine.experiments.distance_errors` by distance from the last clean
       token (1, 2, 3-4, 5-8, 9-16, 17+).
     """
-    from engine.experiments.errors import calibration, distance_errors, grouped_rate, slot_errors
-    from engine.experiments.tasks import KIND_ACCEPTED
 
     runs = [r["run"] for r in rows if r.get("run") is not None]
     if not runs:
@@ -158,7 +165,6 @@ def summarise_writes(rows: list[dict], threshold: float = 0.95, block_size: int 
 
 def _agent_job(args: tuple[str, list[int], int, int]) -> list[dict]:
     """Fixed-tool agent tasks (`engine.data.agent.eval_tasks`), scored by `score_call`."""
-    from engine.data.agent import eval_tasks, score_call
 
     setting, idx, n_tasks, max_new = args
     return _decode_and_score(setting, idx, eval_tasks(n=n_tasks), max_new, score_call)
@@ -198,9 +204,6 @@ def agent_rows_from_sweep(results_path: str | Path, model: str, counts: dict[str
 
     import pandas as pd
 
-    from engine.data.agent import eval_tasks, score_call
-    from engine.decoding.decoder import DecodeConfig
-
     path = Path(results_path)
     path = path / "results.parquet" if path.is_dir() else path
     if not path.is_file():
@@ -235,7 +238,6 @@ def run_agent_sweep(out_dir: str | Path, model: str, counts: dict[str, int], max
                     threads: int | None) -> None:
     """Decode the agent settings as `engine.sweep` sweeps into `out_dir` (resumed if there): one sweep per
     distinct task count, ``agent-eval:N`` with the settings that need N tasks, no traces."""
-    from engine.experiments.sweep.runner import run_sweep
 
     by_n: dict[int, list[str]] = defaultdict(list)
     for setting, n in counts.items():
@@ -247,7 +249,6 @@ def run_agent_sweep(out_dir: str | Path, model: str, counts: dict[str, int], max
 
 def _has_window(model_dir: str) -> bool:
     """Whether the checkpoint's config sets an attention window (True when it cannot be read)."""
-    from engine.backbones.clover.config import CloverConfig
 
     try:
         return bool(CloverConfig.from_json(Path(model_dir) / "config.json").attention_window)
@@ -258,7 +259,6 @@ def _has_window(model_dir: str) -> bool:
 def _open_job(args: tuple[str, list[int], int, int]) -> list[dict]:
     """Open-vocabulary tool-call turns (`engine.data.open_tools.eval_turns`): tools, names and
     keys the model never saw; scored by `engine.data.open_tools.score_turn`."""
-    from engine.data.open_tools import eval_turns, score_turn
 
     setting, idx, n_tasks, max_new = args
     return _decode_and_score(setting, idx, eval_turns(n_tasks), max_new, score_turn,
@@ -269,10 +269,7 @@ def _code_files(source: str) -> list:
     """Held-out code files: ``stdlib`` (`engine.data.stdlib`, split by file) or ``packages``
     (`engine.data.packages`, whole packages never trained on)."""
     if source == "stdlib":
-        from engine.data.stdlib import stdlib_files
-
         return stdlib_files("heldout")
-    from engine.data.packages import package_files
 
     return package_files("heldout")
 
@@ -283,7 +280,6 @@ def _code_job(args: tuple[str, list[int], int, int]) -> list[dict]:
     forward, argmax accuracy by slot index, and (c) with ``continue_tokens`` > 0, a continuation of
     that many tokens at 32 / 0.95 and at block_size 1, each timed (tokens per forward, forced
     fills, token accuracy against the file, tokens/s)."""
-    from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     source, file_idx, prefix, n_cont = args
     model, tok = _W["model"], _W["tok"]
@@ -323,7 +319,6 @@ def _hf_model_dir(argv: list[str] | None) -> bool:
     args = list(sys.argv[1:] if argv is None else argv)
     model = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--model"),
                  next((a.split("=", 1)[1] for a in args if a.startswith("--model=")), None))
-    from engine.backbones.causal_lm.adapter import read_adapter_config
 
     return model is not None and read_adapter_config(model) is not None
 
@@ -349,11 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     if _hf_model_dir(argv):
         import sys
 
-        from engine.eval.chat import main as hf_main
-
         return hf_main(list(sys.argv[1:] if argv is None else argv))
     ap = argparse.ArgumentParser(prog="python -m engine.eval", description=__doc__.splitlines()[0])
-    from engine.checkpoint import DEFAULT_MODEL_DIR
 
     ap.add_argument("--model", default=DEFAULT_MODEL_DIR, help=f"checkpoint directory (default {DEFAULT_MODEL_DIR})")
     ap.add_argument("--tasks", type=int, default=300,
@@ -370,7 +362,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--open-tasks", type=int, default=100,
                     help="open-vocabulary tool-call turns (unseen tool names and keys, natural phrasing; 0 = skip)")
     ap.add_argument("--workers", type=int, default=2, help="decode processes (default %(default)s)")
-    from engine.threads import add_threads_argument, configure_threads, default_threads
 
     add_threads_argument(ap)  # per worker process; without --threads / OMP_NUM_THREADS: the default / workers
     ap.add_argument("--out", type=Path, default=None, help="JSON output (default MODEL/eval.json)")
@@ -387,8 +378,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     if Path(args.model).is_file():
-        from engine.checkpoint import file_as_model_dir
-
         raise SystemExit(f"error: {file_as_model_dir(args.model)}")
     if not Path(args.model).is_dir():
         raise SystemExit(f"error: no model directory {args.model!r}")
@@ -417,13 +406,10 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, FileNotFoundError) as e:
             raise SystemExit(f"error: {e}") from None
         jobs = []
-    from engine.data.stdlib import stdlib_files
 
     n_files = min(args.stdlib_files, len(stdlib_files("heldout")))
     code_jobs = [("stdlib", [i], 256, 0) for i in range(n_files)]
     if args.package_files:
-        from engine.data.packages import package_files
-
         held = package_files("heldout")  # spread over the held-out packages: every k-th file
         step = max(1, len(held) // args.package_files)
         code_jobs += [("packages", [i], 256, 64) for i in range(0, len(held), step)[: args.package_files]]
@@ -463,8 +449,6 @@ def main(argv: list[str] | None = None) -> int:
     for source, rs in code_rows.items():  # "stdlib", "packages"
         report[source] = summarise_code(rs)
     if args.probe_tasks:
-        from engine.checkpoint import load_model, load_tokenizer
-
         torch.set_num_threads(args.threads)
         model, tok = load_model(args.model), load_tokenizer(args.model)
         report["value_probe"] = value_probe(model, tok, args.probe_tasks)

@@ -48,6 +48,11 @@ from types import SimpleNamespace
 import torch
 
 from engine.eval.summary import summarise_open
+from engine.backbones.causal_lm.adapter import chat_prompt, load_adapter_model, load_adapter_tokenizer
+from engine.cost.break_even import measure_break_even
+from engine.data.chat_prompts import eval_prompts
+from engine.data.open_tools import eval_turns, score_turn
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
 DEFAULT_SETTINGS = "1,8/0.90,8/0.95,8/0.99,32/0.90,32/0.95,32/0.99"
 
@@ -85,14 +90,11 @@ def parse_open_settings(spec: str) -> list[tuple[str, int, float]]:
 
 
 def _load(kind: str, model_dir: str):
-    from engine.backbones.causal_lm.adapter import load_adapter_model
-
     return load_adapter_model(model_dir, adapter=kind == "adapted")
 
 
 def _init(model_dir: str, threads: int, kinds: tuple[str, ...], device: str = "cpu") -> None:
     torch.set_num_threads(threads)
-    from engine.backbones.causal_lm.adapter import load_adapter_tokenizer
 
     _W["tok"] = load_adapter_tokenizer(model_dir)
     _W["models"] = {k: _load(k, model_dir).to(device) for k in kinds}
@@ -107,8 +109,6 @@ def _ref_job(args: tuple[int, list[int], int]) -> dict:
 
 
 def _decode_job(args: tuple[str, int, list[int], int, float, int, list[int]]) -> dict:
-    from engine.decoding.decoder import BlockDecoder, DecodeConfig
-
     kind, i, ids, B, thr, max_new, ref = args
     m = _W["models"][kind]
     dc = DecodeConfig(block_size=B, threshold=thr, max_new_tokens=max_new)
@@ -142,7 +142,6 @@ def _decode_job(args: tuple[str, int, list[int], int, float, int, list[int]]) ->
 
 def _speed_job(args: tuple[int, list[int], int, list[int], float]) -> dict:
     """Back to back in one worker: the base's generate, then the adapted model at each block size (tokens/s)."""
-    from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     i, ids, max_new, sizes, thr = args
     base, m = _W["models"]["base"], _W["models"]["adapted"]
@@ -158,7 +157,6 @@ def _speed_job(args: tuple[int, list[int], int, list[int], float]) -> dict:
 
 def _break_even_job(args: tuple[list[int], int]) -> dict:
     """The measured break-even of the adapted model at each block size (`engine.cost.break_even`)."""
-    from engine.cost.break_even import measure_break_even
 
     sizes, prefix = args
     pts = measure_break_even(_W["models"]["adapted"], sizes, prefix_len=prefix, repeats=5)
@@ -263,8 +261,6 @@ def format_table(report: dict) -> str:
 def _open_job(args: tuple[str, int, float, list[int], int, int]) -> list[dict]:
     """Open-vocabulary tool-call turns (`engine.data.open_tools.eval_turns`: tool names and keys
     never in training) decoded by the adapted model at one setting, scored by ``score_turn``."""
-    from engine.data.open_tools import eval_turns, score_turn
-    from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     kind, B, thr, idx, n_tasks, max_new = args
     tok = _W["tok"]
@@ -324,9 +320,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="tokens decoded per --open-tasks turn (default %(default)s)")
     args = ap.parse_args(argv)
     from tqdm import tqdm
-
-    from engine.data.chat_prompts import eval_prompts
-    from engine.backbones.causal_lm.adapter import chat_prompt
 
     settings = parse_settings(args.settings)
     base_settings = parse_settings(args.base_settings) if args.base_settings else settings

@@ -38,6 +38,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from engine.backbones.clover.config import CloverConfig
+from engine.backbones.clover.model import random_model
+
 
 class _Storage:
     """One tracked allocation: its bytes and how many live tensors use it."""
@@ -118,8 +121,6 @@ def long_context_model(preset: str = "clover-test", context: int = 131072 + 1024
     Only ``max_position_embeddings`` changes (RoPE has no table to grow); every other size
     is the preset's, in fp32 and eval mode.
     """
-    from engine.backbones.clover.config import CloverConfig
-    from engine.backbones.clover.model import random_model
 
     cfg = dataclasses.replace(CloverConfig.from_name(preset), max_position_embeddings=int(context))
     return random_model(cfg, seed=seed)

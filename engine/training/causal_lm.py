@@ -76,6 +76,8 @@ from engine.backbones.causal_lm.model import HFBlockConfig, HFBlockDiffusionMode
 from engine.training.causal_lm_data import DEFAULT_DISTILL, ExampleSource, distill
 from engine.training.causal_lm_lora import load_adapter_weights, make_trainable, save_adapter, tiny_lm
 from engine.training.causal_lm_objective import batch_loss, build_example, heldout_loss
+from engine.tokenizer import byte_tokenizer
+from engine.backbones.causal_lm.adapter import load_base_tokenizer
 
 
 def lr_at(frac: float, base: float, warmup_frac: float = 0.03) -> float:
@@ -93,8 +95,6 @@ def train(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.tiny:
-        from engine.tokenizer import byte_tokenizer
-
         tok = byte_tokenizer()  # bytes + the project's special tokens (< 320 ids)
         V = 320
         if tok.get_vocab_size() >= V:
@@ -109,7 +109,6 @@ def train(args) -> int:
         spec = base_spec(args.init_from)
         locate_base(spec.name)
         lm, hf_tok = load_base(spec.name)
-        from engine.backbones.causal_lm.adapter import load_base_tokenizer
 
         _, tok = load_base_tokenizer(spec.name)
         mask_id, eos_id, base_name = spec.mask_token_id, spec.eos_token_id, spec.name

@@ -14,6 +14,9 @@ from pathlib import Path
 import torch
 
 from engine.backbones.causal_lm.adapter import base_spec, chat_prompt, load_base
+from engine.data.chat_prompts import training_prompts
+from engine.data.agent import iter_conversations
+from engine.data.open_tools import iter_train_texts
 
 DEFAULT_DISTILL = Path("runs/smollm2/distill.jsonl")
 
@@ -38,13 +41,9 @@ class ExampleSource:
             self.rows, self.heldout = self.rows[:-holdout], self.rows[-holdout:]
         self._agent = None
         if agent_share > 0:
-            from engine.data.agent import iter_conversations
-
             self._agent = (c.text for c in iter_conversations(seed + 1))
         self._open = None
         if open_tools_share > 0:
-            from engine.data.open_tools import iter_train_texts
-
             self._open = iter_train_texts(seed + 2)
         if not self.rows and synthetic_vocab is None and self._agent is None and self._open is None:
             raise ValueError(f"no training data: {distill_path} is missing or empty -- run "
@@ -115,8 +114,6 @@ def distill(out: Path, n: int, batch: int, max_new_tokens: int, seed: int, base:
             device: str = "cpu", dtype: str = "fp32") -> None:
     """Append the base's greedy answers to ``n`` training prompts to ``out`` (JSONL; resumes where it stopped)."""
     from tqdm import tqdm
-
-    from engine.data.chat_prompts import training_prompts
 
     lm, tok = load_base(base, torch.bfloat16 if dtype == "bf16" else torch.float32)
     lm.to(device)

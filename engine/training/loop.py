@@ -33,6 +33,8 @@ from engine.training.surgery import (
     with_attention_conv,
     with_front_attention,
 )
+from engine.data.agent import EVAL_SEED_START, iter_conversations
+from engine.threads import add_threads_argument, configure_threads
 
 # Block sizes and their sampling weights, and the row length / batch used for each.
 BLOCK_SIZE_WEIGHTS = {1: 0.04, 2: 0.04, 4: 0.08, 8: 0.1, 16: 0.14, 32: 0.4, 64: 0.2}
@@ -82,8 +84,6 @@ def parse_block_weights(spec: str) -> dict[int, float]:
 
 # ----------------------------------------------------------------------- command line
 def build_parser() -> argparse.ArgumentParser:
-    from engine.threads import add_threads_argument
-
     ap = argparse.ArgumentParser(prog="python -m engine.train", description=__doc__.splitlines()[0],
                                  epilog="This is the clover recipe, the default (python -m engine.train [clover] ...); "
                                         "python -m engine.train causal-lm --help shows the recipe that adapts a "
@@ -175,7 +175,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     Raises:
         SystemExit: an out-of-range option, a missing tokenizer, or options that do not combine.
     """
-    from engine.threads import configure_threads
 
     args = build_parser().parse_args(argv)
     try:
@@ -282,7 +281,6 @@ def held_out_batches(tokenizer, mask_id: int) -> tuple[list, list]:
     """Fixed held-out batches as (clean [B, T], noisy [B, T], L) tuples: held-out conversations
     (seeds >= 10M) at block 32 and 4 with random masks, and held-out assistant turns with every
     call slot masked (the copy task itself)."""
-    from engine.data.agent import EVAL_SEED_START, iter_conversations
 
     hgen = torch.Generator().manual_seed(123)
     convs = [tokenizer.encode(c.text).ids for c in iter_conversations(EVAL_SEED_START + 50_000, 12)]

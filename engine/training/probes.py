@@ -14,6 +14,9 @@ import torch.nn.functional as F
 
 from engine.backbones.base import capabilities_of
 from engine.backbones.clover.model import CloverModel
+from engine.data.agent import argument_spans, eval_tasks, score_call
+from engine.data.open_tools import eval_turns
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
 
 @torch.no_grad()
@@ -40,8 +43,6 @@ def heldout_loss(model: CloverModel, batches: list[tuple[torch.Tensor, torch.Ten
 @torch.no_grad()
 def quick_agent_eval(model, tokenizer, n: int, memory_mode: str) -> dict:
     """Exact match / value accuracy of tool calls at block 32 / 0.95 on `n` held-out tasks."""
-    from engine.data.agent import eval_tasks, score_call
-    from engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     model.eval()
     dec = BlockDecoder(model, tokenizer, DecodeConfig(block_size=32, threshold=0.95, max_new_tokens=96,
@@ -101,7 +102,6 @@ def value_probe(model, tokenizer, n_tasks: int = 60, block_size: int = 32) -> di
     Returns:
         ``{"window": {source: acc}, "state": {source: acc}}`` (accuracies in [0, 1]).
     """
-    from engine.data.agent import argument_spans, eval_tasks
 
     was_training = model.training
     model.eval()
@@ -176,7 +176,6 @@ def open_name_probe(model, tokenizer, n_tasks: int = 60) -> dict:
         "name_first_chance": share}, "state": {...}}`` (in [0, 1]; ``window`` only for models with
         an attention window; the chance share is the same in both modes).
     """
-    from engine.data.open_tools import eval_turns
 
     was_training = model.training
     model.eval()

@@ -21,6 +21,20 @@ import numpy as np
 import torch
 
 from engine.data.tokenizer import SPECIAL_TOKENS
+from engine.data.agent import (
+    Conversation,
+    EVAL_SEED_START,
+    REQUEST_SEPARATORS,
+    SLOTS,
+    TOOLS,
+    dumps,
+    generate_conversation,
+    iter_conversations,
+    value_spans,
+)
+from engine.data.open_tools import generate_conversation as generate_open_conversation
+from engine.data.packages import iter_package_text
+from engine.data.stdlib import iter_stdlib_text
 
 AGENT_SHARE = 0.9  # rows of agent conversations vs stdlib code
 FIRST_ORDINARY_ID = len(SPECIAL_TOKENS)  # ids 0..7 are the special tokens (engine.data.tokenizer)
@@ -49,9 +63,6 @@ class RowSource:
 
         Raises:
             ValueError: an unknown ``code_source``, or no code found for it."""
-        from engine.data.agent import iter_conversations
-        from engine.data.packages import iter_package_text
-        from engine.data.stdlib import iter_stdlib_text
 
         if code_source not in CODE_SOURCES:
             raise ValueError(f"code_source must be one of {CODE_SOURCES}, got {code_source!r}")
@@ -174,7 +185,6 @@ class RowSource:
         Returns:
             ids [T], focus flags [T], copied-value flags [T] (python lists).
         """
-        from engine.data.agent import REQUEST_SEPARATORS, SLOTS, dumps
 
         rng = self.rng
         keys = self._argument_keys
@@ -211,7 +221,6 @@ class RowSource:
     def _encode_arguments(self, keys: list[str], values: dict) -> tuple[list[int], list[bool]]:
         """``<tool_call>{"arguments": {...}}</tool_call>`` over ``keys`` -> ids and per-id flags
         (True where the id overlaps a value's characters, quotes excluded)."""
-        from engine.data.agent import dumps
 
         text, spans = '<tool_call>{"arguments": {', []
         for i, k in enumerate(keys):
@@ -226,7 +235,6 @@ class RowSource:
     @functools.cached_property
     def _argument_keys(self) -> dict[str, str]:
         """Argument key -> its slot (value generator) over `engine.data.agent.TOOLS`, repeat fields excluded."""
-        from engine.data.agent import TOOLS
 
         return {k: slot for t in TOOLS for k, slot in t.args if not slot.startswith("=")}
 
@@ -234,7 +242,6 @@ class RowSource:
     def value_ids(self) -> list[int]:
         """The sorted distinct ids flagged as copied argument values in 60 1024-token rows of agent
         conversations (a fixed seed, apart from the training stream): ~300 ids."""
-        from engine.data.agent import iter_conversations
 
         convs = iter_conversations(9_500_000, None, max_rounds=8)
         ids = set()
@@ -262,7 +269,6 @@ def easy_conversations(seed: int):
     sooner. Measured (models/clover-tiny card): with half the agent rows from here, stage 2
     reached the same call-slot loss ~37 minutes sooner than without; copying did not form in
     either. Training seeds only."""
-    from engine.data.agent import EVAL_SEED_START, generate_conversation
 
     i = seed
     while True:
@@ -276,17 +282,15 @@ def open_tool_conversations(seed: int, easy_share: float = 0.0):
     seeded ``open-train-{seed + i}``, each with only its tool-call turns in ``calls`` (the turns
     `value_spans` pairs with the ``<tool_call>`` blocks of the text). A share `easy_share` of
     them (drawn per conversation) lists only 1 or 2 tools and makes one call."""
-    from engine.data.agent import Conversation
-    from engine.data.open_tools import generate_conversation
 
     i = 0
     pick = random.Random(f"open-easy-{seed}")
     while True:
         rng = random.Random(f"open-train-{seed + i}")
         if easy_share and pick.random() < easy_share:
-            conv, turns = generate_conversation(rng, "train", n_rounds=1, n_tools=rng.choice((1, 2)))
+            conv, turns = generate_open_conversation(rng, "train", n_rounds=1, n_tools=rng.choice((1, 2)))
         else:
-            conv, turns = generate_conversation(rng, "train")
+            conv, turns = generate_open_conversation(rng, "train")
         yield Conversation(conv.text, [t for t in turns if t.name is not None])
         i += 1
 
@@ -299,7 +303,6 @@ def pack_conversations(convs, tokenizer, eot: int, T: int) -> tuple[list[int], l
     ids: list[int] = []
     focus: list[bool] = []
     value: list[bool] = []
-    from engine.data.agent import value_spans
 
     while len(ids) < T:
         conv = next(convs)

@@ -40,7 +40,7 @@ def confidence_step(logits: torch.Tensor, never: torch.Tensor, with_probs: bool 
         return _host_step(logits, never, with_probs)
     if impl == "triton":
         require_triton("confidence_step", logits)
-        from kernels.confidence import triton_confidence  # lazy: see kernels/_triton.py
+        from kernels.confidence import triton_confidence  # local: triton is optional (kernels/_triton.py)
 
         return triton_confidence.confidence_step(logits, never, with_probs)
     raise ValueError(f"unknown confidence_step impl {impl!r}; choose one of {IMPLS}")

@@ -57,7 +57,7 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ga
         return _grouped_mm.routed_experts(x, weights, ids, gate_up_proj, down_proj, union_as_tensor=union_as_tensor)
     if impl == "triton":
         require_triton("routed_experts", x)
-        from kernels.moe import triton_moe  # lazy: see kernels/_triton.py
+        from kernels.moe import triton_moe  # local: triton is optional (kernels/_triton.py)
 
         return triton_moe.routed_experts(x, weights, ids, gate_up_proj, down_proj, union_as_tensor=union_as_tensor)
     if impl == "torch":

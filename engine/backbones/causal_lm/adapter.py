@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from engine.backbones.causal_lm.model import HFBlockConfig, HFBlockDiffusionModel, count_parameters
+from engine.prompting import chatml_prompt
 
 ADAPTER_MODEL_TYPE = "hf-block-diffusion"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -238,7 +239,6 @@ def chat_prompt(user: str, system: str | None = SMOLLM2_SYSTEM) -> str:
 
     For a prompt a user typed, use `engine.prompting.model_input`: it also leaves a conversation
     already in chat layout as it is."""
-    from engine.prompting import chatml_prompt
 
     return chatml_prompt(user, system)
 

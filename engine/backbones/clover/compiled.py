@@ -22,6 +22,7 @@ import shutil
 import torch
 
 from engine.backbones.base import capabilities_of
+from engine.backbones.clover.moe import SMALL_PAIRS
 
 
 def compiler_available() -> bool:
@@ -90,8 +91,6 @@ class CompiledLayers:
     """
 
     def __init__(self, eager_stack, layers, dynamic: bool | None = None):
-        from engine.backbones.clover.moe import SMALL_PAIRS
-
         self.eager_stack, self.layers = eager_stack, layers
         self.max_rows = SMALL_PAIRS // layers[0].mlp.top_k  # B * T of a forward the graph takes
         self.graph = torch.compile(eager_stack, dynamic=dynamic)

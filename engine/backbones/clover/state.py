@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.backbones.base import BlockOutput
+from engine.backbones.clover.ops import rope_angles
 
 MEMORY_MODES = ("state", "state+window")
 PASS_KINDS = ("decode", "prefill", "reference", "train")
@@ -101,8 +102,6 @@ class Pass:
             return None
         key = (rot_dim, theta)
         if key not in self._angles:
-            from engine.backbones.clover.ops import rope_angles
-
             self._angles[key] = rope_angles(self.pos, rot_dim, theta)
         return self._angles[key]
 

@@ -15,6 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.backbones.base import capabilities_of
+from engine.checkpoint import load_model, load_tokenizer
+from engine.decoding.decoder import DecodeConfig
+from engine.backbones.clover.model import random_model
+from engine.data.agent import eval_tasks
+from engine.data.chat_prompts import eval_prompts
+from engine.tokenizer import byte_tokenizer
+
 GRID_AXES: dict[str, type] = {
     "block_size": int, "threshold": float, "policy": str, "memory_mode": str, "max_new_tokens": int,
     "max_steps": int, "tokens_per_step": int, "max_entropy": float, "factor": float,
@@ -62,12 +70,8 @@ def load_task_set(name: str) -> list[SweepTask]:
     """
     kind, _, arg = name.partition(":")
     if kind == "agent-eval":
-        from engine.data.agent import eval_tasks
-
         return [SweepTask(name, i, t.prompt, "agent", t) for i, t in enumerate(eval_tasks(n=_count(name, arg)))]
     if kind == "chat-eval":
-        from engine.data.chat_prompts import eval_prompts
-
         prompts = eval_prompts()
         n = _count(name, arg)
         if n > len(prompts):
@@ -93,9 +97,6 @@ def load_sweep_model(spec: str):
             (DiffusionGemma runs its own sampler).
     """
     if spec.startswith("random:"):
-        from engine.backbones.clover.model import random_model
-        from engine.tokenizer import byte_tokenizer
-
         parts = spec.split(":")
         if len(parts) not in (2, 3):
             raise ValueError(f"model {spec!r}: expected 'random:PRESET' or 'random:PRESET:SCALE'")
@@ -111,12 +112,10 @@ def load_sweep_model(spec: str):
                              "(use 'random:clover-test' or a checkpoint directory)")
         model.model_id = spec
         return model, tok
-    from engine.checkpoint import load_model, load_tokenizer
 
     if not Path(spec).is_dir():
         raise ValueError(f"model {spec!r}: no checkpoint directory there (or use 'random:clover-test')")
     model = load_model(spec)
-    from engine.backbones.base import capabilities_of
 
     if capabilities_of(model).revises_commits:
         raise ValueError(f"model {spec!r}: a revisable sampler (DiffusionGemma) has its own generate; "
@@ -125,8 +124,6 @@ def load_sweep_model(spec: str):
 
 
 def _decode_config(values: dict):
-    from engine.decoding.decoder import DecodeConfig
-
     return DecodeConfig(**values)
 
 

@@ -28,6 +28,10 @@ from engine.experiments.sweep.results import (
     read_results,
     summarize,
 )
+from engine.decoding.decoder import BlockDecoder, DecodeConfig
+from engine.threads import configure_threads, default_threads, resolve_threads
+from engine.data.agent import score_call
+from engine.prompting import model_input
 
 
 def run_cell(cell: Cell, model, tokenizer, traces: bool = True) -> tuple[dict, bytes | None]:
@@ -43,20 +47,15 @@ def run_cell(cell: Cell, model, tokenizer, traces: bool = True) -> tuple[dict, b
     """
     import torch
 
-    from engine.decoding.decoder import BlockDecoder, DecodeConfig
-
     cfg = DecodeConfig(**cell.config)
     prompt = cell.task.prompt
     if cell.task.kind == "chat":  # a user request: the chat template where the model has one
-        from engine.prompting import model_input
 
         prompt = model_input(prompt, model).text
     torch.manual_seed(int(cell.cell_id, 16) % (2 ** 63))
     r = BlockDecoder(model, tokenizer, cfg).generate(prompt, record_trace=traces)
     score: dict = {}
     if cell.task.kind == "agent":
-        from engine.data.agent import score_call
-
         s = score_call(r.text, cell.task.turn)
         right = sum(bool(f["correct"]) for f in s["fields"])
         score = dict(exact_match=bool(s["exact_match"]), json_valid=bool(s["json_valid"]),
@@ -91,8 +90,6 @@ class CellRunner:
     """
 
     def __init__(self, threads: int, traces: bool = True, kill_once: tuple[str, int] | None = None):
-        from engine.threads import configure_threads
-
         configure_threads(threads)
         self.traces, self.kill_once = traces, kill_once
         self.models: dict[str, tuple] = {}
@@ -309,8 +306,6 @@ def run_sweep(models: Sequence[str], task_sets: Sequence[str], settings: Sequenc
             cells are saved either way (re-run to resume).
     """
     from tqdm import tqdm
-
-    from engine.threads import default_threads, resolve_threads
 
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
