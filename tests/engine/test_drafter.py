@@ -149,3 +149,18 @@ def test_verify_refused_for_a_model_that_does_not_draft():
     dec = BlockDecoder(ToyBackbone(ToyConfig()))
     with pytest.raises(ValueError, match="verify"):
         dec.generate([3, 4, 5], config=DecodeConfig(block_size=4, max_new_tokens=4, policy="verify"))
+
+
+def test_explorer_starts_a_drafter_in_verify_at_its_block_and_leaves_verify_for_other_models(drafted):
+    from clover_viz.models import LoadedModel
+    from clover_viz.state import ExplorerState
+    from tests.toy_backbone import ToyBackbone, ToyConfig
+
+    s = ExplorerState()
+    s.use_model(LoadedModel.in_memory(drafted, None, label="tiny drafter"))
+    assert (s.policy, s.block_size) == ("verify", 4)  # its trained block
+    s.use_model(LoadedModel.in_memory(ToyBackbone(ToyConfig()), None, label="toy"))
+    assert (s.policy, s.block_size) == ("low_confidence", 32)  # verify cannot run there
+    chosen = ExplorerState(policy="margin")  # a policy the user chose is kept
+    chosen.use_model(LoadedModel.in_memory(drafted, None, label="tiny drafter"))
+    assert chosen.policy == "margin"
