@@ -26,6 +26,8 @@ Public API::
                                                      model_format names)
     python -m engine.convert --from qwen3_5_moe SRC --out DST   (a Qwen3.5-MoE checkpoint -> Clover)
     forward_cost, DEVICES                            (engine.cost)
+
+Wing: ``entry points``.
 """
 
 from engine.backbones.clover.config import CloverConfig

@@ -52,6 +52,8 @@ The mapping itself -- the config translation, the weight names and expert stacki
 model with it, saves the checkpoint, measures the agreement and writes the card.
 
 Shape letters as in `engine`: E experts, D hidden, F expert FFN width.
+
+Wing: ``entry points``.
 """
 
 from __future__ import annotations

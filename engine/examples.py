@@ -7,6 +7,8 @@ session starts with (and the README's first decode). `CHAT_EXAMPLE_PROMPTS` are 
 and instructions (and one tool call with tools the model never saw) in SmolLM2's ChatML with its
 default system turn, for chat models adapted from a pretrained base (``models/smollm2-bd``).
 `WEATHER_PROMPT` is a short one-tool agent prompt. `example_prompt` looks any of them up by name.
+
+Wing: ``ground``.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ Heads split across processes (tensor parallel, `engine.decoding.parallel.shard_h
 split over the same ranks: ``--parallel tp=2`` or ``--parallel ep=2,tp=2``.
 
 Rank 0 prints the text, the summary and the bytes each rank read, and saves the trace.
+
+Wing: ``entry points``.
 """
 
 from __future__ import annotations

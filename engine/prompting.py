@@ -18,6 +18,8 @@ that was decoded.
 
 ChatML (``<|im_start|>role\\n...<|im_end|>\\n``) is the layout of SmolLM2-Instruct's
 tokenizer chat template (``tokenizer_config.json`` of HuggingFaceTB/SmolLM2-135M-Instruct).
+
+Wing: ``backbones``.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ notebooks 02 and 03, `engine.eval` users and the benchmarks reach as ``from engi
 
 ``--threads`` is per worker (default: ``OMP_NUM_THREADS`` if set, else
 `engine.threads.default_threads` divided among the workers, at least 1).
+
+Wing: ``entry points``.
 """
 
 from __future__ import annotations

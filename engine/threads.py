@@ -14,6 +14,8 @@ entry point sets the count itself, in this order:
 
 Use `add_threads_argument` on an ``argparse`` parser and call
 `configure_threads` with the parsed value before any torch work.
+
+Wing: ``ground``.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ Which one ends generation is the model config's ``eos_token_id`` (the bundled mo
 
 `byte_tokenizer()` builds the fallback byte-level tokenizer used by the ``clover-test``
 preset: one token per byte (ids 0..255, GPT-2 byte alphabet) followed by `SPECIAL_TOKENS`.
+
+Wing: ``ground``.
 """
 
 from __future__ import annotations

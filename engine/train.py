@@ -38,6 +38,8 @@ loaded with ``weights_only=True``).
 Modules: `engine.training.surgery` (presets, growing a model), `engine.training.rows` (data
 rows), `engine.training.masking` (noise), `engine.training.probes` (held-out metrics),
 `engine.training.loop` (the loop). Their public names are re-exported here.
+
+Wing: ``entry points``.
 """
 
 from __future__ import annotations

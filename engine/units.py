@@ -1,4 +1,4 @@
-"""Number formatting shared by the CLIs and the views: one SI-prefix formatter."""
+"""Number formatting shared by the CLIs and the views: one SI-prefix formatter. Wing: ``ground``."""
 
 from __future__ import annotations
 

@@ -41,6 +41,8 @@ share) are ``None``; the cost model prices every forward as a full recompute
 (``kv_cache=False``: weights once, all T tokens of FLOPs, no cache traffic).
 Shape letters as in `engine`: L block slots, C committed tokens, T tokens of a
 forward, V vocab.
+
+Wing: ``backbones``.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ Modules::
                             match autoregressive decoding on this machine (``--break-even``)
     engine.cost.cli         text reports; ``python -m engine.cost``
 
+Wing: ``cost``.
+
 Tests: ``.venv/bin/python -m pytest tests/engine/test_cost.py -q``
 """
 

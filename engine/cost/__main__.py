@@ -1,4 +1,4 @@
-"""``python -m engine.cost``: see `engine.cost.cli`."""
+"""``python -m engine.cost``: see `engine.cost.cli`. Wing: ``cost``."""
 
 from engine.cost.cli import main
 

@@ -30,6 +30,8 @@ Dream / LLaDA-style masked diffusion (which recomputes the whole sequence, so it
 ratio is computed on that cost).
 
     python -m engine.cost --break-even --model models/smollm2-bd --block-sizes 4,8,16,32
+
+Wing: ``cost``.
 """
 
 from __future__ import annotations

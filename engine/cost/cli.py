@@ -4,6 +4,8 @@
     python -m engine.cost --list-devices
     python -m engine.cost --trace runs/example.parquet --device h800
     python -m engine.cost --parallel ep=8 [--device h200 --tokens 32 --union 32 --tpf 1 4 8]
+
+Wing: ``cost``.
 """
 
 from __future__ import annotations

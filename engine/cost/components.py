@@ -4,6 +4,8 @@ components (Clover's and a dense transformer's), and the token-count check every
 The formulas of each cost family (`engine.backbones.base.COST_FAMILIES`) build a `ForwardCost`
 from here: ``clover`` in `engine.cost.formulas`, ``kv_cache`` and ``recompute`` in
 `engine.cost.dense`; `engine.cost.formulas.forward_cost` picks among them.
+
+Wing: ``cost``.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 docs/architecture.md §4 and §7) and the ``recompute`` family (`recompute_forward_cost`: masked
 diffusion without a cache, `engine.backbones.masked_diffusion`). `engine.cost.formulas.forward_cost` picks
 between them and Clover's formulas by the model's cost family.
+
+Wing: ``cost``.
 """
 
 from __future__ import annotations

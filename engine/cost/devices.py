@@ -6,6 +6,8 @@ datasheets; each `Device` carries its source. ``this-machine`` is measured
 (`measure_this_machine`): a streaming read of a large fp32 tensor and an fp32
 ``torch.matmul`` on the CPU. The roofline (Williams, Waterman & Patterson, "Roofline",
 CACM 2009) bounds a kernel's time by ``max(bytes / bandwidth, flops / peak)``.
+
+Wing: ``cost``.
 """
 
 from __future__ import annotations

@@ -77,6 +77,8 @@ state read). The "1.4x" quoted in write-ups corresponds to a union of only
 routing would give ``E * (1 - (1 - k/E)^T)`` = 163.3 distinct experts for 32
 tokens (`expected_union`); real routing within one text is correlated and
 lower -- which is what the measured union shows.
+
+Wing: ``cost``.
 """
 
 from __future__ import annotations

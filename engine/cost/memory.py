@@ -16,6 +16,8 @@ activation element (the model's dtype), N_gdn GDN layers and N_attn attention la
   keeps the keys and values of every token, ``2 * Hkv * hd * ab`` bytes per token per layer
   (the KV cache term of docs/architecture.md §7) -- linear in the context.
 
+Wing: ``cost``.
+
 Tests: ``.venv/bin/python -m pytest tests/engine/test_cost_routing_memory.py -q``
 """
 

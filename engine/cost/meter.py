@@ -3,6 +3,8 @@ committed tokens, block slots, prefix length, expert union); the meter prices th
 `engine.cost.formulas.forward_cost` and keeps the totals. The decoder builds one only when
 a hook is registered, so a decode without hooks does no cost work. The formulas are those of the
 model's cost family (`engine.cost.formulas.cost_family`: from the backbone's capabilities).
+
+Wing: ``cost``.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ device with `engine.cost.formulas.forward_cost` and the roofline (docs/architect
 Shapes: S steps (forwards) in the trace. Units in names: ``_bytes``, ``_s``,
 ``_tokens_per_s``, ``flops_per_s`` (FLOP per second), ``intensity`` (FLOP per byte).
 
+Wing: ``cost``.
+
 Tests: ``.venv/bin/python -m pytest tests/engine/test_cost_per_step.py -q``
 """
 

@@ -22,6 +22,8 @@ Definitions (docs/architecture.md §5 and §7):
   ``tokens_per_forward / bytes_ratio`` (`net_gain`) -- each forward costs ``bytes_ratio``
   AR steps and writes ``tokens_per_forward`` tokens.
 
+Wing: ``cost``.
+
 Tests: ``.venv/bin/python -m pytest tests/engine/test_cost_routing_memory.py -q``
 """
 

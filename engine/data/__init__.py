@@ -15,6 +15,8 @@ Modules::
 Seed rule for the agent corpus: training uses conversation seeds < ``EVAL_SEED_START``
 (10_000_000), evaluation uses seeds >= it; `iter_conversations` refuses a range that
 crosses the boundary.
+
+Wing: ``ground``.
 """
 
 from engine.data.agent import (

@@ -35,6 +35,8 @@ Seeds: conversation ``i`` of `iter_conversations(seed, ...)` is
 `eval_tasks` uses seeds >= it. A range that crosses the boundary is refused.
 
 JSON everywhere is ``json.dumps(obj, separators=(", ", ": "), ensure_ascii=False)``.
+
+Wing: ``ground``.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ opposites, short messages, arithmetic, translation, small Python functions). The
 self-distillation data of `engine.training.causal_lm`. The evaluation prompts are a
 separate, hand-written file (`EVAL_PROMPTS_FILE`) that this generator never
 produces (tests check that the two sets are disjoint).
+
+Wing: ``ground``.
 """
 
 from __future__ import annotations

@@ -31,6 +31,8 @@ left out of the call. Every example is exactly checkable.
 
 Seeds: `generate_conversation(random.Random(seed), split=...)` is a pure function of the
 seed and the split.
+
+Wing: ``ground``.
 """
 
 from __future__ import annotations

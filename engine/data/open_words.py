@@ -20,6 +20,8 @@ Disjointness from the evaluation split: a harvested word is dropped when it shar
 with any word of the eval vocabulary (`is_near`; "dispatch", "dispatcher" and "batches" are
 dropped because "dispatch" and "batch" are eval words; the eval vocabulary is
 `engine.data.tool_words.eval_words`). `engine.data.open_tools` asserts it at import.
+
+Wing: ``ground``.
 """
 
 from __future__ import annotations

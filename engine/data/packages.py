@@ -16,6 +16,8 @@ until `MAX_PACKAGE_BYTES`, so torch and transformers do not drown the small libr
 Licences: only distributions whose metadata declares a permissive licence (BSD, MIT, Apache,
 PSF, ISC, MPL -- `PERMISSIVE`) are used; the manifest records each one's licence string. The
 corpus depends on the installed versions; `manifest()` records them and a content hash.
+
+Wing: ``ground``.
 """
 
 from __future__ import annotations

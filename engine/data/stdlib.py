@@ -9,6 +9,8 @@ Split rule (fixed, by file): a file is held out iff the first byte of
 ``sha1(relative posix path)`` is < `HELDOUT_BYTE_BELOW` (13/256 ~ 5 %); the rest is train.
 The corpus depends on the CPython version; `manifest()` records it and a content hash for
 the model card.
+
+Wing: ``ground``.
 """
 
 from __future__ import annotations

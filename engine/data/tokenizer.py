@@ -24,6 +24,8 @@ vs ``re``); runs of spaces (indentation) stay whole.
 Build the shipped file (< 1 minute on 2 cores)::
 
     python -m engine.data.tokenizer --out models/clover-tiny/tokenizer.json --vocab-size 4096
+
+Wing: ``ground``.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ away from.
 `engine.data.open_tools` extends the training verbs and nouns with the harvested words; the
 tables here are the hand-written ones, as `engine.data.open_words` needs them (without reading
 the harvested list it writes).
+
+Wing: ``ground``.
 """
 
 from __future__ import annotations

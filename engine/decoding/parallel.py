@@ -38,6 +38,8 @@ checkpoint, then drops the rest); saving a sharded model; a vocabulary-parallel 
 embedding; all-to-all expert dispatch (the routed outputs are all_reduced); training under a split
 (only decoding is tested); tensor parallel on NCCL (written for it -- the mesh takes the group's
 device type -- but run on gloo / CPU only so far).
+
+Wing: ``decoding``.
 """
 
 from __future__ import annotations

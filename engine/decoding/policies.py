@@ -9,6 +9,8 @@ Sources: LowConfidence -- the Clover threshold rule with ``>=`` (Clover's
 model card; Fast-dLLM v2 and SGLang use ``>``); TopK -- LLaDA's fixed quota
 per step; Margin and Entropy -- Dream's ``topk_margin`` / ``entropy``
 algorithms (as thresholds); Factor -- Fast-dLLM v1's factor rule.
+
+Wing: ``decoding``.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@ progressive EOS bias. Both are off by default and record every firing.
 
 They act on the logits of the current block's masked slots, given the whole
 sequence so far (prompt + committed blocks + the block's written slots).
+
+Wing: ``decoding``.
 """
 
 from __future__ import annotations

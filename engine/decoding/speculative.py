@@ -47,6 +47,8 @@ drafter is the same model in block mode:
 Counting (`SpeculativeResult`): ``nfe = draft_forwards + verify_forwards``; the first token
 comes from the verifier's first forward (the prompt's commit), with no draft before it.
 
+Wing: ``decoding``.
+
 Tests: ``.venv/bin/python -m pytest tests/engine/test_speculative.py -q``
 """
 

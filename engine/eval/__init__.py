@@ -59,6 +59,8 @@ Stdlib (held-out split by file): after a real 256-token prefix, (a) token
 accuracy of the first decoded block (32 / 0.95) against the file's next 32
 tokens, (b) with the block fully masked, one forward: argmax accuracy by slot
 index 0..31 (the data behind the late-slot experiment).
+
+Wing: ``eval``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python -m engine.eval``: the agent-task evaluation (`engine.eval.main`)."""
+"""``python -m engine.eval``: the agent-task evaluation (`engine.eval.main`). Wing: ``eval``."""
 
 from engine.eval import main
 

@@ -31,6 +31,8 @@ ChatML with the base's default system turn:
   block-wise (MASK id 16 with its own embedding), the "before" column.
 
 Results go to ``MODEL/eval.json`` (or ``--out``) and a table on stdout.
+
+Wing: ``eval``.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@ open-vocabulary tool calls (`summarise_open`) and held-out code (`summarise_code
 
 Pure aggregation of the rows `engine.eval` (a Clover checkpoint) and `engine.eval.chat` (an adapter
 over a pretrained base) score; the metrics are described in `engine.eval`'s module docstring.
+
+Wing: ``eval``.
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ once (`tests/engine/test_chains.py` holds them equal on the bundled model).
 Every processor firing (`engine.recording.events.ProcessorFiring`: repetition control, progressive EOS
 bias) is kept with its forward, answer position and token.
 
+Wing: ``experiments``.
+
 Tests: ``.venv/bin/python -m pytest tests/engine/test_chains.py -q``
 """
 

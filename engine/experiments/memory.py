@@ -22,6 +22,8 @@ views, in-place and ``out=`` results -- are not new allocations). Scratch memory
 single kernel is invisible to it, so its peak is a lower bound of the allocator's; on the
 GPU ``torch.cuda.max_memory_allocated`` is the allocator's own number.
 
+Wing: ``experiments``.
+
 Tests: ``.venv/bin/python -m pytest tests/engine/test_experiments_memory.py -q``
 """
 

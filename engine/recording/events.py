@@ -6,6 +6,8 @@ letter table: L = slots in the current block (== block_size except for a
 shorter last block), N = number of layers.
 
 A hook is any callable ``fn(event) -> None``; see `engine.decoding.decoder.BlockDecoder.add_hook`.
+
+Wing: ``recording``.
 """
 
 from __future__ import annotations

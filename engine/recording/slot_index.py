@@ -21,6 +21,8 @@ a written token after step ``i`` when it held one before and was not remasked, o
 written at ``i``. For a block that was never revised every answer is the accept-once one
 (written once, held from then on), computed as before.
 
+Wing: ``recording``.
+
 Tests: ``.venv/bin/python -m pytest tests/engine/test_slot_index.py -q``
 """
 

@@ -4,6 +4,8 @@
 `train_step` / `evaluate` / `save` until the time budget is spent. The learning rate follows
 `lr_at` over the *time* budget (``--minutes``), so a resumed run continues the same schedule.
 The command line and its stages are described in `engine.train`.
+
+Wing: ``training``.
 """
 
 from __future__ import annotations

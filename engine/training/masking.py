@@ -2,6 +2,8 @@
 
 Per block of L slots a mask ratio t ~ U(`EPS`, 1); with focus flags the loss is concentrated
 on the tokens a decoder generates (assistant turns, copied values).
+
+Wing: ``training``.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 tool-call decode, and the value-copy probe that `engine.eval` also reports.
 
 All run under ``torch.no_grad()`` and restore the model's train/eval mode.
+
+Wing: ``training``.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ Three kinds of row, all python lists of length T:
   ``code_source``;
 * recall rows -- associative recall on real tokens (`RowSource.recall_row`,
   `RowSource.call_recall_row`); focus = the queried values.
+
+Wing: ``training``.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ attention q/k/v conv or a front attention layer, and induction-head initialisati
 Every grow step is function-preserving: the new model computes exactly what the old one did
 until training moves the new weights. Layouts measured on `benchmarks/copy_toy.py` are in
 models/clover-tiny/README.md.
+
+Wing: ``training``.
 """
 
 from __future__ import annotations

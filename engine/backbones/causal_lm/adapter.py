@@ -26,6 +26,8 @@ MASK for SmolLM2: its vocabulary has no mask token. We use id 16,
 pretraining vocabulary that never occurs in chat (ChatML) text -- and
 replace its *input* embedding by a learned vector (``mask_embedding``), so
 the base's own meaning of the token does not matter.
+
+Wing: ``backbones``.
 """
 
 from __future__ import annotations

@@ -39,6 +39,8 @@ it means "all committed history, in the KV cache". ``state+window`` is a
 Clover variant and is refused with a clear message.
 
 Shape letters as in `engine`: L block slots, C committed tokens, V vocab.
+
+Wing: ``backbones``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Gated full attention with a delta-rule memory and an optional window (docs/architecture.md §3)."""
+"""Gated full attention with a delta-rule memory and an optional window (docs/architecture.md §3).
+
+Wing: ``backbones``."""
 
 from __future__ import annotations
 

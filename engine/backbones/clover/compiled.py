@@ -13,6 +13,8 @@ Opt-in, for a process that decodes many times (a notebook, a sweep, a server;
 small CPU; a new shape may compile again), which a single command-line decode would never win
 back, and it needs a C++ compiler. Decoding is unchanged: the same tokens as eager (tested),
 the same events.
+
+Wing: ``backbones``.
 """
 
 from __future__ import annotations

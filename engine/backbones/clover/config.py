@@ -15,6 +15,8 @@ Presets (``CloverConfig.from_name``):
 
 `recorded_clover_config` rebuilds the config of the model that recorded a trace (the recording
 wing keeps it as a dict and builds no backbone config).
+
+Wing: ``backbones``.
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ Use::
     # ... decode as usual; disable_cuda_graphs(model) goes back to eager
 
 Only CUDA devices; `enable_cuda_graphs` raises ValueError elsewhere.
+
+Wing: ``backbones``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Gated DeltaNet mixer with the in-block attention and memory unit (docs/architecture.md §3)."""
+"""Gated DeltaNet mixer with the in-block attention and memory unit (docs/architecture.md §3). Wing: ``backbones``."""
 
 from __future__ import annotations
 

@@ -34,6 +34,8 @@ explicit window slice; tests hold the fast path to it. Each forward's path
 
 The parts live in `engine.backbones.clover`: `state` (state, `Pass`, `ModelOutput`), `ops`,
 `gdn` (`GatedDeltaNet`), `attention` (`GatedAttention`), `moe` (`SparseMoE`).
+
+Wing: ``backbones``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sparse mixture of experts, Qwen3.5-MoE layout (docs/architecture.md §3)."""
+"""Sparse mixture of experts, Qwen3.5-MoE layout (docs/architecture.md §3). Wing: ``backbones``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Building blocks of the Clover model (docs/architecture.md §3): norms, RoPE, the in-block
 attention with the memory unit, one-row-per-block reshapes, the causal conv with a carried
-tail, and the gated-delta-rule state update."""
+tail, and the gated-delta-rule state update.
+
+Wing: ``backbones``."""
 
 from __future__ import annotations
 

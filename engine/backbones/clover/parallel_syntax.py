@@ -2,6 +2,8 @@
 (`engine.decoding.parallel`, ``engine.generate --parallel``) and by the cost projection of a split
 (`engine.cost.parallel.parse_split`, ``python -m engine.cost --parallel``). Pure text: no torch,
 no model code, so the cost model can read the syntax without importing ``torch.distributed``.
+
+Wing: ``backbones``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Recurrent state, the per-forward plan and the forward's output (docs/architecture.md §3)."""
+"""Recurrent state, the per-forward plan and the forward's output (docs/architecture.md §3). Wing: ``backbones``."""
 
 from __future__ import annotations
 
