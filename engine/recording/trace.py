@@ -458,17 +458,8 @@ class Trace:
                                self.model_id, self.prompt_ids, self.vocab, self.meta)
 
     def save(self, path: str | Path, format: str | None = None) -> Path:
-        """Write the trace to ``path`` and return it.
-
-        Args:
-            path: destination; parent folders are created.
-            format: ``"parquet"`` or ``"arrow"`` (Arrow IPC file, what Feather v2
-                is); default from the suffix: ``.parquet``/``.pq`` or
-                ``.arrow``/``.feather``/``.ipc``.
-
-        Raises:
-            ValueError: for an unknown suffix or format.
-        """
+        """Write the trace to ``path`` (parent folders created) and return it; ``format`` (``"parquet"`` or
+        ``"arrow"``, default from the suffix) and the errors as `engine.recording.trace_files.write_table`."""
         return write_table(self.to_arrow(), path, format)
 
     @classmethod
