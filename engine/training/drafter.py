@@ -181,7 +181,8 @@ def _forward(model, arch, feats, anchors, block, frozen, slots, last_slot):
         return torch.cat([torch.zeros_like(out[:, :1]), out], 1)
     T = int(anchors.max())
     ctx = model.fuse_context(feats[:T, slots].float().reshape(T, -1))
-    return model(ctx, block, anchors, frozen.embed, frozen.lm_head)
+    last = feats[anchors - 1, slots[-1]].float()  # the last target layer read, at each anchor's predecessor
+    return model(ctx, last, block, anchors, frozen.embed, frozen.lm_head)
 
 
 def train(args) -> int:
@@ -222,6 +223,9 @@ def train(args) -> int:
         if not resume:
             top = hf.num_hidden_layers - 1
             model.init_layers_from(lm, list(range(top - cfg.num_layers + 1, top + 1)))
+            if cfg.target_layers[-1] != hf.num_hidden_layers:
+                print(f"note: the residual stream starts from target layer {cfg.target_layers[-1]}, not the final "
+                      f"state ({hf.num_hidden_layers}) the LM head reads", flush=True)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     n = len(cache)
     order = list(range(n))
@@ -338,8 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
     t.add_argument("--block-size", type=int, default=8, help="slots per draft, anchor included")
     t.add_argument("--depth", type=int, default=1, help="drafter layers (initialised from the target's last ones)")
-    t.add_argument("--layers", type=int, nargs="*", help="target hidden_states indices the drafter reads "
-                   "(default: 4 spread over the depth)")
+    t.add_argument("--layers", type=int, nargs="*", help="target hidden_states indices the drafter reads, the "
+                   "one its residual stream starts from last (default: 4 spread over the depth, the final state last)")
     t.add_argument("--n-layers-read", type=int, default=4, help="how many target layers by default")
     t.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (0: the whole vocabulary)")
     t.add_argument("--mask-token-id", type=int, default=16, help="MASK id in the block (SmolLM2: 16, as smollm2-bd)")

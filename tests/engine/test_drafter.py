@@ -59,7 +59,7 @@ def test_declares_drafting(drafted):
     assert caps.largest_trained_block == 4
 
 
-@pytest.mark.parametrize("block_size", [2, 4, 8])
+@pytest.mark.parametrize("block_size", [2, 3, 4])
 def test_verify_equals_greedy_generate(drafted, block_size):
     dec = BlockDecoder(drafted)
     for prompt in PROMPTS:
@@ -141,6 +141,11 @@ def test_drafter_directory_round_trip_and_corrupt_weights(drafted, tmp_path):
     (d / "drafter.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="cannot read the drafter's weights"):
         load_drafter_net(d)
+
+
+def test_a_block_longer_than_the_drafter_is_refused_with_the_fix(drafted):
+    with pytest.raises(ValueError, match="block_size 4 or less"):
+        BlockDecoder(drafted).generate(PROMPTS[0], config=DecodeConfig(block_size=8, max_new_tokens=8, policy="verify"))
 
 
 def test_verify_refused_for_a_model_that_does_not_draft():

@@ -59,6 +59,8 @@ class DrafterState:
         cache: the target's transformers `DynamicCache` over ``committed``.
         committed: every token the target has read (prompt and written tokens), in order.
         ctx: [T, H] the drafter's fused context of those tokens (row t = position t).
+        last: [T, H] the target's hidden state ``target_layers[-1]`` at those positions (a draft's
+            residual stream starts from the row before its anchor).
         next_logits: [V] fp32 the target's logits after the last token read (its next-token
             prediction), None before the first read.
         pre_read: tokens of the current block the target read ahead of its commit (the prompt head).
@@ -69,6 +71,7 @@ class DrafterState:
     cache: Any
     committed: list[int] = field(default_factory=list)
     ctx: torch.Tensor | None = None
+    last: torch.Tensor | None = None
     next_logits: torch.Tensor | None = None
     pre_read: int = 0
     calls: int = 0
@@ -176,9 +179,12 @@ class DraftedLM(TransformersBackbone):
         pos = torch.arange(start, start + len(ids), device=self.device)[None]
         out = self.lm(input_ids=x, position_ids=pos, use_cache=True, output_hidden_states=True,
                       **{_cache_kwarg(self.lm): state.cache})
-        feats = torch.cat([out.hidden_states[i][0] for i in self.drafter.cfg.target_layers], -1)
-        ctx = self.drafter.fuse_context(feats.to(self.drafter.fuse.weight.dtype))
+        layers = self.drafter.cfg.target_layers
+        dt = self.drafter.fuse.weight.dtype
+        ctx = self.drafter.fuse_context(torch.cat([out.hidden_states[i][0] for i in layers], -1).to(dt))
+        last = out.hidden_states[layers[-1]][0].to(dt)
         state.ctx = ctx if state.ctx is None else torch.cat([state.ctx, ctx], 0)
+        state.last = last if state.last is None else torch.cat([state.last, last], 0)
         state.committed.extend(int(t) for t in ids)
         logits = out.logits[0].float()
         state.next_logits = logits[-1]
@@ -192,6 +198,7 @@ class DraftedLM(TransformersBackbone):
         if drop > 0:
             state.cache.crop(-drop)  # a negative count (a positive length raises in transformers 5.24)
             state.ctx = state.ctx[:keep]
+            state.last = state.last[:keep]
             del state.committed[keep:]
 
     # ------------------------------------------------------------------ drafter
@@ -202,14 +209,20 @@ class DraftedLM(TransformersBackbone):
 
         Returns:
             [len(block), V] fp32 logits; ids outside the draft vocabulary are -inf.
+
+        Raises:
+            ValueError: before the prompt was read, or a block longer than the drafter's block size.
         """
         if state.ctx is None:
             raise ValueError("the target has read nothing yet: read the prompt first")
+        if len(block) > self.draft_block:
+            raise ValueError(f"{self.model_id} drafts blocks of at most {self.draft_block} slots (the block size it "
+                             f"was trained on); use block_size {self.draft_block} or less")
         ids = torch.tensor([block], dtype=torch.long, device=self.device)
         anchors = torch.tensor([state.position], device=self.device)
         emb = self.lm.get_input_embeddings()
         head = self.lm.get_output_embeddings().weight
-        sub = self.drafter(state.ctx, ids, anchors, emb, head)[0]  # [L, Vd]
+        sub = self.drafter(state.ctx, state.last[-1:], ids, anchors, emb, head)[0]  # [L, Vd]
         full = sub.new_full((len(block), self.config.vocab_size), float("-inf"))
         full[:, self.drafter.draft_vocab] = sub
         return full

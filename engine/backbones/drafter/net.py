@@ -14,11 +14,10 @@ arXiv 2602.06036 -- and Medusa / EAGLE):
   their absolute positions.
 * **The block.** ``[anchor, x_1, ..., x_{B-1}]`` at absolute positions ``a .. a+B-1``: the anchor
   is the token the target produced at position ``a`` (its greedy next token); the other slots
-  are MASK (a learned input embedding) or tokens already written; every slot's input also gets
-  the fused feature of position ``a - 1`` through a learned map (``inject``). Inside the block attention
+  are MASK (a learned input embedding) or tokens already written. Each slot's residual stream starts
+  from the target's last read state at ``a - 1`` (see `BlockDrafter`). Inside the block attention
   is bidirectional; every slot reads all context positions ``< a``.
-* **Output.** The drafter's last hidden state goes through the drafter's ``norm`` (initialised
-  from the target's final norm) and the target's frozen LM head (its embedding matrix when
+* **Output.** The drafter's last hidden state goes through the target's frozen LM head (its embedding matrix when
   tied), restricted to the draft vocabulary (`DrafterConfig.draft_vocab`, the tokens the
   drafter may propose; all V when empty) -- the LM head is ~0.3 of a SmolLM2-135M forward on
   a CPU, so a reduced vocabulary is where a CPU draft saves most.
@@ -180,17 +179,23 @@ class DrafterLayer(nn.Module):
 class BlockDrafter(nn.Module):
     """The trainable drafter (the target's embeddings and LM head are passed in, frozen, never stored).
 
+    The residual stream of slot ``j`` starts from the target's own last hidden state at position
+    ``anchor - 1`` (the last of `DrafterConfig.target_layers`, the state the target's LM head read to
+    write the anchor), plus the slot's token embedding (MASK: ``mask_embedding``) and a learned
+    embedding of its offset ``j`` in the block; the layers' output projections start at zero, so an
+    untrained drafter proposes what the target's head reads from that state (like zero-initialised
+    Medusa heads), and training learns per-slot corrections that read the anchor, the block and the
+    context by attention. The output goes straight into the target's LM head (it already lives in
+    the space that head reads).
+
     Args:
         cfg: `DrafterConfig`.
 
     Attributes:
-        fuse: Linear(len(target_layers) * H -> H) then ``fuse_norm`` -- the context features.
+        fuse: Linear(len(target_layers) * H -> H) then ``fuse_norm`` -- the context keys / values.
         mask_embedding: [H] input embedding of a MASK slot.
-        inject: Linear(H -> H) (zero, or a scaled identity after `init_layers_from`): the context feature of position ``anchor - 1`` (the
-            state from which the target wrote the anchor) added to every slot's input, so a slot sees the
-            freshest context without first learning to find it by attention (EAGLE feeds its draft
-            layer the same feature).
-        layers: `DrafterLayer` x ``num_layers``; norm: final RMSNorm.
+        slot_embedding: [block_size, H] embedding of a slot's offset in the block (zeros at start).
+        layers: `DrafterLayer` x ``num_layers``.
         draft_vocab: [Vd] int64 buffer, the ids the drafter proposes (all V when the config's is empty).
     """
 
@@ -201,41 +206,48 @@ class BlockDrafter(nn.Module):
         self.fuse = nn.Linear(len(cfg.target_layers) * H, H, bias=False)
         self.fuse_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.mask_embedding = nn.Parameter(torch.zeros(H))
-        self.inject = nn.Linear(H, H, bias=False)  # the newest context feature into every slot (zero start)
-        nn.init.zeros_(self.inject.weight)
+        self.slot_embedding = nn.Parameter(torch.zeros(cfg.block_size, H))
         self.layers = nn.ModuleList(DrafterLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(H, cfg.rms_norm_eps)
         vocab = torch.tensor(cfg.draft_vocab or range(cfg.vocab_size), dtype=torch.int64)
         self.register_buffer("draft_vocab", vocab, persistent=False)
         nn.init.normal_(self.fuse.weight, std=1.0 / math.sqrt(self.fuse.in_features))
+        for layer in self.layers:  # every layer starts as the identity on the residual stream
+            nn.init.zeros_(layer.self_attn["o_proj"].weight)
+            nn.init.zeros_(layer.mlp["down_proj"].weight)
 
     def fuse_context(self, feats: torch.Tensor) -> torch.Tensor:
         """[T, K * H] concatenated target features -> [T, H] context."""
         return self.fuse_norm(self.fuse(feats))
 
-    def forward(self, ctx: torch.Tensor, block_ids: torch.Tensor, anchors: torch.Tensor, embed: nn.Embedding,
-                lm_head_weight: torch.Tensor) -> torch.Tensor:
+    def forward(self, ctx: torch.Tensor, last: torch.Tensor, block_ids: torch.Tensor, anchors: torch.Tensor,
+                embed: nn.Embedding, lm_head_weight: torch.Tensor) -> torch.Tensor:
         """Draft N blocks at once.
 
         Args:
             ctx: [T, H] fused context of positions 0 .. T-1 (`fuse_context`).
-            block_ids: [N, B] int64 block contents (slot 0 = anchor; MASK = `DrafterConfig.mask_token_id`).
+            last: [N, H] the target's last read hidden state (``target_layers[-1]``) at each block's
+                ``anchor - 1``.
+            block_ids: [N, B] int64 block contents (slot 0 = anchor; MASK = `DrafterConfig.mask_token_id`);
+                B <= ``block_size`` (the offset embedding has that many rows).
             anchors: [N] int64 absolute position of each block's slot 0 (each block reads context
                 positions < its anchor; anchors <= T).
             embed: the target's input embedding; lm_head_weight: [V, H] its (frozen) LM head.
 
         Returns:
             [N, B, Vd] fp32 logits over the draft vocabulary (`draft_vocab`) for every slot.
+
+        Raises:
+            ValueError: a block longer than the ``block_size`` the drafter was built for.
         """
         N, B = block_ids.shape
+        if B > self.cfg.block_size:
+            raise ValueError(f"the drafter was built for blocks of at most {self.cfg.block_size} slots, got {B}")
         T = ctx.shape[0]
         dev = block_ids.device
         masked = block_ids == self.cfg.mask_token_id
         x = embed(block_ids.clamp(0, embed.num_embeddings - 1)).to(ctx.dtype)
         x = torch.where(masked[..., None], self.mask_embedding.to(x.dtype), x)
-        if T:  # the feature of the token just before the anchor, which the target used to write it (EAGLE-style)
-            x = x + self.inject(ctx[(anchors - 1).clamp(0, T - 1)])[:, None, :]
-        x = x.reshape(N * B, -1)
+        x = (x + self.slot_embedding[:B][None] + last.to(x.dtype)[:, None, :]).reshape(N * B, -1)
         x_pos = (anchors[:, None] + torch.arange(B, device=dev)[None]).reshape(-1)
         ctx_pos = torch.arange(T, device=dev)
         blk = torch.arange(N, device=dev).repeat_interleave(B)
@@ -244,14 +256,13 @@ class BlockDrafter(nn.Module):
         allowed = torch.cat([see_ctx, see_blk], 1)
         for layer in self.layers:
             x = layer(x, x_pos, ctx, ctx_pos, allowed)
-        h = self.norm(x)
         w = lm_head_weight[self.draft_vocab] if self.cfg.draft_vocab else lm_head_weight
-        return (h @ w.to(h.dtype).t()).float().view(N, B, -1)
+        return (x @ w.to(x.dtype).t()).float().view(N, B, -1)
 
     def init_layers_from(self, target: nn.Module, layer_indices: list[int]) -> None:
         """Copy a Llama-style target's decoder layers (``target.model.layers[i]``) into the drafter's
-        layers (same parameter names and shapes) and its final norm into ``norm``; start ``mask_embedding``
-        at the target's embedding of the MASK id and ``inject`` at the identity times the embeddings' RMS;
+        layers (same parameter names and shapes; the output projections stay at zero, so the layers
+        start as the identity) and start ``mask_embedding`` at the target's embedding of the MASK id;
         records the indices.
 
         Raises:
@@ -264,13 +275,9 @@ class BlockDrafter(nn.Module):
             missing = set(mine.state_dict()) - set(src)
             if missing:
                 raise ValueError(f"target layer {i} has no {sorted(missing)[:3]}: not a Llama-style layer")
-            mine.load_state_dict({k: src[k] for k in mine.state_dict()})
-        self.norm.weight.data.copy_(target.model.norm.weight.data)
-        # MASK starts as the target's own embedding of the MASK id, and the injected context feature (unit
-        # RMS after fuse_norm) starts scaled to the embeddings' RMS, so neither swamps the token inputs
-        emb = target.get_input_embeddings().weight.data
-        self.mask_embedding.data.copy_(emb[self.cfg.mask_token_id])
-        self.inject.weight.data.copy_(torch.eye(self.cfg.hidden_size) * emb.pow(2).mean().sqrt())
+            keep = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+            mine.load_state_dict({k: (mine.state_dict()[k] if k in keep else src[k]) for k in mine.state_dict()})
+        self.mask_embedding.data.copy_(target.get_input_embeddings().weight.data[self.cfg.mask_token_id])
         self.cfg.init_from = tuple(int(i) for i in layer_indices)
 
 
@@ -280,9 +287,10 @@ def target_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, 
 
 
 def default_target_layers(num_hidden_layers: int, n: int = 4) -> tuple[int, ...]:
-    """``n`` hidden_states indices spread from the lower third to the last layer (DFlash also reads
-    several layers from shallow to deep), e.g. 30 layers -> (8, 15, 22, 29)."""
-    lo, hi = max(1, num_hidden_layers // 4), num_hidden_layers - 1
+    """``n`` hidden_states indices spread from the lower quarter to the final (normed) state, which
+    comes last -- the state the target's LM head reads, where `BlockDrafter` starts its residual stream
+    (DFlash also reads several layers from shallow to deep), e.g. 30 layers -> (7, 15, 22, 30)."""
+    lo, hi = max(1, num_hidden_layers // 4), num_hidden_layers
     if n == 1:
         return (hi,)
     return tuple(int(round(lo + (hi - lo) * k / (n - 1))) for k in range(n))
