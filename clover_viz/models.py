@@ -39,7 +39,9 @@ from clover_viz import limits
 from clover_viz.limits import inside_roots, outside_roots
 from engine.backbones.base import Capabilities, capabilities_of
 from engine.checkpoint import DEFAULT_MODEL_DIR, file_as_model_dir  # one place for the default and the message
-from engine.checkpoint import load_tokenizer
+from engine.backbones.clover.model import random_model
+from engine.checkpoint import load_model, load_tokenizer
+from engine.tokenizer import byte_tokenizer
 from engine.decoding import decoder_for  # picks a model's decoder by its capabilities; imports it only when called
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -225,10 +227,6 @@ def build_model(spec: ModelSpec) -> LoadedModel:
         ValueError: from `engine.checkpoint` for a damaged or mismatched checkpoint; for an
             ``in_memory`` spec (there is nothing to load: use `LoadedModel.in_memory`).
     """
-
-    from engine.checkpoint import load_model, load_tokenizer
-    from engine.backbones.clover.model import random_model
-    from engine.tokenizer import byte_tokenizer
 
     if spec.kind == "random":
         model = random_model(RANDOM_MODEL_NAME, RANDOM_MODEL_SEED, spec.dev_scale,

@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Any
 
+from clover_viz.state import _cancel_live_decodes
+
 SHUTDOWN_GRACE_S = 2.0
 """Seconds from SIGTERM / SIGINT to the end of the served process, at most (plus a thread switch)."""
 
@@ -45,8 +47,6 @@ def begin_shutdown(grace_s: float = SHUTDOWN_GRACE_S) -> None:
     global _deadline
     if grace_s < 0:
         raise ValueError(f"grace_s must be >= 0 seconds, got {grace_s}")
-    from clover_viz.state import _cancel_live_decodes
-
     _cancel_live_decodes(timeout_s=0.0)  # set every decode's cancel flag; join nothing
     if _deadline is None:
         _deadline = threading.Thread(target=_exit_after, args=(grace_s,), name="clover-shutdown-deadline",

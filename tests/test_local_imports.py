@@ -23,13 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("engine", "clover_viz", "kernels", "apps")
 FIRST_PARTY = ("engine", "clover_viz", "kernels")
 
-PENDING: dict[tuple[str, str], str] = {
-    ("clover_viz/models.py", "engine.checkpoint"): "build_model, in issue 40's model loading",
-    ("clover_viz/models.py", "engine.backbones.clover.model"): "build_model, in issue 40's model loading",
-    ("clover_viz/models.py", "engine.tokenizer"): "build_model, in issue 40's model loading",
-    ("clover_viz/serving.py", "clover_viz.state"): "issue 40's serving module",
-    ("clover_viz/limits.py", "engine.backbones.causal_lm.adapter"): "issue 40's limits module",
-}
+PENDING: dict[tuple[str, str], str] = {}
 """(file, imported module) -> where it is: function-local first-party imports without a reason yet."""
 
 
