@@ -6,9 +6,11 @@ The recipe (``python -m engine.training.drafter``)::
     python -m engine.training.causal_lm distill --out runs/drafter/distill.jsonl --n 640 --batch 32
     # 2. the target's hidden features over them, once
     python -m engine.training.drafter cache --data runs/drafter/distill.jsonl --out runs/drafter/features.safetensors
-    # 3. train (stages of --minutes, --resume continues), then save the drafter as a model directory
+    # 3. train (stages of --minutes, --resume continues); the run's model/ is its drafter directory
     python -m engine.training.drafter train --cache runs/drafter/features.safetensors --out runs/drafter/run1 \
         --minutes 30 [--resume] [--arch block|medusa]
+    # 4. ship a run's latest checkpoint (the base's tokenizer.json beside it)
+    python -m engine.training.drafter export --run runs/drafter/run1 --out models/smollm2-drafter
 
 What is learned (`engine.backbones.drafter.net`): the drafter drafts a block ``[anchor, MASK x B-1]``
 anchored at an answer position ``a`` (the anchor is the target's greedy token there), reading the
@@ -31,6 +33,7 @@ import argparse
 import json
 import math
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -40,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from engine.backbones.causal_lm.adapter import base_spec, load_base
+from engine.backbones.causal_lm.adapter import _base_cache, base_spec, load_base
 from engine.backbones.drafter.files import save_drafter
 from engine.backbones.drafter.net import BlockDrafter, DrafterConfig, default_target_layers
 from engine.training.drafter_data import FeatureCache, cache_features, read_distill
@@ -246,6 +249,7 @@ def train(args) -> int:
     vocab_t = torch.tensor(cfg.draft_vocab) if cfg.draft_vocab else torch.arange(cfg.vocab_size)
     log = (out / "train_log.jsonl")
     out.mkdir(parents=True, exist_ok=True)
+    recipe = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     t0, last_save = time.perf_counter(), time.perf_counter()
     bar = tqdm(total=round(args.minutes, 1), unit="min", desc=f"train {args.arch}", bar_format="{l_bar}{bar}| {n:.1f}/{total} min {postfix}")
     model.train()
@@ -282,11 +286,11 @@ def train(args) -> int:
             with open(log, "a") as fh:
                 fh.write(json.dumps({"step": step, "minutes": round(minutes, 2), "loss": loss_sum / args.accum}) + "\n")
         if time.perf_counter() - last_save > args.save_every_min * 60:
-            _save_state(state_path, model, opt, cfg, step, spent + (time.perf_counter() - t0) / 60)
+            _save_state(state_path, model, opt, cfg, step, spent + (time.perf_counter() - t0) / 60, recipe)
             last_save = time.perf_counter()
     bar.close()
     spent += (time.perf_counter() - t0) / 60
-    _save_state(state_path, model, opt, cfg, step, spent)
+    _save_state(state_path, model, opt, cfg, step, spent, recipe)
     metrics = evaluate(model, args.arch, cache, held, frozen, cfg, slots, last_slot)
     metrics.update({"arch": args.arch, "step": step, "minutes": round(spent, 2), "target_layers": list(cfg.target_layers),
                     "block_size": cfg.block_size, "depth": cfg.num_layers, "draft_vocab": len(cfg.draft_vocab),
@@ -294,16 +298,14 @@ def train(args) -> int:
     (out / "heldout.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(json.dumps(metrics), flush=True)
     if args.arch == "block":
-        save_drafter(out / "model", model, base=args.base, minutes=spent, metrics=metrics,
-                     recipe={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"})
-        print(f"drafter saved to {out / 'model'}")
+        export(argparse.Namespace(run=out, out=out / "model", base=args.base))
     return 0
 
 
-def _save_state(path: Path, model, opt, cfg: DrafterConfig, step: int, minutes: float) -> None:
+def _save_state(path: Path, model, opt, cfg: DrafterConfig, step: int, minutes: float, recipe: dict | None = None) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "config": cfg.to_dict(), "step": step,
-                "minutes": minutes}, tmp)
+                "minutes": minutes, "recipe": recipe or {}}, tmp)
     tmp.replace(path)
 
 
@@ -316,6 +318,28 @@ def cache(args) -> int:
     c.save(Path(args.out))
     print(f"{len(c)} sequences, {len(c.ids):,} positions, layers {list(c.layers)}, target argmax = next answer "
           f"token at {c.agreement:.1%} of answer positions -> {args.out}")
+    return 0
+
+
+def export(args) -> int:
+    """Write a run's latest checkpoint (``RUN/train_state.pt``) as a drafter directory, with the base's
+    ``tokenizer.json`` beside it (the explorer and the CLI read it from there)."""
+    state_path = Path(args.run) / "train_state.pt"
+    if not state_path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {state_path}: train first")
+    st = torch.load(state_path, weights_only=False)  # our own file (`_save_state`)
+    net = BlockDrafter(DrafterConfig.from_dict(st["config"]))
+    net.load_state_dict(st["model"])
+    metrics = None
+    heldout = Path(args.run) / "heldout.json"
+    if heldout.is_file():
+        metrics = json.loads(heldout.read_text())
+    out = save_drafter(Path(args.out), net, base=args.base, minutes=st["minutes"], metrics=metrics,
+                       recipe={**st.get("recipe", {}), "run": str(args.run), "step": st["step"]})
+    tok = _base_cache(base_spec(args.base)) / "tokenizer.json"
+    if tok.is_file():
+        shutil.copyfile(tok, out / "tokenizer.json")
+    print(f"drafter of {args.run} (step {st['step']}, {st['minutes']:.1f} min) written to {out}")
     return 0
 
 
@@ -360,6 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int, default=1, help="torch threads")
     t.add_argument("--seed", type=int, default=0, help="seed")
     t.set_defaults(func=train)
+    e = sub.add_parser("export", help="write a run's latest checkpoint as a drafter directory (models/...)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    e.add_argument("--run", type=Path, required=True, help="run directory of `train`")
+    e.add_argument("--out", type=Path, required=True, help="drafter directory to write")
+    e.add_argument("--base", default="smollm2-135m-instruct", help="pinned target")
+    e.set_defaults(func=export)
     return p
 
 

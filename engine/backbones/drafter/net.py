@@ -184,8 +184,8 @@ class BlockDrafter(nn.Module):
     write the anchor), plus the slot's token embedding (MASK: ``mask_embedding``) and a learned
     embedding of its offset ``j`` in the block; the layers' output projections start at zero, so an
     untrained drafter proposes what the target's head reads from that state (like zero-initialised
-    Medusa heads), and training learns per-slot corrections that read the anchor, the block and the
-    context by attention. The output goes straight into the target's LM head (it already lives in
+    Medusa heads), and training learns per-slot corrections (``slot_heads``) and what attention reads
+    from the anchor, the block and the context. The output goes straight into the target's LM head (it already lives in
     the space that head reads).
 
     Args:
@@ -195,6 +195,9 @@ class BlockDrafter(nn.Module):
         fuse: Linear(len(target_layers) * H -> H) then ``fuse_norm`` -- the context keys / values.
         mask_embedding: [H] input embedding of a MASK slot.
         slot_embedding: [block_size, H] embedding of a slot's offset in the block (zeros at start).
+        slot_heads: [block_size, H, H] one map per slot offset after the layers, ``x + SiLU(W_j x)``
+            (zeros at start: the Medusa head of Cai et al. 2024, ICML, on top of the block's attention), so
+            the drafter holds Medusa's per-offset capacity and adds what attention reads.
         layers: `DrafterLayer` x ``num_layers``.
         draft_vocab: [Vd] int64 buffer, the ids the drafter proposes (all V when the config's is empty).
     """
@@ -207,6 +210,7 @@ class BlockDrafter(nn.Module):
         self.fuse_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.mask_embedding = nn.Parameter(torch.zeros(H))
         self.slot_embedding = nn.Parameter(torch.zeros(cfg.block_size, H))
+        self.slot_heads = nn.Parameter(torch.zeros(cfg.block_size, H, H))  # [B, out, in], Medusa-style per slot
         self.layers = nn.ModuleList(DrafterLayer(cfg) for _ in range(cfg.num_layers))
         vocab = torch.tensor(cfg.draft_vocab or range(cfg.vocab_size), dtype=torch.int64)
         self.register_buffer("draft_vocab", vocab, persistent=False)
@@ -256,6 +260,8 @@ class BlockDrafter(nn.Module):
         allowed = torch.cat([see_ctx, see_blk], 1)
         for layer in self.layers:
             x = layer(x, x_pos, ctx, ctx_pos, allowed)
+        x = x.view(N, B, -1)
+        x = (x + F.silu(torch.einsum("nbh,bkh->nbk", x, self.slot_heads[:B]))).reshape(N * B, -1)
         w = lm_head_weight[self.draft_vocab] if self.cfg.draft_vocab else lm_head_weight
         return (x @ w.to(x.dtype).t()).float().view(N, B, -1)
 

