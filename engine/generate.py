@@ -32,7 +32,7 @@ import numpy as np
 from engine.backbones.base import capabilities_of
 from engine.backbones.clover.cuda_graphs import enable_cuda_graphs
 from engine.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_MODEL  # noqa: E402
-from engine.checkpoint import best_memory_mode, file_as_model_dir, load_model, load_tokenizer
+from engine.checkpoint import best_memory_mode, file_as_model_dir, find_model_dir, load_model, load_tokenizer
 from engine.decoding import decoder_for
 from engine.decoding.decoder import BlockDecoder, DecodeConfig
 from engine.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, example_names, example_prompt
@@ -47,7 +47,7 @@ FAMILY_NAMES = {"diffusion_gemma": "DiffusionGemma"}
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.generate", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint directory (default {DEFAULT_MODEL})")
+    p.add_argument("--model", default=DEFAULT_MODEL, type=find_model_dir, help=f"checkpoint directory (default {DEFAULT_MODEL})")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (a chat model's plain question is wrapped in its chat template; "
                                          "see --raw-prompt)")
@@ -162,15 +162,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.trace is not None:
             print(f"trace saved to {result.trace.save(args.trace)}")
         return 0
+    if dc.policy == "verify":  # NFE counts the base's forwards; every token the base wrote itself is no forced fill
+        acc = result.accepted_lengths
+        counts = (f"base forwards={result.nfe} drafter forwards={result.draft_forwards} "
+                  f"tokens/base forward={result.tokens_per_forward:.2f} accepted drafts per round="
+                  f"{sum(acc) / max(len(acc), 1):.2f} of {dc.block_size - 1}")
+    else:
+        counts = (f"NFE={result.nfe} tokens/forward={result.tokens_per_forward:.2f} forced={result.n_forced}")
     print(
         f"[{Path(args.model).name}] block_size={dc.block_size} {_policy_label(dc)} "
         f"memory_mode={dc.memory_mode}{_mode_note(args)} | "
-        f"tokens={len(result.tokens)} NFE={result.nfe} tokens/forward={result.tokens_per_forward:.2f} "
-        f"forced={result.n_forced} tokens/s={result.tokens_per_s:.1f} stop={result.stop_reason} | "
+        f"tokens={len(result.tokens)} {counts} tokens/s={result.tokens_per_s:.1f} stop={result.stop_reason} | "
         f"read {result.bytes_read / 1e6:.1f} MB, {result.flops / 1e9:.2f} GFLOP (cost model) | "
         f"device={result.trace.meta.get('device', args.device)} threads={threads}"
     )
-    past = forced_past_answer(result.trace, len(result.prompt_ids) + len(result.tokens))
+    past = 0 if dc.policy == "verify" else forced_past_answer(result.trace, len(result.prompt_ids) + len(result.tokens))
     if past:  # forced fills that wrote end-of-text slots after the kept answer: not tokens, but forwards
         print(f"note: {past} of the {result.n_forced} forced fills wrote end-of-text slots at or after the answer's "
               "end; they cost forwards but are not tokens", file=sys.stderr)
