@@ -104,17 +104,21 @@ class RunSummary(pn.viewable.Viewer):
         else:
             p = prev or {}
             has = prev is not None
+            verify = st.get("policy") == "verify"  # a drafter's run: NFE counts base forwards, the base writes itself
             cells = "".join([
-                cell("NFE (forwards)", str(st["nfe"]), "clover-nfe", str(p.get("nfe")) if has else None),
+                cell("NFE (base forwards)" if verify else "NFE (forwards)", str(st["nfe"]), "clover-nfe",
+                     str(p.get("nfe")) if has else None),
                 cell("tokens", str(st["n_tokens"]), "clover-tokens", str(p.get("n_tokens")) if has else None),
-                cell("tokens / forward", f"{st['tokens_per_forward']:.2f}", "clover-tpf",
-                     f"{p.get('tokens_per_forward', 0):.2f}" if has else None),
-                cell("forced fills", str(st["n_forced"]), "clover-forced", str(p.get("n_forced")) if has else None),
+                cell("tokens / base forward" if verify else "tokens / forward", f"{st['tokens_per_forward']:.2f}",
+                     "clover-tpf", f"{p.get('tokens_per_forward', 0):.2f}" if has else None),
+                cell("written by the base" if verify else "forced fills", str(st["n_forced"]), "clover-forced",
+                     str(p.get("n_forced")) if has else None),
                 cell(f"tokens/s (measured on {html.escape(st.get('device') or 'this machine')}: tokens ÷ "
                      "whole decode time)",
                      format_si(st["tokens_per_s"], digits=3), "clover-tps",
                      format_si(p.get("tokens_per_s"), digits=3) if has else None),
-                cell("block · threshold", f"{st['block_size']} · {st['threshold']:.2f}"
+                cell("block · threshold", f"{st['block_size']} · verify" if verify else
+                     f"{st['block_size']} · {st['threshold']:.2f}"
                      if st["threshold"] is not None else str(st["block_size"]), "clover-settings",
                      (f"{p.get('block_size')} · {p.get('threshold'):.2f}" if has and p.get("threshold") is not None
                       else None)),
@@ -276,7 +280,8 @@ class TextView(pn.viewable.Viewer):
         self.pane.object = F.text_html(s.trace, pos, show_prompt=self.show_prompt.value)
 
     def __panel__(self) -> Any:
-        return pn.Column(pn.Row(pn.pane.Markdown("**Text so far** (background = confidence; orange = forced)",
+        return pn.Column(pn.Row(pn.pane.Markdown("**Text so far** (background = confidence; orange = forced; in "
+                                                 "verify mode orange = written by the base itself)",
                                                  margin=(0, 10)), self.show_prompt),
                          self.pane, sizing_mode="stretch_width")
 

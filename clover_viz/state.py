@@ -462,7 +462,15 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
             forced = f"{end.n_forced} forced" + (
                 f" ({past} of them wrote end-of-text slots at or after the answer's end: forwards, not tokens)"
                 if past else "")
-            self.status = (f"done: {len(end.tokens)} tokens in {end.nfe} forwards ({tpf} tokens/forward), "
+            if dc.get("policy") == "verify" and self.trace is not None:  # a drafter proposed, the base verified
+                rounds = self.trace.steps[1:]  # step 0: the base's first token after the prompt
+                drafted = sum(int((st.candidate >= 0).sum()) for st in rounds)
+                acc = sum(int(st.accepted.sum()) for st in rounds)
+                forced = (f"the drafter proposed {drafted} tokens in {len(rounds)} rounds and the base accepted "
+                          f"{acc} ({acc / max(len(rounds), 1):.2f} per round); the rest it wrote itself -- its own "
+                          "greedy answer")
+            self.status = (f"done: {len(end.tokens)} tokens in {end.nfe} "
+                           f"{'base forwards' if dc.get('policy') == 'verify' else 'forwards'} ({tpf} tokens/forward), "
                            f"{forced}, memory {mode}, stop: {end.stop_reason}"
                            + past_training_note(dc.get("block_size"), self._trained_block)
                            + chat_template_note(self.trace))

@@ -187,9 +187,9 @@ def generate_verified(decoder, ids: list[int], dc: DecodeConfig, observers: list
         bytes_read=None if meter is None else meter.bytes_read, flops=None if meter is None else meter.flops,
         observer_s=observer_s, draft_forwards=draft_forwards, accepted_lengths=accepted_lengths,
         drafted=drafted_counts)
-    if observers:
-        emit(result.end_event())
-    if trace is not None:
+    if trace is not None:  # before DecodeEnd: the hooks that end a run read it
         trace.meta["verify"] = {"draft_forwards": draft_forwards, "accepted_lengths": accepted_lengths,
                                 "drafted": drafted_counts}
+    if observers:
+        emit(result.end_event())
     return result

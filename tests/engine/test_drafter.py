@@ -169,3 +169,22 @@ def test_explorer_starts_a_drafter_in_verify_at_its_block_and_leaves_verify_for_
     chosen = ExplorerState(policy="margin")  # a policy the user chose is kept
     chosen.use_model(LoadedModel.in_memory(drafted, None, label="tiny drafter"))
     assert chosen.policy == "margin"
+
+
+def test_explorer_status_of_a_verify_run_counts_base_forwards_and_accepted_drafts(drafted):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from clover_viz.models import LoadedModel
+    from clover_viz.state import ExplorerState
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(V)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    s = ExplorerState(max_new_tokens=12)
+    s.use_model(LoadedModel.in_memory(drafted, tok, label="tiny drafter"))
+    s.prompt = " ".join(f"t{i}" for i in PROMPTS[0])
+    assert s.generate()
+    assert s.wait(60)
+    s.drain()
+    assert s.status.startswith("done:"), s.status
+    assert "base forwards" in s.status and "the base accepted" in s.status
+    assert s.trace.decode_config["policy"] == "verify"
