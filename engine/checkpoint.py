@@ -11,7 +11,8 @@ Qwen3.5-MoE directory is refused with the ``python -m engine.convert`` command t
 into a Clover checkpoint.
 
 Re-exported here as the public API: `save_model`, `load_weights` (from
-`engine.backbones.clover.weights`), `DEFAULT_MODEL_DIR`, `file_as_model_dir` and the file names
+`engine.backbones.clover.weights`), `DEFAULT_MODEL_DIR`, `bundled_models_dir`, `find_model_dir` (a
+``--model`` that names a bundled model, from any directory), `file_as_model_dir` and the file names
 `CONFIG_NAME`, `TOKENIZER_NAME` (from `engine.backbones.checkpoint_dir`).
 
 Command line (a random model of a preset, e.g. for tests and the README)::
@@ -34,7 +35,9 @@ from engine.backbones.checkpoint_dir import (
     DEFAULT_MODEL_DIR,
     TOKENIZER_NAME,
     _checkpoint_dir,
+    bundled_models_dir,
     file_as_model_dir,
+    find_model_dir,
 )
 from engine.backbones.clover.config import CloverConfig
 from engine.backbones.clover.model import CloverModel
@@ -45,7 +48,7 @@ from engine.tokenizer import byte_tokenizer
 
 __all__ = [
     "CONFIG_NAME", "CONVERT_FIRST", "DEFAULT_MODEL_DIR", "MODEL_DTYPES", "TOKENIZER_NAME", "best_memory_mode",
-    "file_as_model_dir", "load_model", "load_tokenizer", "load_weights", "main", "model_format", "save_model",
+    "bundled_models_dir", "file_as_model_dir", "find_model_dir", "load_model", "load_tokenizer", "load_weights", "main", "model_format", "save_model",
     "supported_formats",
 ]
 

@@ -49,7 +49,7 @@ from engine.experiments.sweep.results import (
     summarize,
 )
 from engine.experiments.sweep.runner import CellRunner, SweepResult, run_cell, run_sweep
-from engine.checkpoint import DEFAULT_MODEL_DIR
+from engine.checkpoint import DEFAULT_MODEL_DIR, find_model_dir
 from engine.threads import add_threads_argument
 
 __all__ = [
@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.models = [find_model_dir(m) for m in args.models]  # a bundled model by name, from any directory
     axes = {f: getattr(args, f) for f in GRID_AXES if getattr(args, f) is not None}
     try:
         res = run_sweep(args.models, args.tasks, settings_grid(axes), args.out, workers=args.workers,

@@ -10,9 +10,37 @@ from __future__ import annotations
 from pathlib import Path
 
 DEFAULT_MODEL_DIR = "models/clover-tiny"
-"""The bundled model every entry point opens by default (relative to the repository root)."""
+"""The bundled model every entry point opens by default (relative to the repository root; found from any
+directory and from an installed wheel by `find_model_dir`)."""
 CONFIG_NAME = "config.json"
 TOKENIZER_NAME = "tokenizer.json"
+PACKAGES_ROOT = Path(__file__).resolve().parents[2]
+"""The folder that holds the ``engine`` package: the checkout's root, or ``site-packages`` of an install."""
+BUNDLED_DATA_PACKAGE = "clover_models"
+"""The installed wheel's copy of the checkout's ``models/`` (pyproject.toml: a data package beside ``engine``)."""
+
+
+def bundled_models_dir(root: Path = PACKAGES_ROOT) -> Path:
+    """Where the bundled models are: ``clover_models/`` beside the packages when installed from the wheel,
+    else the checkout's ``models/`` (``root``: the folder holding the packages)."""
+    installed = root / BUNDLED_DATA_PACKAGE
+    return installed if installed.is_dir() else root / "models"
+
+
+def find_model_dir(text: str) -> str:
+    """A command line's ``--model`` as a directory: ``text`` itself when that path exists (a checkpoint of
+    one's own, ``runs/...``) or is absolute; else the bundled model it names, by name (``clover-tiny``) or
+    by its checkout path (``models/clover-tiny``, the default) -- so the commands work from any directory
+    and from an installed wheel; else ``text`` unchanged (the loader's message then names it)."""
+    path = Path(text).expanduser()
+    if path.is_absolute() or path.exists():
+        return text
+    parts = path.parts
+    if len(parts) == 1 or (len(parts) == 2 and parts[0] == "models"):
+        bundled = bundled_models_dir() / parts[-1]
+        if (bundled / CONFIG_NAME).is_file():
+            return str(bundled)
+    return text
 
 
 def file_as_model_dir(given: str | Path, found: str | Path | None = None) -> str:

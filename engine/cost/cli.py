@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from engine.backbones.clover.config import CloverConfig
-from engine.checkpoint import load_model
+from engine.checkpoint import find_model_dir, load_model
 from engine.cost.devices import DEFAULT_DEVICE, DEVICES, Device, get_device, ridge_point
 from engine.cost.formulas import (
     MEMORY_MODES,
@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--break-even", action="store_true",
                     help="measure, on this machine, how many tokens per forward block decoding of --model needs "
                          "to match autoregressive decoding (engine.cost.break_even)")
-    ap.add_argument("--model", default=None, help="model directory for --break-even (e.g. models/smollm2-bd)")
+    ap.add_argument("--model", default=None, type=find_model_dir, help="model directory for --break-even (e.g. models/smollm2-bd)")
     ap.add_argument("--block-sizes", default="4,8,16,32", help="--break-even: block sizes to time")
     ap.add_argument("--prefix", type=int, default=256,
                     help=f"--break-even: committed tokens before the block (at most {MAX_PREFIX})")

@@ -82,7 +82,7 @@ from engine.eval import drafter as eval_drafter
 from engine.eval.summary import summarise_agent, summarise_code, summarise_open  # re-exported (tests, notebooks)
 from engine.training.probes import open_name_probe, value_probe
 from engine.backbones.clover.config import CloverConfig
-from engine.checkpoint import DEFAULT_MODEL_DIR, file_as_model_dir, load_model, load_tokenizer
+from engine.checkpoint import DEFAULT_MODEL_DIR, file_as_model_dir, find_model_dir, load_model, load_tokenizer
 from engine.data.agent import eval_tasks, score_call
 from engine.data.open_tools import eval_turns, score_turn
 from engine.data.packages import package_files
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         return hf_main(list(sys.argv[1:] if argv is None else argv))
     ap = argparse.ArgumentParser(prog="python -m engine.eval", description=__doc__.splitlines()[0])
 
-    ap.add_argument("--model", default=DEFAULT_MODEL_DIR, help=f"checkpoint directory (default {DEFAULT_MODEL_DIR})")
+    ap.add_argument("--model", default=DEFAULT_MODEL_DIR, type=find_model_dir, help=f"checkpoint directory (default {DEFAULT_MODEL_DIR})")
     ap.add_argument("--tasks", type=int, default=300,
                     help="held-out agent tasks (engine.data.agent, never trained on) per setting (default %(default)s)")
     ap.add_argument("--ar-tasks", type=int, default=None,

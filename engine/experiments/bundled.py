@@ -1,5 +1,5 @@
-"""The bundled model of this checkout (``models/clover-tiny``), found and loaded whatever the working
-directory (a notebook runs in ``notebooks/``). Wing ``experiments``.
+"""The bundled model (``models/clover-tiny`` of this checkout, or of the installed wheel), found and loaded
+whatever the working directory (a notebook runs in ``notebooks/``). Wing ``experiments``.
 
 Tests: ``.venv/bin/python -m pytest tests/engine/test_experiments.py -q``
 """
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoint import DEFAULT_MODEL_DIR, load_model, load_tokenizer
+from engine.checkpoint import DEFAULT_MODEL_DIR, bundled_models_dir, find_model_dir, load_model, load_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def bundled_model_dir() -> Path:
-    """The bundled model's directory (``models/clover-tiny`` of this checkout), whatever the
-    working directory (a notebook runs in ``notebooks/``)."""
-    return REPO_ROOT / DEFAULT_MODEL_DIR
+    """The bundled model's directory (``models/clover-tiny`` of this checkout, or the installed wheel's
+    copy), whatever the working directory (a notebook runs in ``notebooks/``)."""
+    return bundled_models_dir() / Path(DEFAULT_MODEL_DIR).name
 
 
 def load_bundled(model_dir: str | Path | None = None, threads: int | None = 1):
@@ -26,7 +26,8 @@ def load_bundled(model_dir: str | Path | None = None, threads: int | None = 1):
 
     Args:
         model_dir: a checkpoint directory; a relative path is taken from the repository
-            root, not the working directory (default: `bundled_model_dir`).
+            root, not the working directory, or names a bundled model (`engine.checkpoint.find_model_dir`;
+            default: `bundled_model_dir`).
         threads: torch CPU threads to set (None: leave torch's setting alone). One thread
             is the right count on a small shared machine (see `engine.threads`).
 
@@ -40,5 +41,5 @@ def load_bundled(model_dir: str | Path | None = None, threads: int | None = 1):
         torch.set_num_threads(int(threads))
     path = bundled_model_dir() if model_dir is None else Path(model_dir)
     if not path.is_absolute():
-        path = REPO_ROOT / path
+        path = REPO_ROOT / path if (REPO_ROOT / path).exists() else Path(find_model_dir(str(path)))
     return load_model(path), load_tokenizer(path)
