@@ -3,7 +3,7 @@ load, the size of an uploaded trace.
 
 Wing: front ends (`clover_viz`), below `clover_viz.models` (no model or Panel import). The
 notebook `Explorer` and the command line run as their user and use none of this; the served
-app (`apps/explorer.py`) applies all of it:
+app (`clover_viz.explorer`, which `apps/explorer.py` and ``clover-explorer serve`` serve) applies all of it:
 
 * **model roots** -- the app resolves model names and paths only inside `model_roots` (the
   bundled ``models/``, plus ``--model-root`` / ``CLOVER_MODEL_ROOTS``, else ``./runs`` and

@@ -2,7 +2,8 @@
 the notebooks and the benchmarks all load through here (one loader, one cache, one label).
 
 * `resolve_model(text)` turns what a user typed (a checkpoint directory, a bundled
-  model's name, ``"clover-test"``) into a hashable `ModelSpec` without loading anything.
+  model's name, ``"clover-test"``) into a hashable `ModelSpec` without loading anything. The bundled
+  models are the checkout's ``models/``, or the installed wheel's copy of it (`bundled_dir`).
 * `build_model(spec)` loads it (slow); `load_model_cached(spec)` does so once per process, holding at
   most `MODEL_CACHE_SIZE` models (the least recently used is unloaded and marked ``evicted``).
 * `load_demo_model()` is the notebooks' and benchmarks' entry point: the bundled model, or
@@ -39,12 +40,13 @@ from clover_viz import limits
 from clover_viz.limits import inside_roots, outside_roots
 from engine.backbones.base import Capabilities, capabilities_of
 from engine.checkpoint import DEFAULT_MODEL_DIR, file_as_model_dir  # one place for the default and the message
+from engine.checkpoint import bundled_models_dir
 from engine.backbones.clover.model import random_model
 from engine.checkpoint import load_model, load_tokenizer
 from engine.tokenizer import byte_tokenizer
 from engine.decoding import decoder_for  # picks a model's decoder by its capabilities; imports it only when called
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout (site-packages when installed from the wheel)
 RANDOM_MODEL_NAME = "clover-test"
 RANDOM_MODEL_LABEL = "random clover-test (no trained model found)"
 RANDOM_MODEL_SEED = 0
@@ -150,10 +152,22 @@ class _Unloaded:
     capabilities: Capabilities
 
 
+def bundled_dir() -> Path:
+    """The bundled models' folder: the checkout's ``models/``, or the installed wheel's copy of it
+    (`engine.checkpoint.bundled_models_dir` beside these packages, `REPO_ROOT`)."""
+    return bundled_models_dir(REPO_ROOT)
+
+
+def runs_dir() -> Path:
+    """Where the tutorials write what they record: the checkout's ``runs/`` (whatever the notebook's folder),
+    or ``runs/`` of the working directory when installed from the wheel (the tutorials' copy)."""
+    return REPO_ROOT / "runs" if bundled_dir() == REPO_ROOT / "models" else Path.cwd() / "runs"
+
+
 def bundled_models() -> list[str]:
-    """Names of the models shipped in the repository's ``models/`` (directories holding a
-    ``config.json``), the default one first."""
-    root = REPO_ROOT / "models"
+    """Names of the bundled models (`bundled_dir`'s directories holding a ``config.json``), the default
+    one first."""
+    root = bundled_dir()
     names = sorted(p.name for p in root.iterdir() if (p / "config.json").is_file()) if root.is_dir() else []
     default = Path(DEFAULT_MODEL_DIR).name
     return sorted(names, key=lambda n: n != default)
@@ -163,8 +177,9 @@ def resolve_model(model_dir: str, dev_sharpen_random: bool = False,
                   roots: Sequence[Path] | None = None) -> ModelSpec:
     """Turn the model-directory text into a `ModelSpec` (no loading).
 
-    Relative paths are tried against the working directory, then the repository root; a bare
-    name also as a bundled model, ``models/<name>`` (``clover-tiny``, ``smollm2-bd``).
+    Relative paths are tried against the working directory, then the repository root (in a checkout); a
+    bare name and ``models/<name>`` also as a bundled model (``clover-tiny``, ``smollm2-bd``: `bundled_dir`,
+    so the default works from an installed wheel too).
 
     Args:
         roots: the served app's model roots (`clover_viz.limits.model_roots`): only places inside
@@ -187,12 +202,15 @@ def resolve_model(model_dir: str, dev_sharpen_random: bool = False,
             f"or '{RANDOM_MODEL_NAME}' for a random test model"
         )
     path = Path(text).expanduser()
-    candidates = [path] if path.is_absolute() else [Path.cwd() / path, REPO_ROOT / path]
-    if not path.is_absolute() and len(path.parts) == 1:  # a bundled model by name: "smollm2-bd"
-        candidates.append(REPO_ROOT / "models" / path)
+    bundled = bundled_dir()
+    candidates = [path] if path.is_absolute() else [Path.cwd() / path]
+    if not path.is_absolute() and bundled == REPO_ROOT / "models":  # a checkout: its paths from anywhere
+        candidates.append(REPO_ROOT / path)
+    if not path.is_absolute() and (len(path.parts) == 1 or path.parts[0] == "models" and len(path.parts) == 2):
+        candidates.append(bundled / path.name)  # a bundled model by name ("smollm2-bd") or as models/<name>
     if roots is not None:  # the served app: nothing outside its roots is looked at, nor said to exist
         if text in bundled_models():
-            candidates = [REPO_ROOT / "models" / text]
+            candidates = [bundled / text]
         candidates = [p for p in candidates if inside_roots(p, roots)]
         if not candidates:
             raise ValueError(outside_roots(roots, bundled_models()))
@@ -266,10 +284,16 @@ def _own_sampler(spec: ModelSpec, model: Any) -> LoadedModel:
 
 
 def _shown_path(path: str) -> str:
-    """``path`` relative to the repository when inside it (labels, saved notebooks and screenshots carry
-    no machine's absolute paths), else as given."""
+    """``path`` relative to the repository when inside it, a bundled model as ``models/<name>`` (labels,
+    saved notebooks and screenshots carry no machine's absolute paths, the same from an installed wheel),
+    else as given."""
+    real = Path(path).resolve()
     try:
-        return Path(path).resolve().relative_to(REPO_ROOT.resolve()).as_posix()
+        return "models/" + real.relative_to(bundled_dir().resolve()).as_posix()
+    except ValueError:
+        pass
+    try:
+        return real.relative_to(REPO_ROOT.resolve()).as_posix()
     except ValueError:
         return path
 
@@ -389,6 +413,7 @@ def load_demo_model(model_dir: str | Path = DEFAULT_MODEL_DIR, allow_fallback: b
 
 
 __all__ = [
+    "bundled_dir",
     "bundled_models",
     "DEFAULT_MODEL_DIR",
     "DEV_WEIGHT_SCALE",
@@ -405,4 +430,5 @@ __all__ = [
     "load_demo_model",
     "load_model_cached",
     "resolve_model",
+    "runs_dir",
 ]
