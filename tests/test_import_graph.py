@@ -35,7 +35,7 @@ from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "kernels", "clover_viz")
+PACKAGES = ("engine", "kernels", "clover_viz", "clover_explorer")
 SCRIPT_DIRS = ("apps",)
 
 

@@ -20,8 +20,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = ("engine", "clover_viz", "kernels", "apps")
-FIRST_PARTY = ("engine", "clover_viz", "kernels")
+SCANNED = ("engine", "clover_viz", "kernels", "apps", "clover_explorer")
+FIRST_PARTY = ("engine", "clover_viz", "kernels", "clover_explorer")
 
 PENDING: dict[tuple[str, str], str] = {}
 """(file, imported module) -> where it is: function-local first-party imports without a reason yet."""

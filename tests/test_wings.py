@@ -4,7 +4,7 @@
 Wings, from the ground up: ground utilities and data (units, threads, tokenizer, examples, data/)
 and kernels -> recording -> backbones (with checkpoint dispatch and the prompt rule) -> cost ->
 decoding -> training / eval / experiments -> the entry points and the ``engine`` package API ->
-clover_viz -> apps. Imports inside a function count as well (`test_import_graph.imports_of`).
+clover_viz -> apps and clover_explorer (the installed command). Imports inside a function count as well (`test_import_graph.imports_of`).
 
 Run: ``.venv/bin/python -m pytest -q tests/test_wings.py``
 """
@@ -27,6 +27,7 @@ WINGS: tuple[tuple[str, int], ...] = (  # module prefix -> floor; the longest ma
     ("engine", 6),  # the package API and the entry points: generate, train, sweep, convert
     ("clover_viz", 7),
     ("apps", 8),
+    ("clover_explorer", 8),  # the installed command: runs the engine's commands, serves the app
 )
 
 

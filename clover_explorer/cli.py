@@ -1,0 +1,119 @@
+"""``clover-explorer``: the one command of the installed package (``pyproject.toml``'s ``[project.scripts]``).
+
+Wing: the top (`clover_explorer`). Each engine subcommand hands its arguments,
+unchanged, to the ``main`` of the ``python -m engine.<tool>`` command it names (`TOOLS`), so the flags and
+their ``--help`` are that command's; the other two are the explorer and the tutorials::
+
+    clover-explorer serve [--port 5006] [--show] [--model-root DIR]... [panel serve options]
+    clover-explorer generate --example "agent tool call"      # = python -m engine.generate ...
+    clover-explorer eval | sweep | train | convert | cost ...  # = python -m engine.<tool> ...
+    clover-explorer tutorials DIR                             # copy the notebooks into DIR
+
+Tests: ``.venv/bin/python -m pytest tests/test_wheel.py tests/test_cli.py -q``
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+TOOLS: dict[str, tuple[str, str]] = {  # subcommand -> ("module:function" called with the argv, what it does)
+    "generate": ("engine.generate:main", "decode one prompt and print the text and its summary line"),
+    "eval": ("engine.eval:main", "score a model on the held-out tasks (writes its eval.json)"),
+    "sweep": ("engine.sweep:main", "decode a grid of settings x models x tasks, resumable"),
+    "train": ("engine.train:main", "train a model (the clover recipe, or causal-lm to adapt a transformers model)"),
+    "convert": ("engine.convert:main", "convert a transformers checkpoint to a Clover one"),
+    "cost": ("engine.cost.cli:main", "the cost model: bytes, FLOPs and tokens/s projected to a device"),
+}
+"""Imported only when run (a registry of names, as transformers' auto classes): ``--help`` stays fast, and
+the engine's commands need nothing the ``viz`` extra brings."""
+DEFAULT_PORT = 5006
+DESCRIPTION = ("Clover Explorer: the explorer app, the engine's commands (each takes the flags of python -m "
+               "engine.<command>; see clover-explorer <command> --help) and the tutorials.")
+
+
+def tutorials_dir() -> Path:
+    """The tutorials: the installed wheel's ``clover_explorer/tutorials`` (setup.py), else the checkout's
+    ``notebooks/``."""
+    here = Path(__file__).resolve().parent
+    return here / "tutorials" if (here / "tutorials").is_dir() else here.parent / "notebooks"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``clover-explorer`` parser: one subparser per command (the engine tools parse their own argv)."""
+    p = argparse.ArgumentParser(prog="clover-explorer", description=DESCRIPTION)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser("serve", help="open the explorer app in the browser (panel serve)",
+                           description="Serve the explorer at http://localhost:PORT/explorer; options not "
+                                       "listed here go to `panel serve` as they are.")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to serve on (default {DEFAULT_PORT})")
+    serve.add_argument("--show", action="store_true", help="open the page in a browser")
+    serve.add_argument("--model-root", action="append", default=[], metavar="DIR",
+                       help="a folder visitors may load models from (repeatable; default ./runs and ./models; "
+                            "the bundled models always)")
+    for name, (_, what) in TOOLS.items():
+        sub.add_parser(name, help=what, add_help=False)  # its own --help: python -m engine.<tool> --help
+    tut = sub.add_parser("tutorials", help="copy the tutorial notebooks into a folder (created if missing)")
+    tut.add_argument("dir", type=Path, help="where to copy them (an existing notebook is not overwritten)")
+    return p
+
+
+def run_tool(name: str, argv: Sequence[str]) -> int:
+    """``python -m engine.<name> ARGV``: that command's ``main`` with the arguments as given."""
+    module, function = TOOLS[name][0].split(":")
+    return int(getattr(importlib.import_module(module), function)(list(argv)) or 0)
+
+
+def serve(port: int, show: bool, model_roots: Sequence[str], panel_args: Sequence[str]) -> int:
+    """``panel serve`` of the packaged app (`clover_viz.explorer`, run per session), in this process."""
+    try:
+        import clover_viz.explorer as app  # local: the viz extra (plotly, Panel); the engine commands run without it
+        from panel.command import main as panel_main
+    except ImportError as exc:
+        raise SystemExit(f"error: clover-explorer serve needs the viz extra ({exc}); "
+                         "install it with: pip install 'clover-explorer[viz]'") from None
+    argv = ["panel", "serve", app.__file__, "--port", str(port), *(["--show"] if show else []), *panel_args]
+    if model_roots:
+        argv += ["--args", *(a for root in model_roots for a in ("--model-root", root))]
+    sys.argv = argv  # panel's command line reads sys.argv
+    return int(panel_main() or 0)
+
+
+def copy_tutorials(dest: Path) -> list[Path]:
+    """Copy the tutorial notebooks into ``dest`` (made if missing); a notebook already there is kept.
+
+    Returns:
+        the notebooks now in ``dest`` that came from the tutorials, in order.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for nb in sorted(tutorials_dir().glob("*.ipynb")):
+        target = dest / nb.name
+        if not target.exists():
+            shutil.copyfile(nb, target)
+        out.append(target)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in TOOLS:  # everything after the name is the tool's, --help included
+        return run_tool(argv[0], argv[1:])
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "serve":
+        return serve(args.port, args.show, args.model_root, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    copied = copy_tutorials(args.dir)
+    print(f"{len(copied)} tutorials in {args.dir}/ (start with {copied[0].name}): jupyter lab {args.dir}"
+          if copied else f"no tutorials found in {tutorials_dir()}")
+    return 0 if copied else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
