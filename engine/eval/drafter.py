@@ -23,8 +23,8 @@ tool-call turns (`engine.data.open_tools.eval_turns`: tool names and keys never 
 * **break-even** of this machine: the time of one verify round (a drafter forward over the block
   plus a target forward over it) over the time of one autoregressive target step, after a
   256-token prefix -- the tokens per target forward verify mode needs to beat ``generate`` here;
-* ``--compare DIR``: the same commit settings for another model on the same prompts (e.g.
-  ``smollm2-bd``, the adapted route), so the two routes stand side by side.
+* ``--compare DIR``: another model decoded at the same block size and ``--compare-thresholds`` on the
+  same prompts (e.g. ``smollm2-bd``, the adapted route), so the two routes stand side by side.
 
 Results go to ``MODEL/eval.json`` (or ``--out``) and a table on stdout.
 """
@@ -108,7 +108,7 @@ def break_even(model, block_size: int, prefix: int = 256, repeats: int = 5) -> d
 
 
 def evaluate(model_dir: str, n_prompts: int, max_new: int, block_size: int, thresholds: list[float],
-             open_tasks: int, compare: str | None) -> dict:
+             open_tasks: int, compare: str | None, compare_thresholds: list[float] | None = None) -> dict:
     """Run everything in the module docstring; returns the report."""
     model = load_model(model_dir)
     tok = load_tokenizer(model_dir)
@@ -130,11 +130,11 @@ def evaluate(model_dir: str, n_prompts: int, max_new: int, block_size: int, thre
         if kind == "tools":
             row["verify"]["tool"] = score_turn(tok.decode(r.tokens, skip_special_tokens=False), turns[i])
             row["ref_tool"] = score_turn(tok.decode(ref, skip_special_tokens=False), turns[i])
-        for name, m in (("commit", model), ("compare", other)):
+        for name, m, thrs in (("commit", model, thresholds), ("compare", other, compare_thresholds or thresholds)):
             if m is None:
                 continue
             d = BlockDecoder(m, tok)
-            for thr in thresholds:
+            for thr in thrs:
                 c = d.generate(ids, record_trace=False,
                                config=DecodeConfig(block_size=block_size, threshold=thr, max_new_tokens=max_new))
                 err, cnt = _slot_errors(len(ids), block_size, c.tokens, ref, m.config.eos_token_id,
@@ -152,12 +152,12 @@ def evaluate(model_dir: str, n_prompts: int, max_new: int, block_size: int, thre
     for kind in ("plain", "tools"):
         sub = [r for r in rows if r["kind"] == kind]
         if sub:
-            report[kind] = summarise(sub, block_size, thresholds, compare is not None)
+            report[kind] = summarise(sub, block_size, thresholds, compare_thresholds or thresholds if compare else None)
     report["rows"] = rows
     return report
 
 
-def summarise(rows: list[dict], B: int, thresholds: list[float], with_compare: bool) -> dict:
+def summarise(rows: list[dict], B: int, thresholds: list[float], compare_thresholds: list[float] | None) -> dict:
     """Headline numbers of one prompt set (see the module docstring)."""
     ref_tok = sum(r["ref_len"] for r in rows)
     ref_s = sum(r["ref_s"] for r in rows)
@@ -177,8 +177,8 @@ def summarise(rows: list[dict], B: int, thresholds: list[float], with_compare: b
         out["verify"]["tool_exact"] = sum(x["tool"]["exact_match"] for x in v) / len(v)
         out["verify"]["tool_name"] = sum(x["tool"]["name_correct"] for x in v) / len(v)
         out["reference_tool_exact"] = sum(r["ref_tool"]["exact_match"] for r in rows) / len(rows)
-    for name in ("commit",) + (("compare",) if with_compare else ()):
-        for thr in thresholds:
+    for name, thrs in (("commit", thresholds), ("compare", compare_thresholds or [])):
+        for thr in thrs:
             key = f"{name}/{thr:.2f}"
             c = [r[key] for r in rows]
             n_tok, wall = sum(x["n"] for x in c), sum(x["wall_s"] for x in c)
@@ -196,6 +196,10 @@ def summarise(rows: list[dict], B: int, thresholds: list[float], with_compare: b
     return out
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
 def format_table(report: dict) -> str:
     """The report as a plain-text table."""
     lines = [f"{report['model']} block {report['block_size']}, <= {report['max_new_tokens']} new tokens, "
@@ -208,17 +212,16 @@ def format_table(report: dict) -> str:
         s = report.get(kind)
         if not s:
             continue
-        lines.append(f"\n{kind}: {s['prompts']} prompts; base generate {s['reference_tokens_per_s']:.1f} tok/s")
+        ref_tool = f"; the base's own tool calls exact: {s['reference_tool_exact']:.1%}" if "reference_tool_exact" in s else ""
+        lines.append(f"\n{kind}: {s['prompts']} prompts; base generate {s['reference_tokens_per_s']:.1f} tok/s{ref_tool}")
         lines.append(f"{'setting':<16}{'tok/fwd':>9}{'agree':>8}{'exact':>8}{'tok/s':>8}{'vs gen':>8}{'tool exact':>12}")
         v = s["verify"]
         lines.append(f"{'verify':<16}{v['tokens_per_target_forward']:>9.2f}{v['agree']:>8.1%}{v['exact']:>8.1%}"
-                     f"{v['tokens_per_s']:>8.1f}{v['speed_vs_generate']:>7.2f}x"
-                     f"{v.get('tool_exact', float('nan')):>12.1%}")
+                     f"{v['tokens_per_s']:>8.1f}{v['speed_vs_generate']:>7.2f}x{_pct(v.get('tool_exact')):>12}")
         for key, c in s.items():
             if "/" in key:
                 lines.append(f"{key:<16}{c['tokens_per_step']:>9.2f}{c['agree']:>8.1%}{c['exact']:>8.1%}"
-                             f"{c['tokens_per_s']:>8.1f}{c['speed_vs_generate']:>7.2f}x"
-                             f"{c.get('tool_exact', float('nan')):>12.1%}")
+                             f"{c['tokens_per_s']:>8.1f}{c['speed_vs_generate']:>7.2f}x{_pct(c.get('tool_exact')):>12}")
         lines.append(f"verify: draft survives through slot 1..: {v['accepted_through_slot']}")
     return "\n".join(lines)
 
@@ -234,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=64, help="token budget per answer")
     p.add_argument("--block-size", type=int, default=8, help="block size of both modes")
     p.add_argument("--thresholds", default="0.80,0.90,0.95,0.99", help="commit-mode thresholds")
-    p.add_argument("--compare", default=None, help="another model directory decoded with the same commit settings")
+    p.add_argument("--compare", default=None, help="another model directory decoded at the same block size")
+    p.add_argument("--compare-thresholds", default="0.95", help="its thresholds")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--out", type=Path, default=None, help="report JSON (default MODEL/eval.json)")
     return p
@@ -247,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         thresholds = [float(t) for t in args.thresholds.split(",") if t.strip()]
         report = evaluate(args.model, args.prompts, args.max_new_tokens, args.block_size, thresholds,
-                          args.open_tasks, args.compare)
+                          args.open_tasks, args.compare,
+                          [float(t) for t in args.compare_thresholds.split(",") if t.strip()])
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

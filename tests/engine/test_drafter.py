@@ -188,3 +188,27 @@ def test_explorer_status_of_a_verify_run_counts_base_forwards_and_accepted_draft
     assert s.status.startswith("done:"), s.status
     assert "base forwards" in s.status and "the base accepted" in s.status
     assert s.trace.decode_config["policy"] == "verify"
+
+
+def test_eval_summary_of_verify_and_commit_rows():
+    from engine.eval.drafter import _slot_errors, format_table, summarise
+
+    rows = [{"kind": "plain", "i": 0, "ref_len": 10, "ref_s": 1.0,
+             "verify": {"exact": True, "agree": 1.0, "n": 10, "target_forwards": 4, "draft_forwards": 3,
+                        "wall_s": 0.5, "accepted": [3, 1, 2], "drafted": [3, 3, 1]},
+             "commit/0.95": {"exact": False, "agree": 0.5, "n": 10, "steps": 5, "n_forced": 2, "wall_s": 0.25,
+                             "slot_err": [0, 1, 2, 0], "slot_n": [2, 2, 2, 0]}}]
+    s = summarise(rows, 4, [0.95], None)
+    v = s["verify"]
+    assert v["tokens_per_target_forward"] == 2.5 and v["speed_vs_generate"] == 2.0
+    assert v["mean_accepted_per_round"] == 2.0  # full-length rounds only (drafted == block - 1)
+    assert v["accepted_through_slot"] == [1.0, 0.5, 0.5]  # of the two full rounds (3 and 1 accepted)
+    c = s["commit/0.95"]
+    assert c["tokens_per_step"] == 2.0 and c["error_by_slot"] == [0.0, 0.5, 1.0, None] and c["forced_share"] == 0.2
+    report = {"model": "m", "block_size": 4, "max_new_tokens": 10, "threads": 1, "plain": s,
+              "break_even": {"break_even_tokens_per_forward": 2.0, "ar_step_s": 0.1, "verify_forward_s": 0.15,
+                             "draft_forward_s": 0.05, "prefix": 256}}
+    assert "verify" in format_table(report) and "commit/0.95" in format_table(report)
+    # slot errors: the block that starts while the answer still equals the reference is scored, the rest not
+    err, n = _slot_errors(P=2, B=4, gen=[1, 2, 9, 4, 5], ref=[1, 2, 3, 4, 5], eos=0, stopped_eos=False, max_new=5)
+    assert n == [1, 1, 2, 1] and err == [1, 0, 0, 0]  # slots 2, 3, then a whole block from slot 0
