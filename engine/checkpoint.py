@@ -222,6 +222,11 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
         from engine.backbones.causal_lm.adapter import load_adapter_tokenizer
 
         return load_adapter_tokenizer(path)
+    if path.is_dir() and not (path / TOKENIZER_NAME).is_file() and _model_type(path) == "block-drafter":
+        # local: a family's module is imported only for its own checkpoints (engine.backbones.registry's rule)
+        from engine.backbones.drafter.model import load_drafter_tokenizer
+
+        return load_drafter_tokenizer(path)
     if path.is_dir():
         path = path / TOKENIZER_NAME
     if not path.is_file():
@@ -236,6 +241,14 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
 
 
 # --------------------------------------------------------------------------- helpers
+def _model_type(directory: Path) -> str | None:
+    """``config.json``'s model type, or None when it cannot be read."""
+    try:
+        return model_format(directory)
+    except ValueError:
+        return None
+
+
 def _hf_kind(config_path: Path) -> str | None:
     """``"adapter"`` (engine.backbones.causal_lm.adapter), ``"transformers"`` (a plain Llama / Qwen2 / Qwen3
     ``save_pretrained`` directory) or None (a Clover checkpoint, or no readable / known config)."""

@@ -9,7 +9,7 @@ The recipe (``python -m engine.training.drafter``)::
     # 3. train (stages of --minutes, --resume continues); the run's model/ is its drafter directory
     python -m engine.training.drafter train --cache runs/drafter/features.safetensors --out runs/drafter/run1 \
         --minutes 30 [--resume] [--arch block|medusa]
-    # 4. ship a run's latest checkpoint (the base's tokenizer.json beside it)
+    # 4. ship a run's latest checkpoint
     python -m engine.training.drafter export --run runs/drafter/run1 --out models/smollm2-drafter
 
 What is learned (`engine.backbones.drafter.net`): the drafter drafts a block ``[anchor, MASK x B-1]``
@@ -33,7 +33,6 @@ import argparse
 import json
 import math
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from engine.backbones.causal_lm.adapter import _base_cache, base_spec, load_base
+from engine.backbones.causal_lm.adapter import base_spec, load_base
 from engine.backbones.drafter.files import save_drafter
 from engine.backbones.drafter.net import BlockDrafter, DrafterConfig, default_target_layers
 from engine.training.drafter_data import FeatureCache, cache_features, read_distill
@@ -322,8 +321,8 @@ def cache(args) -> int:
 
 
 def export(args) -> int:
-    """Write a run's latest checkpoint (``RUN/train_state.pt``) as a drafter directory, with the base's
-    ``tokenizer.json`` beside it (the explorer and the CLI read it from there)."""
+    """Write a run's latest checkpoint (``RUN/train_state.pt``) as a drafter directory (its tokenizer is
+    the pinned base's: `engine.checkpoint.load_tokenizer` reads it from there)."""
     state_path = Path(args.run) / "train_state.pt"
     if not state_path.is_file():
         raise FileNotFoundError(f"no checkpoint at {state_path}: train first")
@@ -336,9 +335,6 @@ def export(args) -> int:
         metrics = json.loads(heldout.read_text())
     out = save_drafter(Path(args.out), net, base=args.base, minutes=st["minutes"], metrics=metrics,
                        recipe={**st.get("recipe", {}), "run": str(args.run), "step": st["step"]})
-    tok = _base_cache(base_spec(args.base)) / "tokenizer.json"
-    if tok.is_file():
-        shutil.copyfile(tok, out / "tokenizer.json")
     print(f"drafter of {args.run} (step {st['step']}, {st['minutes']:.1f} min) written to {out}")
     return 0
 

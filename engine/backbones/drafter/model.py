@@ -31,9 +31,9 @@ import torch
 from torch import nn
 
 from engine.backbones.base import BlockOutput, Capabilities
-from engine.backbones.causal_lm.adapter import SMOLLM2_SYSTEM, base_spec, load_base
+from engine.backbones.causal_lm.adapter import SMOLLM2_SYSTEM, base_spec, load_base, load_base_tokenizer
 from engine.backbones.causal_lm.model import HFBlockConfig, TransformersBackbone, _cache_kwarg, count_parameters
-from engine.backbones.drafter.files import load_drafter_net
+from engine.backbones.drafter.files import load_drafter_net, read_drafter_config
 from engine.backbones.drafter.net import BlockDrafter
 
 
@@ -297,3 +297,13 @@ def load_drafter_model(directory: str | Path, device: str | torch.device = "cpu"
     if dtype is not None:
         model.to(dtype=dtype)
     return model.eval()
+
+
+def load_drafter_tokenizer(directory: str | Path):
+    """The ``tokenizers.Tokenizer`` of the pinned base a drafter directory names (a drafter ships no
+    tokenizer of its own: it writes the base's vocabulary).
+
+    Raises:
+        ValueError: a bad drafter config; engine.backbones.causal_lm.adapter.MissingBaseError: no base.
+    """
+    return load_base_tokenizer(read_drafter_config(directory)["base"])[1]
