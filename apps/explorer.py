@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import panel as pn
 
-from clover_viz.explorer import MODEL_DIR, MODEL_ROOTS, TITLE, create_app, load_model, serve_session
+from clover_viz.explorer import (MAX_TRACE_UPLOAD_BYTES, MODEL_DIR, MODEL_ROOTS, TITLE, create_app, load_model,
+                                  serve_session)
 
-__all__ = ["MODEL_DIR", "MODEL_ROOTS", "TITLE", "create_app", "load_model", "serve_session"]
+__all__ = ["MAX_TRACE_UPLOAD_BYTES", "MODEL_DIR", "MODEL_ROOTS", "TITLE", "create_app", "load_model", "serve_session"]
 
 if pn.state.served:  # panel serve runs this file once per session
     serve_session()
