@@ -93,6 +93,9 @@ class Capabilities:
         drafts: it drafts blocks for a target to verify (``read`` / ``draft`` / ``rollback``,
             `engine.backbones.drafter.model.DraftedLM`), so ``DecodeConfig(policy="verify")`` runs
             on it (`engine.decoding.verify`).
+        commits_whole_blocks: its commit path folds history in whole blocks of ``block_size`` (Clover's
+            chunked gated delta rule: a commit of C tokens needs C % block_size == 0), so a branch
+            (`engine.decoding.branch`) can change block_size only to a divisor of the finished block's size.
     """
 
     family: str
@@ -107,6 +110,7 @@ class Capabilities:
     cuda_graphs: bool = False
     trains_in_parallel: bool = False
     drafts: bool = False
+    commits_whole_blocks: bool = False
 
     def __post_init__(self) -> None:
         if self.cost_family not in COST_FAMILIES:

@@ -50,6 +50,7 @@ from engine.backbones.clover.model import CloverModel
 from engine.decoding.config import DecodeConfig, DecodeResult, prompt_token_ids
 from engine.decoding.hooks import Hook, HookRegistry
 from engine.decoding.verify import generate_verified
+from engine.decoding.branch import Branch, DecodeStart, resume_point
 from engine.decoding.step import BlockSlots, SlotSelector, StepDecision, finished_tokens, split_prompt
 from kernels.confidence import top_candidates
 from engine.recording.trace import Trace
@@ -176,51 +177,106 @@ class BlockDecoder(HookRegistry):
         """
         dc = self._check_config(config)
         ids = self.encode_prompt(prompt)
-        cfg = self.model.config
-        block_size, P = dc.block_size, len(ids)
         is_cancelled = (cancel.is_set if isinstance(cancel, threading.Event) else cancel) or (lambda: False)
         observers = list(self._hooks) + list(hooks)
         trace = self._new_trace(dc, ids) if record_trace else None
         if trace is not None:
             observers.append(trace)
-
-        def emit(ev):
-            for fn in observers:
-                fn(ev)
-
         if dc.policy == "verify":  # a drafter proposes, the target verifies: its own loop
             if not self.capabilities.drafts:
                 raise ValueError(f"policy 'verify' needs a model that drafts blocks for a target to verify "
                                  f"(a block drafter, model_type 'block-drafter'); {getattr(self.model, 'model_id', 'this model')} "
                                  "does not -- choose a slot policy such as 'low_confidence'")
             return generate_verified(self, ids, dc, observers, is_cancelled, trace)
-        state = self.model.setup_state(1, dc.memory_mode)
+        committed, head = split_prompt(ids, dc.block_size)
+        start = DecodeStart(state=self.model.setup_state(1, dc.memory_mode),
+                            commit=torch.tensor([committed], device=self.model.device) if committed else None,
+                            head=head, seq=list(committed))
+        return self._run(ids, dc, start, observers, is_cancelled, trace)
+
+    @torch.inference_mode()
+    def branch(self, trace: Trace, at: "Branch", hooks: Iterable[Hook] = (), record_trace: bool = True,
+               cancel: threading.Event | Callable[[], bool] | None = None) -> DecodeResult:
+        """Resume the decode recorded in `trace` from one of its steps, with a change: a slot's token
+        chosen, a written slot re-masked, or other settings from that step on (`engine.decoding.branch`).
+
+        The model's state is rebuilt from the trace's tokens through its own commit path (one forward
+        per finished block, the same inputs as the recorded first step of each block), so a branch with
+        no change reproduces the recorded decode token for token. The result's trace holds the
+        parent's events up to the branch point, then the branch's own; ``nfe`` counts both (the whole
+        answer's forwards; the rebuild forwards are not counted). ``trace.meta["branch"]`` records the
+        parent, the step and what was changed.
+
+        Args:
+            trace: a trace recorded by a block decoder on this model (or loaded from a file).
+            at: the `engine.decoding.branch.Branch` (block, step, slot edits, settings).
+            hooks, record_trace, cancel: as for `generate`; the hooks see the parent's events up to
+                the branch point first.
+
+        Raises:
+            ValueError: the trace is from another model, from a sampler that cannot resume (verify,
+                DiffusionGemma), or the branch point or an edit does not fit the trace (each message
+                says what was expected).
+        """
+        ids, dc, start, copied, branch_meta = resume_point(self, trace, at)
+        is_cancelled = (cancel.is_set if isinstance(cancel, threading.Event) else cancel) or (lambda: False)
+        observers = list(self._hooks) + list(hooks)
+        new_trace = None
+        if record_trace:
+            new_trace = self._new_trace(dc, ids)
+            for key, value in trace.meta.items():
+                new_trace.meta.setdefault(key, value)
+            new_trace.meta["branch"] = branch_meta
+            observers.append(new_trace)
+        for ev in copied:
+            for fn in observers:
+                fn(ev)
+        return self._run(ids, dc, start, observers, is_cancelled, new_trace)
+
+    def _run(self, ids: list[int], dc: DecodeConfig, start: "DecodeStart", observers: list, is_cancelled,
+             trace) -> DecodeResult:
+        """The block loop from `start` (a fresh decode, or a branch's resume point) to the end."""
+        cfg = self.model.config
+        block_size, P = dc.block_size, len(ids)
+
+        def emit(ev):
+            for fn in observers:
+                fn(ev)
+
+        state = start.state
         undeclared = {name: None for name in OBSERVABLES if not self.capabilities.emits(name)}
         meter = (CostMeter(cfg, self.model.dtype.itemsize, dc.memory_mode, state.window, block_size, self.capabilities)
                  if observers else None)
         select = SlotSelector(dc, cfg, self._undecodable(cfg.vocab_size, cfg.eos_token_id).to(self.model.device))
-        committed, head = split_prompt(ids, block_size)
-        commit = torch.tensor([committed], device=self.model.device) if committed else None
-        seq = list(committed)  # every token of finished blocks (for the processors)
+        commit, head, seq = start.commit, start.head, start.seq
         budget = min(dc.max_new_tokens, cfg.max_position_embeddings - P)
         stop_reason = "max_new_tokens" if budget == dc.max_new_tokens else "context"
-        generated: list[int] = []
-        nfe = n_forced = block_index = 0
+        budget -= start.n_written
+        generated: list[int] = list(start.generated)
+        nfe, n_forced, block_index = start.nfe, start.n_forced, start.block_index
+        resumed = start.block
         observer_s = 0.0  # seconds in the `if observers:` blocks below (DecodeResult.observer_s)
         t_start = time.perf_counter()
-        while budget > 0:
-            n_gen = min(block_size - len(head), budget)
-            blk = BlockSlots(block_index, len(seq), head, n_gen, cfg.mask_token_id, self.model.device)
-            if observers:
-                t_obs = time.perf_counter()
-                emit(BlockStart(block_index, blk.pos0, block_size, blk.L, blk.prefilled.cpu().numpy().copy(),
-                                blk.ids[0].cpu().numpy().copy()))  # copies: the block is filled in place
-                observer_s += time.perf_counter() - t_obs
+        while budget > 0 or resumed is not None:
+            fwd_bs = block_size
+            if resumed is not None:  # a branch: the block it resumes, its start already recorded
+                blk, resumed, fwd_bs = resumed, None, start.block_size or block_size
+                n_gen = int((~blk.prefilled).sum())
+            else:
+                # blocks sit at multiples of block_size: a branch that changed block_size realigns with one
+                # shorter block (a plain decode always starts its blocks on the grid)
+                n_gen = min(block_size - len(seq) % block_size - len(head), budget)
+                blk = BlockSlots(block_index, len(seq), head, n_gen, cfg.mask_token_id, self.model.device)
+                if observers:
+                    t_obs = time.perf_counter()
+                    emit(BlockStart(block_index, blk.pos0, block_size, blk.L, blk.prefilled.cpu().numpy().copy(),
+                                    blk.ids[0].cpu().numpy().copy()))  # copies: the block is filled in place
+                    observer_s += time.perf_counter() - t_obs
             cancelled = False
             while bool(blk.masked.any()):
                 t0 = time.perf_counter()
                 n_commit = 0 if commit is None else commit.shape[1]
-                out = self.model(blk.ids, state, commit_ids=commit, block_size=block_size, observe=bool(observers))
+                out = self.model(blk.ids, state, commit_ids=commit, block_size=fwd_bs, observe=bool(observers))
                 commit = None
                 step = select.step(out.logits[0], blk, seq, P, last_step=dc.max_steps is not None
                                    and blk.step + 1 >= dc.max_steps)
@@ -257,8 +313,8 @@ class BlockDecoder(HookRegistry):
         wall_s = time.perf_counter() - t_start
         result = DecodeResult.finished(
             generated, ids, nfe, n_forced, wall_s, stop_reason, self.tokenizer, trace=trace,
-            bytes_read=None if meter is None else meter.bytes_read, flops=None if meter is None else meter.flops,
-            observer_s=observer_s)
+            bytes_read=None if meter is None else meter.bytes_read + start.bytes_read,
+            flops=None if meter is None else meter.flops + start.flops, observer_s=observer_s)
         if observers:
             emit(result.end_event())
         return result

@@ -152,10 +152,11 @@ class CloverModel(nn.Module):
         """Clover: history folded into recurrent state (`state`), plus the last W committed K/V
         (`state+window`) when the config has an attention window; every forward can report its
         expert union, the states' norms and the memory unit's share; forwards priced as Clover's;
-        CUDA graphs and the parallel training forward available."""
+        CUDA graphs and the parallel training forward available; commits fold whole blocks."""
         modes = ("state", "state+window") if int(self.config.attention_window or 0) > 0 else ("state",)
         return Capabilities(family="clover", memory_modes=modes, observables=frozenset(OBSERVABLES),
-                            cost_family="clover", cuda_graphs=True, trains_in_parallel=True)
+                            cost_family="clover", cuda_graphs=True, trains_in_parallel=True,
+                            commits_whole_blocks=True)
 
     # ------------------------------------------------------------------ state
     def setup_state(self, batch_size: int = 1, memory_mode: str = "state") -> CloverState:
