@@ -36,7 +36,10 @@ import torch
 from engine.backbones.base import capabilities_of
 from engine.decoding.config import DecodeConfig
 from engine.decoding.step import BlockSlots, split_prompt
+from engine.recording.branches import branch_label, first_difference
 from engine.recording.events import BlockEnd, BlockStart, StepEvent
+
+__all__ = ["Branch", "DecodeStart", "SlotEdit", "branch_label", "first_difference", "resume_point"]
 
 
 @dataclass(frozen=True)
@@ -338,27 +341,3 @@ def _apply_edits(prior: list[StepEvent], st: BlockStart, edits, decoder, trace):
     edited = dataclasses.replace(ev, tokens=tokens, accepted=accepted, forced=forced, eos_filled=eos_filled,
                                  rewritten=rewritten, remasked=remasked, previous_tokens=previous)
     return edited, change
-
-
-def branch_label(meta: dict) -> str:
-    """One line saying what a branch changed, from its ``meta["branch"]`` record, e.g.
-    ``"b0 s2: slot 5 ' Paris' -> ' Rome'; threshold 0.95 -> 0.8"``."""
-    parts = []
-    for e in meta.get("edits", []):
-        if e.get("token") is None:
-            parts.append(f"slot {e['slot']} {e.get('previous_text', '')!r} re-masked")
-        else:
-            parts.append(f"slot {e['slot']} {e.get('previous_text', '')!r} -> {e.get('text', '')!r}")
-    for k, (old, new) in (meta.get("settings") or {}).items():
-        parts.append(f"{k} {old} -> {new}")
-    return f"b{meta.get('block_index')} s{meta.get('step_index')}: " + ("; ".join(parts) or "no change")
-
-
-def first_difference(a, b) -> int | None:
-    """Index of the first generated token where two answers differ (a shorter answer that is a prefix of
-    the other differs at its end); None when they are equal. a, b: sequences of token ids."""
-    a, b = list(a), list(b)
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))

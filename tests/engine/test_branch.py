@@ -211,3 +211,31 @@ def test_another_models_trace_and_a_verify_trace_are_refused():
         revised(e)
     with pytest.raises(ValueError, match="cannot resume"):
         dec.branch(revised, Branch(0, 0))
+
+
+def test_a_branch_tree_lists_saves_and_loads_every_branch(run, tmp_path):
+    from engine.recording.branches import BranchTree
+
+    dec, dc, res = run
+    tree = BranchTree(res.trace)
+    ev = next(e for e in res.trace.steps if e.masked_before.sum() >= 2)
+    slot = int(np.flatnonzero(ev.masked_before)[0])
+    a = dec.branch(res.trace, Branch.choose(ev.block_index, ev.step_index, slot, int(ev.top_tokens[slot, 1])))
+    ia = tree.add(a.trace, 0)
+    last = a.trace.steps[-1]
+    b = dec.branch(a.trace, Branch(last.block_index, last.step_index,
+                                   config=DecodeConfig(**{**dc.to_dict(), "threshold": 0.99})))
+    ib = tree.add(b.trace, ia)
+    rows = tree.rows()
+    assert [r["id"] for r in rows] == [0, ia, ib] and [r["depth"] for r in rows] == [0, 1, 2]
+    assert rows[1]["first_difference"] == first_difference(res.tokens, a.tokens)
+    assert rows[1]["nfe"] == a.nfe and rows[2]["label"].startswith(f"b{last.block_index} s{last.step_index}")
+    assert rows[2]["first_difference"] is None  # nothing left to decode after the last step: same answer
+    for name in ("tree.arrow", "tree.parquet"):
+        path = tree.save(tmp_path / name)
+        assert Trace.load(path).generated_tokens.tolist() == res.tokens  # a plain reader sees the original
+        back = BranchTree.load(path)
+        assert [r["label"] for r in back.rows()] == [r["label"] for r in rows]
+        assert back[ia].generated_tokens.tolist() == a.tokens and back.nodes[ib].parent == ia
+    with pytest.raises(ValueError, match="not a branch"):
+        tree.add(res.trace, 0)
