@@ -45,7 +45,24 @@ def _tiny_hf(kind: str, path):
     return model
 
 
-@pytest.fixture(scope="module", params=["clover", "clover_window", "causal_lm", "dream"])
+def _tiny_drafted():
+    """A tiny random Llama target with a tiny random block drafter (commit mode follows the block protocol)."""
+    from engine.backbones.drafter.model import DraftedLM
+    from engine.backbones.drafter.net import BlockDrafter, DrafterConfig
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   eos_token_id=3, bos_token_id=1, initializer_range=0.2, tie_word_embeddings=True)
+    lm = transformers.LlamaForCausalLM(cfg).eval()
+    net = BlockDrafter(DrafterConfig(hidden_size=64, target_layers=(1, 2), num_layers=1, num_heads=4, num_kv_heads=2,
+                                     head_dim=16, intermediate_size=128, block_size=4, vocab_size=V,
+                                     mask_token_id=127, rope_theta=10000.0))
+    net.init_layers_from(lm, [1])
+    return DraftedLM.build(lm, net, "tiny-drafter", 127, 3)
+
+
+@pytest.fixture(scope="module", params=["clover", "clover_window", "causal_lm", "dream", "drafter"])
 def run(request, tmp_path_factory):
     """(decoder, DecodeConfig, recorded trace) for one backbone."""
     torch.set_num_threads(1)
@@ -55,7 +72,7 @@ def run(request, tmp_path_factory):
         mode = "state+window" if kind == "clover_window" else "state"
         dc = DecodeConfig(block_size=8, threshold=0.5, max_new_tokens=28, memory_mode=mode)
     else:
-        model = _tiny_hf(kind, tmp_path_factory.mktemp(kind))
+        model = _tiny_drafted() if kind == "drafter" else _tiny_hf(kind, tmp_path_factory.mktemp(kind))
         dc = DecodeConfig(block_size=4, threshold=0.2, max_new_tokens=18)
     dec = BlockDecoder(model, None, dc)
     res = dec.generate(PROMPT)
@@ -147,7 +164,7 @@ def test_new_settings_apply_from_the_branch_point(run):
     trace = res.trace
     whole = dec.capabilities.commits_whole_blocks  # Clover: only a divisor of the block's size
     new = DecodeConfig(**{**dc.to_dict(), "threshold": 1.0,
-                          "block_size": dc.block_size // 2 if whole else 2 * dc.block_size})
+                          "block_size": dc.block_size // 2 if whole or dec.capabilities.drafts else 2 * dc.block_size})
     br = dec.branch(trace, Branch(0, 0, config=new))
     assert br.trace.decode_config["threshold"] == 1.0
     assert br.trace.meta["branch"]["settings"]["threshold"] == [dc.threshold, 1.0]
@@ -239,3 +256,11 @@ def test_a_branch_tree_lists_saves_and_loads_every_branch(run, tmp_path):
         assert back[ia].generated_tokens.tolist() == a.tokens and back.nodes[ib].parent == ia
     with pytest.raises(ValueError, match="not a branch"):
         tree.add(res.trace, 0)
+
+
+def test_a_verify_trace_is_refused_with_the_reason():
+    torch.set_num_threads(1)
+    dec = BlockDecoder(_tiny_drafted(), None, DecodeConfig(block_size=4, policy="verify", max_new_tokens=8))
+    res = dec.generate(PROMPT)
+    with pytest.raises(ValueError, match="verify mode"):
+        dec.branch(res.trace, Branch(0, 0))
