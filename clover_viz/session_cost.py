@@ -8,7 +8,9 @@ parameters are declared there):
   family its recorded capabilities name;
 * `measure_break_even` -- how many tokens per forward block decoding of the loaded model needs
   to match its autoregressive decoding on this machine (`engine.cost.break_even`), kept per
-  (model, block size, memory mode); `break_even_point` / `break_even_html` read it back.
+  (model, block size, memory mode); `break_even_point` / `break_even_html` read it back;
+* `verify_cost_html` -- for a verify run of a drafter, what one round costs: the drafter's forward
+  beside the base's verification forward (`engine.cost.drafter`), shown under the break-even line.
 
 Tests: ``.venv/bin/python -m pytest tests/apps/test_cost_tab.py -q``
 """
@@ -21,6 +23,8 @@ from engine.backbones.base import cost_family_of
 from engine.backbones.clover.config import CloverConfig
 from engine.cost import project_trace
 from engine.cost.break_even import measure_break_even
+from engine.cost.drafter import verify_trace_costs
+from engine.units import format_si
 
 
 class SessionCost:
@@ -67,11 +71,12 @@ class SessionCost:
     def break_even_html(self) -> str:
         """One HTML line for the views: the measured break-even (`break_even_point`) and what the
         displayed run's tokens per forward are worth against autoregressive decoding here, or a
-        hint to measure it."""
+        hint to measure it; for a verify run, `verify_cost_html` below it."""
         p = self.break_even_point()
         if p is None:
             return ("<span style='color:#64748b'>break-even on this machine: not measured -- "
-                    "<i>Measure break-even here</i> times this model's AR step and block forward</span>")
+                    "<i>Measure break-even here</i> times this model's AR step and block forward</span>"
+                    + self.verify_cost_html())
         text = (f"break-even on this machine (measured, {p.device}, {p.threads} thread(s)): block {p.block_size} "
                 f"needs <b>{p.tokens_per_forward:.2f}</b> tokens per forward to match autoregressive decoding "
                 f"(AR step {p.t_ar_s * 1e3:.1f} ms, block forward {p.t_block_s * 1e3:.1f} ms)")
@@ -83,7 +88,7 @@ class SessionCost:
                 x = p.speedup(tpf)
                 text += (f"; this run wrote {tpf:.2f} tokens per forward: <b>{x:.2f}x</b> the AR tokens/s "
                          f"here ({'faster' if x > 1 else 'slower'})")
-        return f"<div style='font-size:13px;line-height:1.6'>{text}</div>"
+        return f"<div style='font-size:13px;line-height:1.6'>{text}</div>" + self.verify_cost_html()
 
     def measure_break_even(self, repeats: int = 5, prefix_len: int = 256) -> Any:
         """Measure on this machine how many tokens per forward block decoding of the loaded model
@@ -117,3 +122,42 @@ class SessionCost:
             self.error = ""  # an earlier refusal is stale now
         self.break_even = {**self.break_even, key: point}
         return point
+
+    def verify_cost_html(self) -> str:
+        """For a verify run on display (a drafter, `engine.decoding.verify`): one HTML paragraph saying
+        what a round costs by the cost model -- the drafter's forward (its layers, per-slot heads and
+        draft-vocabulary LM head over the cached context, plus the fuse of the features of the tokens
+        the base read) beside the base's causal forward over ``[anchor, drafts]`` -- as the mean over
+        the rounds (the prefill left out) and for the round on display (`position`), bytes and FLOPs,
+        with the drafter's share. The split is `engine.cost.drafter.verify_trace_costs` of the trace, at
+        the dtype its events were priced at; "" for any other run, or a verify run priced before the
+        drafter was (the base alone: no split reproduces its bytes)."""
+        costs = verify_trace_costs(self.trace) if self.trace is not None else None
+        if not costs or len(costs) < 2:
+            return ""
+        n = len(costs)
+        rounds = costs[1:]  # event 0 is the prefill (the base reads the prompt)
+        mean = {k: sum(getattr(getattr(r, part), attr) for r in rounds) / len(rounds)
+                for k, (part, attr) in {"db": ("drafter", "bytes_read"), "bb": ("base", "bytes_read"),
+                                        "df": ("drafter", "flops"), "bf": ("base", "flops")}.items()}
+
+        def pair(d: float, b: float, unit: str) -> str:
+            share = d / (d + b) if d + b else 0.0
+            return (f"drafter <b>{format_si(d, unit, digits=3)}</b> + base <b>{format_si(b, unit, digits=3)}"
+                    f"</b> ({share:.0%} drafter)")
+
+        pos = min(max(int(self.position), 0), n - 1)
+        r = costs[pos]
+        if pos == 0:
+            here = (f"the prefill (forward 1): base {format_si(r.base.bytes_read, 'B', digits=3)} reading the "
+                    f"prompt, drafter {format_si(r.drafter.bytes_read, 'B', digits=3)} fusing its features")
+        else:
+            here = (f"this round (forward {pos + 1} of {n}): bytes {pair(r.drafter.bytes_read, r.base.bytes_read, 'B')}"
+                    f", FLOPs {pair(r.drafter.flops, r.base.flops, 'FLOP')}")
+        text = (f"<b>verify rounds</b> ({n - 1}): each round is one drafter forward (its layers, per-slot heads "
+                "and the draft-vocabulary LM head over the cached context, plus fusing the features of the "
+                "tokens the base read) and one base forward over [anchor, drafts]. Mean per round: bytes "
+                f"{pair(mean['db'], mean['bb'], 'B')}; FLOPs {pair(mean['df'], mean['bf'], 'FLOP')}. {here}. "
+                "<span style='color:#64748b'>(the cost model at the run's dtype; the Cost chart's bars are each "
+                "round's sum)</span>")
+        return f"<div class='clover-verify-cost' style='font-size:13px;line-height:1.6'>{text}</div>"

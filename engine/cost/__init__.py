@@ -12,6 +12,8 @@ Modules::
                             parameter counts, expert-union arithmetic (Clover)
     engine.cost.dense       dense_forward_cost (a transformer with a KV cache), recompute_forward_cost
                             (masked diffusion, no cache)
+    engine.cost.drafter     a block drafter's forward, the fuse of the base's features and a verify
+                            round (drafter + base verification forward), from the drafter's config
     engine.cost.meter       CostMeter: a decode's forwards priced as the decoder reports them
     engine.cost.devices     Device table (datasheets), this machine measured, roofline
     engine.cost.projection  forwards projected onto a device (tokens/s by the roofline), and the
@@ -32,6 +34,8 @@ Tests: ``.venv/bin/python -m pytest tests/engine/test_cost.py -q``
 from engine.cost.break_even import BreakEven, format_break_even, measure_break_even
 from engine.cost.cli import format_breakdown, format_devices, format_forward_report, format_si, main
 from engine.cost.dense import dense_forward_cost, dense_param_counts
+from engine.cost.drafter import (VerifyRoundCost, drafter_forward_cost, drafter_param_counts, verify_round_cost,
+                                 verify_trace_costs)
 from engine.cost.devices import (DEFAULT_DEVICE, DEVICES, Device, get_device, measure_this_machine, ridge_point,
                                  roofline_time_s)
 from engine.cost.formulas import (COMPONENTS, DENSE_COMPONENTS, DENSE_WEIGHT_COMPONENTS, MEMORY_MODES,
@@ -60,4 +64,5 @@ __all__ = [
     "measure_this_machine", "param_counts", "project_forwards", "project_forwards_roofline",
     "project_tokens_per_s", "project_trace", "prompt_forward_mask", "ridge_point", "roofline_point", "roofline_time_s",
     "running_tokens_per_s", "target_union", "union_for_bytes_ratio",
+    "VerifyRoundCost", "drafter_forward_cost", "drafter_param_counts", "verify_round_cost", "verify_trace_costs",
 ]

@@ -33,6 +33,12 @@ COMPONENTS = WEIGHT_COMPONENTS + ("state_read", "state_write", "window_kv", "blo
 DENSE_WEIGHT_COMPONENTS = ("embedding", "attention_mixers", "mlp", "norms", "lm_head")
 DENSE_COMPONENTS = DENSE_WEIGHT_COMPONENTS + ("kv_cache_read", "kv_cache_write", "attention")
 
+# A block drafter over a frozen causal LM (`engine.cost.drafter`): its own forward and the fusing of the
+# base's features into its context; a verify round's cost holds these beside the base's DENSE_COMPONENTS.
+DRAFTER_WEIGHT_COMPONENTS = ("draft_inputs", "feature_fuse", "draft_layers", "draft_norms", "slot_heads",
+                             "draft_lm_head")
+DRAFTER_COMPONENTS = DRAFTER_WEIGHT_COMPONENTS + ("draft_context", "draft_attention")
+
 NORM_FLOPS_PER_ELEMENT = 4  # square, sum, scale, weight
 
 
@@ -63,9 +69,10 @@ class ForwardCost:
 
     @property
     def weights_bytes_read(self) -> float:
-        """Bytes of weights alone (the weights-only accounting of write-ups): the `WEIGHT_COMPONENTS` (and a dense model's ``mlp``)."""
+        """Bytes of weights alone (the weights-only accounting of write-ups): the `WEIGHT_COMPONENTS` (and a
+        dense model's ``mlp``, a drafter's `DRAFTER_WEIGHT_COMPONENTS`)."""
         return float(sum(v for k, v in self.bytes_by_component.items()
-                         if k in WEIGHT_COMPONENTS or k in DENSE_WEIGHT_COMPONENTS))
+                         if k in WEIGHT_COMPONENTS or k in DENSE_WEIGHT_COMPONENTS or k in DRAFTER_WEIGHT_COMPONENTS))
 
     def roofline_time_s(self, device: "Device | str") -> float:
         """`roofline_time_s` of this forward on ``device``."""

@@ -60,6 +60,7 @@ def dense_forward_cost(
     context_len: int = 0,
     act_bytes: float = 2,
     include_kv: bool = True,
+    kv_write_tokens: int | None = None,
 ) -> ForwardCost:
     """Bytes read and FLOPs of one forward of a dense transformer with a KV cache.
 
@@ -77,11 +78,21 @@ def dense_forward_cost(
       bound for the causal commit rows), 4 per normalised element.
 
     ``config`` is an `engine.backbones.causal_lm.model.HFBlockConfig` or its ``to_dict()``; the
-    returned `ForwardCost` is keyed by `DENSE_COMPONENTS`.
+    returned `ForwardCost` is keyed by `DENSE_COMPONENTS`. ``kv_write_tokens`` (default C): the
+    tokens whose K/V the forward appends to the cache -- a causal read that also needs every row's
+    logits (the verify forward of `engine.cost.drafter`) writes all T with C = 0.
+
+    Raises:
+        ValueError: token counts that do not add up, a negative context, or ``kv_write_tokens``
+            outside ``[0, T]``.
+        TypeError: a config without a dense transformer's dimensions.
     """
     T, C, L = check_token_counts(n_tokens, n_commit_tokens, block_len)
     if context_len < 0:
         raise ValueError(f"context_len must be >= 0, got {context_len}")
+    kv_write = C if kv_write_tokens is None else int(kv_write_tokens)
+    if not 0 <= kv_write <= T:
+        raise ValueError(f"kv_write_tokens must be in [0, n_tokens={T}], got {kv_write_tokens}")
     g = _field_getter(config)
     H, N, V = g("hidden_size"), g("num_hidden_layers"), g("vocab_size")
     Hq, Hkv, hd = g("num_attention_heads"), g("num_key_value_heads"), g("head_dim")
@@ -101,7 +112,7 @@ def dense_forward_cost(
     kv_per_token = N * 2 * Hkv * hd * act_bytes
     if include_kv:
         b["kv_cache_read"] = kv_per_token * context_len
-        b["kv_cache_write"] = kv_per_token * C
+        b["kv_cache_write"] = kv_per_token * kv_write
     f["attention"] = N * 4 * Hq * hd * T * (context_len + T)
     total_b, total_f = float(sum(b.values())), float(sum(f.values()))
     return ForwardCost(

@@ -2,7 +2,10 @@
 committed tokens, block slots, prefix length, expert union); the meter prices them with
 `engine.cost.formulas.forward_cost` and keeps the totals. The decoder builds one only when
 a hook is registered, so a decode without hooks does no cost work. The formulas are those of the
-model's cost family (`engine.cost.formulas.cost_family`: from the backbone's capabilities).
+model's cost family (`engine.cost.formulas.cost_family`: from the backbone's capabilities). A drafter
+backbone (its config has a ``drafter`` section, `engine.cost.drafter.drafter_section`) is priced as
+its base's forwards plus the drafter's: `CostMeter.verify_round` for a verify round, `CostMeter.forward`
+for a commit-mode forward (`engine.cost.drafter`).
 
 Wing: ``cost``.
 """
@@ -13,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.backbones.base import Capabilities
+from engine.cost.drafter import VerifyRoundCost, commit_forward_cost, drafter_section, verify_round_cost
 from engine.cost.formulas import ForwardCost, cost_family, forward_cost
 
 
@@ -35,6 +39,8 @@ class CostMeter:
         self.capabilities = capabilities
         self.cost_family = cost_family(config, capabilities)
         self.memory_mode, self.window, self.block_size = memory_mode, int(window), int(block_size)
+        # a drafter backbone: its base's history is a KV cache, its drafter adds its own forwards
+        self.drafter = drafter_section(config) if self.cost_family == "kv_cache" else None
         self.bytes_read = 0.0
         self.flops = 0.0
         # Clover's cost does not depend on the context length (history is state), and the union
@@ -54,8 +60,16 @@ class CostMeter:
 
         Returns:
             The forward's `ForwardCost` (bytes, FLOPs, breakdown); for a Clover model the same
-            object for forwards with the same C, L and summed union (treat it as read-only).
+            object for forwards with the same C, L and summed union (treat it as read-only); for a
+            drafter backbone (commit mode) the base's read of the C committed tokens plus the
+            drafter's forward over the L slots (`engine.cost.drafter.commit_forward_cost`).
         """
+        if self.drafter is not None:
+            cost = commit_forward_cost(self.config, n_commit_tokens, block_len, context_len, self.weight_bytes,
+                                       drafter=self.drafter).total
+            self.bytes_read += cost.bytes_read
+            self.flops += cost.flops
+            return cost
         union = None if expert_union is None else list(expert_union)
         key = None if self._memo is None or union is None else (n_commit_tokens, block_len, sum(union), len(union))
         cost = None if key is None else self._memo.get(key)
@@ -68,4 +82,23 @@ class CostMeter:
                 self._memo[key] = cost
         self.bytes_read += cost.bytes_read
         self.flops += cost.flops
+        return cost
+
+    def verify_round(self, n_read: int, n_draft: int, context_len: int) -> VerifyRoundCost:
+        """Price one round of verify decoding of a drafter backbone and add it to the totals.
+
+        Args:
+            n_read: tokens the base reads in the round (``[anchor, drafts]``; the prompt for the prefill).
+            n_draft: slots of the drafter forward (``k + 1``), 0 when nothing is drafted.
+            context_len: tokens the base had read before the round.
+
+        Returns:
+            The round's `engine.cost.drafter.VerifyRoundCost` (drafter, base and total).
+
+        Raises:
+            ValueError: the model has no drafter (`engine.cost.drafter.verify_round_cost`).
+        """
+        cost = verify_round_cost(self.config, n_read, n_draft, context_len, self.weight_bytes, drafter=self.drafter)
+        self.bytes_read += cost.total.bytes_read
+        self.flops += cost.total.flops
         return cost

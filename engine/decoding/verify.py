@@ -26,6 +26,11 @@ the slot the target wrote itself (the first rejected slot, or the bonus slot); s
 MASK (discarded). The prefill is block 0 with one slot, forced (the target's first token).
 ``nfe`` counts target forwards (prefill included), so ``tokens_per_forward`` is tokens per target
 forward; `VerifyResult` adds the drafter's forwards and the accepted run of every round.
+
+Cost: each round's event carries the whole round's ``bytes_read`` / ``flops`` -- the drafter forward,
+the fuse of the tokens the target read into the drafter's context, and the target's verification
+forward (`engine.cost.meter.CostMeter.verify_round`, formulas in `engine.cost.drafter`);
+`engine.cost.drafter.verify_trace_costs` splits a recorded run's rounds into the two again.
 """
 
 from __future__ import annotations
@@ -94,7 +99,8 @@ def generate_verified(decoder, ids: list[int], dc: DecodeConfig, observers: list
             fn(ev)
 
     def block_events(index: int, pos0: int, L: int, drafted: np.ndarray, d_conf: np.ndarray, d_top: tuple,
-                     written: list[int], n_acc: int, forced_slot: int, wall: float, n_fwd: int, ctx: int) -> None:
+                     written: list[int], n_acc: int, forced_slot: int, wall: float, n_fwd: int, ctx: int,
+                     n_draft: int) -> None:
         tokens = np.full(L, mask_id, dtype=np.int64)
         tokens[: len(written)] = written
         masked = np.ones(L, dtype=bool)
@@ -110,7 +116,7 @@ def generate_verified(decoder, ids: list[int], dc: DecodeConfig, observers: list
         forced = np.zeros(L, dtype=bool)
         if 0 <= forced_slot < L:
             forced[forced_slot] = True
-        cost = meter.forward(0, n_fwd, None, context_len=ctx)
+        cost = meter.verify_round(n_fwd, n_draft, context_len=ctx).total
         emit(BlockStart(index, pos0, dc.block_size, L, np.zeros(L, dtype=bool), np.full(L, mask_id, dtype=np.int64)))
         emit(StepEvent(block_index=index, step_index=0, position_start=pos0, tokens=tokens, masked_before=masked,
                        confidence=conf, candidate=cand, top_tokens=tt, top_probs=tp, accepted=accepted, forced=forced,
@@ -133,7 +139,7 @@ def generate_verified(decoder, ids: list[int], dc: DecodeConfig, observers: list
         tp0, tt0 = top_candidates(probs0, K)
         block_events(0, P, 1, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32),
                      (np.zeros((0, K), dtype=np.int64), np.zeros((0, K), dtype=np.float32)),
-                     generated[:1], 0, 0, t_obs - t0_clock, P, 0)
+                     generated[:1], 0, 0, t_obs - t0_clock, P, 0, 0)
         observer_s += time.perf_counter() - t_obs
     hit_eos = generated[0] == eos_id
     cancelled = False
@@ -173,7 +179,8 @@ def generate_verified(decoder, ids: list[int], dc: DecodeConfig, observers: list
             tp, tt = top_candidates(d_probs, K) if k else (torch.zeros(0, K), torch.zeros(0, K, dtype=torch.long))
             block_events(block_index, pos + 1, k + 1, np.asarray(drafted, dtype=np.int64),
                          d_conf.float().cpu().numpy(), (tt.cpu().numpy().astype(np.int64), tp.float().cpu().numpy()),
-                         written, min(n, len(written)), n if n < len(written) else -1, t_obs - t_round, k + 1, pos)
+                         written, min(n, len(written)), n if n < len(written) else -1, t_obs - t_round, k + 1, pos,
+                         k + 1 if k else 0)
             observer_s += time.perf_counter() - t_obs
     if eos_id in generated:
         generated = generated[: generated.index(eos_id)]
