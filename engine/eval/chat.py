@@ -49,7 +49,7 @@ from types import SimpleNamespace
 
 import torch
 
-from engine.eval.summary import summarise_open
+from engine.eval.summary import slot_errors_vs_reference, summarise_open
 from engine.backbones.causal_lm.adapter import chat_prompt, load_adapter_model, load_adapter_tokenizer
 from engine.cost.break_even import measure_break_even
 from engine.data.chat_prompts import eval_prompts
@@ -119,24 +119,8 @@ def _decode_job(args: tuple[str, int, list[int], int, float, int, list[int]]) ->
     n = max(len(ref), 1)
     agree = sum(1 for a, b in zip(gen, ref) if a == b) / max(len(ref), len(gen), 1)
     # error by slot: blocks that start while the decode still equals the reference
-    P = len(ids)
-    slot_err = [0] * B
-    slot_n = [0] * B
-    eos = m.config.eos_token_id  # an EOS that ended the answer counts as a token
-    full = gen + ([eos] if r.stop_reason == "eos" else [])
-    ref_full = ref + ([eos] if len(ref) < max_new else [])
-    pos = 0
-    while pos < min(len(full), len(ref_full)):
-        abs_pos = P + pos
-        slot0 = abs_pos % B
-        blk_end = pos + (B - slot0)
-        if full[:pos] != ref_full[:pos]:
-            break
-        for k in range(pos, min(blk_end, len(full), len(ref_full))):
-            s = (P + k) % B
-            slot_n[s] += 1
-            slot_err[s] += int(full[k] != ref_full[k])
-        pos = blk_end
+    slot_err, slot_n = slot_errors_vs_reference(len(ids), B, gen, ref, m.config.eos_token_id,
+                                                r.stop_reason == "eos", max_new)
     return {"kind": kind, "i": i, "B": B, "thr": thr, "tokens": gen, "nfe": r.nfe, "n_forced": r.n_forced,
             "wall_s": r.wall_s, "agree": agree, "exact": gen == ref, "slot_err": slot_err, "slot_n": slot_n,
             "ref_len": n}

@@ -45,29 +45,12 @@ from engine.checkpoint import load_model, load_tokenizer
 from engine.data.chat_prompts import eval_prompts
 from engine.data.open_tools import eval_turns, score_turn
 from engine.decoding.decoder import BlockDecoder, DecodeConfig
+from engine.eval.summary import slot_errors_vs_reference
 from engine.prompting import model_input
 
 
 def _agreement(gen: list[int], ref: list[int]) -> float:
     return sum(1 for a, b in zip(gen, ref) if a == b) / max(len(ref), len(gen), 1)
-
-
-def _slot_errors(P: int, B: int, gen: list[int], ref: list[int], eos: int, stopped_eos: bool, max_new: int):
-    """(errors [B], counts [B]) by slot index over blocks that began while ``gen`` still equalled ``ref``."""
-    err, n = [0] * B, [0] * B
-    full = gen + ([eos] if stopped_eos else [])
-    ref_full = ref + ([eos] if len(ref) < max_new else [])
-    pos = 0
-    while pos < min(len(full), len(ref_full)):
-        if full[:pos] != ref_full[:pos]:
-            break
-        end = pos + (B - (P + pos) % B)
-        for k in range(pos, min(end, len(full), len(ref_full))):
-            s = (P + k) % B
-            n[s] += 1
-            err[s] += int(full[k] != ref_full[k])
-        pos = end
-    return err, n
 
 
 @torch.no_grad()
@@ -137,8 +120,8 @@ def evaluate(model_dir: str, n_prompts: int, max_new: int, block_size: int, thre
             for thr in thrs:
                 c = d.generate(ids, record_trace=False,
                                config=DecodeConfig(block_size=block_size, threshold=thr, max_new_tokens=max_new))
-                err, cnt = _slot_errors(len(ids), block_size, c.tokens, ref, m.config.eos_token_id,
-                                        c.stop_reason == "eos", max_new)
+                err, cnt = slot_errors_vs_reference(len(ids), block_size, c.tokens, ref, m.config.eos_token_id,
+                                                    c.stop_reason == "eos", max_new)
                 row[f"{name}/{thr:.2f}"] = {"exact": c.tokens == ref, "agree": _agreement(c.tokens, ref),
                                             "n": len(c.tokens), "steps": c.nfe, "n_forced": c.n_forced,
                                             "wall_s": c.wall_s, "slot_err": err, "slot_n": cnt}

@@ -1,5 +1,7 @@
 """Per-setting metrics of scored evaluation rows: held-out agent tool calls (`summarise_agent`),
-open-vocabulary tool calls (`summarise_open`) and held-out code (`summarise_code`).
+open-vocabulary tool calls (`summarise_open`) and held-out code (`summarise_code`); and one decode's
+errors by slot index against a reference answer (`slot_errors_vs_reference`, which `engine.eval.chat`
+and `engine.eval.drafter` score their block decodes with).
 
 Pure aggregation of the rows `engine.eval` (a Clover checkpoint) and `engine.eval.chat` (an adapter
 over a pretrained base) score; the metrics are described in `engine.eval`'s module docstring.
@@ -10,6 +12,44 @@ Wing: ``eval``.
 from __future__ import annotations
 
 from collections import defaultdict
+
+
+def slot_errors_vs_reference(prompt_len: int, block_size: int, gen: list[int], ref: list[int], eos: int,
+                             stopped_eos: bool, max_new: int) -> tuple[list[int], list[int]]:
+    """Errors and counts by slot index of one block decode against the reference answer.
+
+    Blocks sit at absolute positions that are multiples of ``block_size`` (the prompt's ``prompt_len``
+    tokens come first), so answer token ``k`` is in slot ``(prompt_len + k) % block_size``. A block is
+    scored only when it began while the decode still equalled the reference (every token before it
+    agrees): later blocks are conditioned on a different history, and their errors are not the
+    slot's. The EOS that ended an answer counts as a token -- ``gen``'s when ``stopped_eos``, the
+    reference's when it is shorter than ``max_new`` (it stopped on its own).
+
+    Args:
+        prompt_len: prompt tokens before the answer.
+        block_size: B, the decode's block size (>= 1).
+        gen, ref: the decoded and the reference answer ids (without their EOS).
+        eos: the EOS id; stopped_eos: the decode stopped on EOS; max_new: the token budget of both.
+
+    Returns:
+        (errors [B], counts [B]): per slot index, the scored tokens that differ from the reference and
+        the scored tokens.
+    """
+    B = int(block_size)
+    err, n = [0] * B, [0] * B
+    full = gen + ([eos] if stopped_eos else [])
+    ref_full = ref + ([eos] if len(ref) < max_new else [])
+    pos = 0
+    while pos < min(len(full), len(ref_full)):
+        if full[:pos] != ref_full[:pos]:
+            break
+        end = pos + (B - (prompt_len + pos) % B)
+        for k in range(pos, min(end, len(full), len(ref_full))):
+            s = (prompt_len + k) % B
+            n[s] += 1
+            err[s] += int(full[k] != ref_full[k])
+        pos = end
+    return err, n
 
 
 def summarise_agent(rows: list[dict]) -> dict:

@@ -191,7 +191,8 @@ def test_explorer_status_of_a_verify_run_counts_base_forwards_and_accepted_draft
 
 
 def test_eval_summary_of_verify_and_commit_rows():
-    from engine.eval.drafter import _slot_errors, format_table, summarise
+    from engine.eval.drafter import format_table, summarise
+    from engine.eval.summary import slot_errors_vs_reference
 
     rows = [{"kind": "plain", "i": 0, "ref_len": 10, "ref_s": 1.0,
              "verify": {"exact": True, "agree": 1.0, "n": 10, "target_forwards": 4, "draft_forwards": 3,
@@ -210,5 +211,10 @@ def test_eval_summary_of_verify_and_commit_rows():
                              "draft_forward_s": 0.05, "prefix": 256}}
     assert "verify" in format_table(report) and "commit/0.95" in format_table(report)
     # slot errors: the block that starts while the answer still equals the reference is scored, the rest not
-    err, n = _slot_errors(P=2, B=4, gen=[1, 2, 9, 4, 5], ref=[1, 2, 3, 4, 5], eos=0, stopped_eos=False, max_new=5)
+    err, n = slot_errors_vs_reference(prompt_len=2, block_size=4, gen=[1, 2, 9, 4, 5], ref=[1, 2, 3, 4, 5], eos=0,
+                                      stopped_eos=False, max_new=5)
     assert n == [1, 1, 2, 1] and err == [1, 0, 0, 0]  # slots 2, 3, then a whole block from slot 0
+    # the EOS that ended an answer is a token: the decode's (stopped on EOS) against a reference that ran
+    # to the budget is an error in its slot; two answers that end together agree there
+    assert slot_errors_vs_reference(2, 4, [1, 2, 3], [1, 2, 3, 4, 5], 0, True, 5) == ([0, 1, 0, 0], [1, 1, 1, 1])
+    assert slot_errors_vs_reference(2, 4, [1, 2, 3], [1, 2, 3], 0, True, 5) == ([0, 0, 0, 0], [1, 1, 1, 1])
