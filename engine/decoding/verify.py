@@ -63,12 +63,24 @@ class VerifyResult(DecodeResult):
     drafted: list[int] = field(default_factory=list)
 
 
-def _pick(logits: torch.Tensor, banned: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(argmax ids [n], their probabilities [n], probabilities [n, V]) with ``banned`` ids excluded."""
+def _pick(logits: torch.Tensor, banned: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The argmax of every row with ``banned`` ids excluded (set to -inf), without a softmax.
+
+    Args:
+        logits: [n, V] fp32 logits; banned: [V] bool, the ids never picked (MASK, undecodable ids).
+
+    Returns:
+        (ids [n] int64, masked logits [n, V]): the masked logits are what `_probabilities` turns into
+        probabilities where they are recorded (the events of an observed decode).
+    """
     masked = logits.masked_fill(banned[None, :], float("-inf"))
+    return masked.argmax(-1), masked
+
+
+def _probabilities(masked: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probabilities of ``ids`` [n] fp32, probabilities [n, V] fp32): the softmax of `_pick`'s masked logits."""
     probs = torch.softmax(masked.float(), -1)
-    conf, ids = probs.max(-1)
-    return ids, conf, probs
+    return probs.gather(-1, ids[:, None])[:, 0], probs
 
 
 def generate_verified(decoder, ids: list[int], dc: DecodeConfig, observers: list[Callable],
@@ -129,14 +141,12 @@ def generate_verified(decoder, ids: list[int], dc: DecodeConfig, observers: list
     state = model.setup_state(1, "state")
     t0_clock = time.perf_counter()
     logits = model.read(state, ids)
-    t0, p0, probs0 = _pick(logits[-1:], banned)
-    generated = [int(t0[0])]
+    generated = _pick(logits[-1:], banned)[0].tolist()  # the target's first token
     nfe, draft_forwards, block_index = 1, 0, 0
     accepted_lengths: list[int] = []
     drafted_counts: list[int] = []
     if observers:
         t_obs = time.perf_counter()
-        tp0, tt0 = top_candidates(probs0, K)
         block_events(0, P, 1, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32),
                      (np.zeros((0, K), dtype=np.int64), np.zeros((0, K), dtype=np.float32)),
                      generated[:1], 0, 0, t_obs - t0_clock, P, 0, 0)
@@ -152,15 +162,14 @@ def generate_verified(decoder, ids: list[int], dc: DecodeConfig, observers: list
         pos = state.position  # the anchor's position (the target has read everything before it)
         k = max(0, min(dc.block_size - 1, budget - len(generated) - 1))
         if k:
-            d_logits = model.draft(state, [anchor] + [mask_id] * k)[1:]
-            drafts, d_conf, d_probs = _pick(d_logits, banned)
+            d_ids, d_masked = _pick(model.draft(state, [anchor] + [mask_id] * k)[1:], banned)
             draft_forwards += 1
-            drafted = [int(t) for t in drafts]
+            drafted = d_ids.tolist()
         else:
-            drafted, d_conf, d_probs = [], torch.zeros(0), torch.zeros(0, cfg.vocab_size)
+            drafted = []
         v_logits = model.read(state, [anchor] + drafted)
         nfe += 1
-        target = [int(t) for t in _pick(v_logits, banned)[0]]
+        target = _pick(v_logits, banned)[0].tolist()
         n = 0
         while n < k and drafted[n] == target[n]:
             n += 1
@@ -176,7 +185,11 @@ def generate_verified(decoder, ids: list[int], dc: DecodeConfig, observers: list
         block_index += 1
         if observers:
             t_obs = time.perf_counter()
-            tp, tt = top_candidates(d_probs, K) if k else (torch.zeros(0, K), torch.zeros(0, K, dtype=torch.long))
+            if k:  # the drafter's probabilities only here, where the events record them
+                d_conf, d_probs = _probabilities(d_masked, d_ids)
+                tp, tt = top_candidates(d_probs, K)
+            else:
+                d_conf, tp, tt = torch.zeros(0), torch.zeros(0, K), torch.zeros(0, K, dtype=torch.long)
             block_events(block_index, pos + 1, k + 1, np.asarray(drafted, dtype=np.int64),
                          d_conf.float().cpu().numpy(), (tt.cpu().numpy().astype(np.int64), tp.float().cpu().numpy()),
                          written, min(n, len(written)), n if n < len(written) else -1, t_obs - t_round, k + 1, pos,
