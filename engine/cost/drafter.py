@@ -211,7 +211,7 @@ def drafter_forward_cost(drafter: Any, n_slots: int, context_len: int, weight_by
     """
     g = _getter(drafter)
     H, nL, B = int(g("hidden_size")), int(g("num_layers")), int(g("block_size"))
-    nh, nkv, hd, I = int(g("num_heads")), int(g("num_kv_heads")), int(g("head_dim")), int(g("intermediate_size"))
+    nh, nkv, hd = int(g("num_heads")), int(g("num_kv_heads")), int(g("head_dim"))
     Q, T = int(n_slots), int(context_len)
     if not 1 <= Q <= B:
         raise ValueError(f"n_slots must be in [1, {B}] (the drafter's block size), got {n_slots}")
