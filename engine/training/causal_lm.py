@@ -291,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--batch", type=int, default=8, help="prompts answered per generate call (default %(default)s)")
         ap.add_argument("--max-new-tokens", type=int, default=96, help="tokens per answer at most (default %(default)s)")
         ap.add_argument("--seed", type=int, default=0, help="seed of the prompt draw (default %(default)s)")
+        ap.add_argument("--source", default="templates", choices=["templates", "self-instruct"],
+                        help="prompts: the templated set, or questions the base writes itself "
+                             "(engine.data.self_instruct; kept in <out>.prompts.txt) (default %(default)s)")
         ap.add_argument("--threads", type=int, default=1, help="torch threads (default %(default)s)")
         ap.add_argument("--base", default="smollm2-135m-instruct",
                         help=f"pinned base: {', '.join(BASES)} (default %(default)s)")
@@ -299,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="weights' dtype while generating (bf16 for --device cuda) (default %(default)s)")
         a = ap.parse_args(argv[1:])
         torch.set_num_threads(a.threads)
-        distill(a.out, a.n, a.batch, a.max_new_tokens, a.seed, a.base, a.device, a.dtype)
+        distill(a.out, a.n, a.batch, a.max_new_tokens, a.seed, a.base, a.device, a.dtype, a.source)
         return 0
     args = build_parser().parse_args(argv)
     if args.dtype == "bf16" and args.device == "cpu":

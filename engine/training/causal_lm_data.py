@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from engine.backbones.causal_lm.adapter import base_spec, chat_prompt, load_base
-from engine.data.chat_prompts import training_prompts
+from engine.data.chat_prompts import eval_prompts, training_prompts
+from engine.data.self_instruct import self_instruct_prompts
 from engine.data.agent import iter_conversations
 from engine.data.open_tools import iter_train_texts
 
@@ -110,15 +111,60 @@ class ExampleSource:
 
 
 @torch.no_grad()
+def sampled_answers(lm, tok, eos_id: int, max_new_tokens: int = 220, temperature: float = 0.8, top_p: float = 0.95):
+    """``fn(user_turns) -> texts``: the base's sampled answers (chat template, left padding), for
+    `engine.data.self_instruct.self_instruct_prompts`. Sampling draws from torch's global generator."""
+
+    def generate(turns: list[str]) -> list[str]:
+        tok.padding_side = "left"
+        enc = tok([chat_prompt(t) for t in turns], return_tensors="pt", padding=True,
+                  add_special_tokens=False).to(lm.device)
+        with torch.no_grad():
+            gen = lm.generate(**enc, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
+                              top_p=top_p, eos_token_id=eos_id, pad_token_id=eos_id)
+        return tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+
+    return generate
+
+
+def distill_prompts(out: Path, n: int, seed: int, source: str, lm=None, tok=None, eos_id: int | None = None,
+                    batch: int = 16) -> list[str]:
+    """The prompts a distill run answers: ``templates`` (`engine.data.chat_prompts.training_prompts`) or
+    ``self-instruct`` (`engine.data.self_instruct`: written by the base, never an evaluation prompt),
+    kept beside ``out`` as ``<out>.prompts.txt`` so a resumed run answers the same ones.
+
+    Raises:
+        ValueError: an unknown ``source``.
+    """
+    if source == "templates":
+        return training_prompts(n, seed)
+    if source != "self-instruct":
+        raise ValueError(f"source must be 'templates' or 'self-instruct', got {source!r}")
+    path = out.with_suffix(".prompts.txt")
+    kept = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    if len(kept) >= n:
+        return kept[:n]
+    from tqdm import tqdm  # local: tqdm only for a run that writes prompts
+
+    torch.manual_seed(seed)
+    with tqdm(total=n, desc="self-instruct prompts", unit="prompt") as bar:
+        prompts = self_instruct_prompts(n, seed, sampled_answers(lm, tok, eos_id), batch=batch,
+                                        exclude=eval_prompts(), progress=lambda k: bar.update(k - bar.n))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(prompts) + "\n", encoding="utf-8")
+    return prompts
+
+
 def distill(out: Path, n: int, batch: int, max_new_tokens: int, seed: int, base: str,
-            device: str = "cpu", dtype: str = "fp32") -> None:
-    """Append the base's greedy answers to ``n`` training prompts to ``out`` (JSONL; resumes where it stopped)."""
+            device: str = "cpu", dtype: str = "fp32", source: str = "templates") -> None:
+    """Append the base's greedy answers to ``n`` training prompts to ``out`` (JSONL; resumes where it stopped).
+    ``source``: where the prompts come from (`distill_prompts`)."""
     from tqdm import tqdm
 
     lm, tok = load_base(base, torch.bfloat16 if dtype == "bf16" else torch.float32)
     lm.to(device)
     spec = base_spec(base)
-    prompts = training_prompts(n, seed)
+    prompts = distill_prompts(out, n, seed, source, lm, tok, spec.eos_token_id, batch)
     done = set()
     if out.is_file():
         done = {json.loads(l)["prompt"] for l in out.read_text().splitlines() if l.strip()}
