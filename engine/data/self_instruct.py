@@ -1,5 +1,7 @@
 """Self-instruct prompts: user questions and requests the base model writes itself, for distillation data
-broader than `engine.data.chat_prompts`'s templates. Wing ``data``.
+broader than `engine.data.chat_prompts`'s templates.
+
+Wing: ``ground``.
 
 Why: a drafter trained on the base's answers to templated prompts drafts those well and unseen plain
 questions badly (measured on `models/smollm2-drafter`: 1.57 tokens per base forward on held-out
