@@ -26,6 +26,16 @@ from clover_viz.state import ExplorerState
 MONO = "JetBrains Mono, Menlo, Consolas, monospace"
 MAX_PROMPT_CHARS = 2_000_000  # the prompt box's limit: > 30x the largest bundled context (see SettingsPanel)
 
+# The bundled-model buttons wrap onto more rows instead of squeezing every name into one: Bokeh's button
+# group is one row that never wraps (``flex-wrap: nowrap``), so four names in the 360 px sidebar overlapped
+# and were cut. Each button is as wide as its name (no ellipsis) and a row's buttons share its spare width;
+# with rows, the group's joined borders become separate rounded buttons a few pixels apart.
+BUNDLED_BUTTONS_CSS = """
+.bk-btn-group { flex-wrap: wrap; height: auto; gap: 4px; }
+.bk-btn-group > .bk-btn { flex: 1 1 auto; white-space: nowrap; overflow: visible; text-overflow: clip;
+                          margin: 0 !important; border-radius: 4px !important; }
+"""
+
 
 # A file over the upload limit must never be sent: bokeh's file input reads the whole file into one
 # websocket message, and a message over the server's limit closes the page's connection. Armed once
@@ -75,7 +85,8 @@ class SettingsPanel(pn.viewable.Viewer):
         # the bundled models one click away (the text field takes any other directory)
         self.bundled = pn.widgets.RadioButtonGroup(
             label="Bundled models", options=bundled_models(), value=None, color="primary", variant="outline",
-            sizing_mode="stretch_width")  # the loaded one filled: "light" drew it grey, like a disabled button
+            sizing_mode="stretch_width",  # the loaded one filled: "light" drew it grey, like a disabled button
+            stylesheets=[BUNDLED_BUTTONS_CSS])  # full names, on as many rows as they need
         self._sync_bundled()
         self.bundled.param.watch(self._on_bundled, "value")
         s.param.watch(lambda _e: self._sync_bundled(), "model_dir")
