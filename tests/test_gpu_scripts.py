@@ -57,3 +57,42 @@ def test_gpu_check_script_tiny_path_runs(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     table = (tmp_path / "gc" / "gpu_forward.md").read_text()
     assert "| independent | block 8 |" in table and "% roofline" in table
+
+
+def _bare(cmd: list[str]) -> list[str]:
+    """A command's own arguments: up to a redirection or ``&``, the script's paths replaced by stand-ins."""
+    cut = next((i for i, t in enumerate(cmd) if t in (">", "&", "2>&1")), len(cmd))
+    return [t.replace("$OUT", "runs/x").replace("$CACHE", "runs/x/f.safetensors") for t in cmd[:cut]]
+
+
+def test_drafter_gpu_script_parses():
+    """benchmarks/drafter_gpu.sh: the features cached are the layers both drafters read, both train on the GPU
+    in bf16 at blocks 8 and 16, and each eval runs on the GPU on the drafter its training exported."""
+    from engine.eval.drafter import build_parser as eval_parser
+    from engine.training.drafter import build_parser
+
+    cmds = [_bare(c) for c in _commands("drafter_gpu.sh", "engine.training.drafter")]
+    assert [c[0] for c in cmds] == ["cache", "train", "train", "export", "export"]
+    cache, *trains = (build_parser().parse_args(c) for c in cmds[:3])
+    exports = [build_parser().parse_args(c) for c in cmds[3:]]
+    assert cache.device == "cuda" and cache.layers == [8, 15, 22, 30]
+    assert sorted(t.block_size for t in trains) == [8, 16]
+    assert all(t.device == "cuda" and t.dtype == "bf16" and t.layers == cache.layers and t.cache == cache.out
+               for t in trains)
+    assert [e.run for e in exports] == [t.out for t in trains]
+    evals = [eval_parser().parse_args(_bare(c)) for c in _commands("drafter_gpu.sh", "engine.eval")]
+    assert [e.block_size for e in evals] == [8, 16] and all(e.device == "cuda" for e in evals)
+    assert [Path(e.model) for e in evals] == [x.out for x in exports]
+    assert evals[0].compare == "models/smollm2-bd"
+
+
+def test_drafter_cli_refuses_cuda_without_a_device(capsys):
+    """On a machine without CUDA, --device cuda stops before any work, saying so (exit status 2)."""
+    import torch
+
+    from engine.training.drafter import main
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: the refusal cannot be seen here")
+    assert main(["cache", "--device", "cuda", "--data", "nothing.jsonl"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err

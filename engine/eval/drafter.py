@@ -1,7 +1,7 @@
 """Evaluate a block drafter over its frozen base: verify and commit side by side, in one run.
 
     python -m engine.eval --model models/smollm2-drafter [--prompts 60] [--max-new-tokens 64] \\
-        [--open-tasks 20] [--thresholds 0.80,0.90,0.95,0.99] [--compare models/smollm2-bd]
+        [--open-tasks 20] [--thresholds 0.80,0.90,0.95,0.99] [--compare models/smollm2-bd] [--device cuda]
 
 Wing ``eval`` (``engine.eval`` hands a directory with ``model_type: block-drafter`` to this module).
 
@@ -26,7 +26,9 @@ tool-call turns (`engine.data.open_tools.eval_turns`: tool names and keys never 
 * ``--compare DIR``: another model decoded at the same block size and ``--compare-thresholds`` on the
   same prompts (e.g. ``smollm2-bd``, the adapted route), so the two routes stand side by side.
 
-Results go to ``MODEL/eval.json`` (or ``--out``) and a table on stdout.
+Results go to ``MODEL/eval.json`` (or ``--out``) and a table on stdout. ``--device cuda`` runs every model
+there (fp32 either way, as `engine.eval.chat`: agreement with the reference is measured exactly); times are
+taken after the device has finished (`_sync`).
 """
 
 from __future__ import annotations
@@ -53,14 +55,22 @@ def _agreement(gen: list[int], ref: list[int]) -> float:
     return sum(1 for a, b in zip(gen, ref) if a == b) / max(len(ref), len(gen), 1)
 
 
+def _sync(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a CUDA timing ends there; nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @torch.no_grad()
 def _greedy(model, ids: list[int], max_new: int) -> tuple[list[int], float]:
     """The base's own greedy generate (the frozen target of a drafter, ``.lm``), timed."""
     lm, eos = model.lm, model.config.eos_token_id
+    _sync(model.device)
     t0 = time.perf_counter()
-    x = torch.tensor([ids])
+    x = torch.tensor([ids], device=model.device)
     out = lm.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
                       eos_token_id=eos, pad_token_id=eos)
+    _sync(model.device)
     wall = time.perf_counter() - t0
     gen = out[0, len(ids):].tolist()
     return (gen[: gen.index(eos)] if eos in gen else gen), wall
@@ -77,8 +87,10 @@ def break_even(model, block_size: int, prefix: int = 256, repeats: int = 5) -> d
         for _ in range(repeats):
             st = model.setup_state()
             model.read(st, ids)
+            _sync(model.device)
             t0 = time.perf_counter()
             fn(st)
+            _sync(model.device)
             ts.append(time.perf_counter() - t0)
         return statistics.median(ts)
 
@@ -91,15 +103,16 @@ def break_even(model, block_size: int, prefix: int = 256, repeats: int = 5) -> d
 
 
 def evaluate(model_dir: str, n_prompts: int, max_new: int, block_size: int, thresholds: list[float],
-             open_tasks: int, compare: str | None, compare_thresholds: list[float] | None = None) -> dict:
-    """Run everything in the module docstring; returns the report."""
-    model = load_model(model_dir)
+             open_tasks: int, compare: str | None, compare_thresholds: list[float] | None = None,
+             device: str = "cpu") -> dict:
+    """Run everything in the module docstring (every model on ``device``, fp32); returns the report."""
+    model = load_model(model_dir, device=device)
     tok = load_tokenizer(model_dir)
     prompts = eval_prompts()[:n_prompts]
     jobs = [("plain", i, tok.encode(model_input(p, model).text).ids) for i, p in enumerate(prompts)]
     turns = eval_turns(open_tasks) if open_tasks else []
     jobs += [("tools", i, tok.encode(t.prompt).ids) for i, t in enumerate(turns)]
-    other = load_model(compare) if compare else None
+    other = load_model(compare, device=device) if compare else None
     dec = BlockDecoder(model, tok)
     rows = []
     for kind, i, ids in tqdm(jobs, desc="drafter eval", unit="prompt"):
@@ -131,7 +144,7 @@ def evaluate(model_dir: str, n_prompts: int, max_new: int, block_size: int, thre
         rows.append(row)
     report = {"model": Path(model_dir).name, "compare": Path(compare).name if compare else None,
               "block_size": block_size, "max_new_tokens": max_new, "threads": torch.get_num_threads(),
-              "break_even": break_even(model, block_size)}
+              "device": str(model.device), "break_even": break_even(model, block_size)}
     for kind in ("plain", "tools"):
         sub = [r for r in rows if r["kind"] == kind]
         if sub:
@@ -223,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", default=None, help="another model directory decoded at the same block size")
     p.add_argument("--compare-thresholds", default="0.95", help="its thresholds")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (fp32 either way: agreement is measured exactly)")
     p.add_argument("--out", type=Path, default=None, help="report JSON (default MODEL/eval.json)")
     return p
 
@@ -235,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         thresholds = [float(t) for t in args.thresholds.split(",") if t.strip()]
         report = evaluate(args.model, args.prompts, args.max_new_tokens, args.block_size, thresholds,
                           args.open_tasks, args.compare,
-                          [float(t) for t in args.compare_thresholds.split(",") if t.strip()])
+                          [float(t) for t in args.compare_thresholds.split(",") if t.strip()], device=args.device)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

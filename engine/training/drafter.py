@@ -12,6 +12,10 @@ The recipe (``python -m engine.training.drafter``)::
     # 4. ship a run's latest checkpoint
     python -m engine.training.drafter export --run runs/drafter/run1 --out models/smollm2-drafter
 
+On a GPU, ``cache`` and ``train`` take ``--device cuda`` (``train`` also ``--dtype bf16``: bf16 autocast of
+the drafter's forward, fp32 weights and optimizer; the cache is always stored in fp16) --
+`benchmarks/drafter_gpu.sh` runs the whole recipe on one GPU.
+
 What is learned (`engine.backbones.drafter.net`): the drafter drafts a block ``[anchor, MASK x B-1]``
 anchored at an answer position ``a`` (the anchor is the target's greedy token there), reading the
 target's features of positions ``< a``. The loss is cross-entropy of every drafted slot against the
@@ -123,12 +127,29 @@ def _to_draft_index(labels: torch.Tensor, vocab: torch.Tensor, V: int) -> torch.
 
 
 class _Frozen:
-    """The target's frozen embedding and LM head (read from the base; never trained)."""
+    """The target's frozen embedding and LM head (read from the base; never trained), on ``device``."""
 
-    def __init__(self, lm):
-        self.embed = lm.get_input_embeddings()
+    def __init__(self, lm, device: torch.device | str = "cpu"):
+        self.embed = lm.get_input_embeddings().to(device)
         self.embed.weight.requires_grad_(False)
-        self.lm_head = lm.get_output_embeddings().weight.detach()
+        self.lm_head = lm.get_output_embeddings().weight.detach().to(device)
+
+
+def _autocast(device: torch.device, dtype: str):
+    """bf16 autocast on ``device`` for ``dtype == "bf16"``, else a no-op context."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
+
+
+def _check_device(device: str, dtype: str) -> torch.device:
+    """The torch device of ``--device`` (and a usable ``--dtype`` on it).
+
+    Raises:
+        ValueError: CUDA asked for but not available.
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA device is visible to this process; use --device cpu")
+    return dev
 
 
 def _layer_slots(cache_layers: tuple[int, ...], wanted: tuple[int, ...]) -> list[int]:
@@ -140,10 +161,13 @@ def _layer_slots(cache_layers: tuple[int, ...], wanted: tuple[int, ...]) -> list
 
 
 def evaluate(model, arch: str, cache: FeatureCache, seqs: list[int], frozen: _Frozen, cfg: DrafterConfig,
-             slots: list[int], last_slot: int, max_anchors: int = 64) -> dict:
+             slots: list[int], last_slot: int, max_anchors: int = 64, device: torch.device | str = "cpu",
+             dtype: str = "fp32") -> dict:
     """Held-out metrics with all slots masked (the verify-mode draft): top-1 accuracy per slot, and
-    the tokens per target forward greedy verification would give, ``1 + mean accepted run``."""
+    the tokens per target forward greedy verification would give, ``1 + mean accepted run``. The
+    drafter runs on ``device`` (under bf16 autocast for ``dtype == "bf16"``); the counting is on the CPU."""
     model.eval()
+    device = torch.device(device)
     B, V = cfg.block_size, cfg.vocab_size
     rng = random.Random(1234)
     correct = torch.zeros(B)
@@ -156,8 +180,10 @@ def evaluate(model, arch: str, cache: FeatureCache, seqs: list[int], frozen: _Fr
             anchors, block, labels = _blocks(ids, p, B, max_anchors, cfg.mask_token_id, 0.0, rng)
             if not len(anchors):
                 continue
-            logits = _forward(model, arch, feats, anchors, block, frozen, slots, last_slot)
-            pred = vocab[logits.argmax(-1)]  # [N, B]
+            with _autocast(device, dtype):
+                logits = _forward(model, arch, feats.to(device), anchors.to(device), block.to(device), frozen,
+                                  slots, last_slot)
+            pred = vocab[logits.argmax(-1).cpu()]  # [N, B]
             ok = (pred == labels) & (labels >= 0)
             has = labels >= 0
             correct += ok.float().sum(0)
@@ -192,10 +218,11 @@ def train(args) -> int:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     torch.set_num_threads(args.threads)
+    device = _check_device(args.device, args.dtype)
     cache = FeatureCache.load(args.cache)
     lm, _tok = load_base(args.base)
     spec = base_spec(args.base)
-    frozen = _Frozen(lm)
+    frozen = _Frozen(lm, device)
     hf = lm.config
     mask_id = args.mask_token_id
     layers = tuple(args.layers) if args.layers else tuple(  # the cached layers nearest an even spread
@@ -207,7 +234,7 @@ def train(args) -> int:
     state_path = out / "train_state.pt"
     resume = args.resume and state_path.is_file()
     if resume:
-        st = torch.load(state_path, weights_only=False)  # our own file, written below
+        st = torch.load(state_path, weights_only=False, map_location="cpu")  # our own file, written below
         cfg = DrafterConfig.from_dict(st["config"])
     else:
         vocab = draft_vocabulary(cache, args.draft_vocab, spec.eos_token_id, mask_id)
@@ -228,6 +255,7 @@ def train(args) -> int:
             if cfg.target_layers[-1] != hf.num_hidden_layers:
                 print(f"note: the residual stream starts from target layer {cfg.target_layers[-1]}, not the final "
                       f"state ({hf.num_hidden_layers}) the LM head reads", flush=True)
+    model.to(device)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     n = len(cache)
     order = list(range(n))
@@ -240,11 +268,11 @@ def train(args) -> int:
         step, spent = st["step"], st["minutes"]
     print(f"{args.arch}: {sum(p.numel() for p in model.parameters() if p.requires_grad):,} trainable parameters; "
           f"{len(train_ids)} training / {len(held)} held-out sequences; target layers {list(cfg.target_layers)}; "
-          f"block {cfg.block_size}; draft vocabulary {len(cfg.draft_vocab) or cfg.vocab_size}"
+          f"block {cfg.block_size}; draft vocabulary {len(cfg.draft_vocab) or cfg.vocab_size}; {device}, {args.dtype}"
           + (f"; resuming at step {step}, {spent:.1f} min" if resume else ""), flush=True)
     budget = args.minutes + spent
     decay = max(args.decay, 1e-6)
-    w = torch.exp(-(torch.arange(cfg.block_size) - 1).clamp(min=0).float() / decay)
+    w = torch.exp(-(torch.arange(cfg.block_size) - 1).clamp(min=0).float() / decay).to(device)
     vocab_t = torch.tensor(cfg.draft_vocab) if cfg.draft_vocab else torch.arange(cfg.vocab_size)
     log = (out / "train_log.jsonl")
     out.mkdir(parents=True, exist_ok=True)
@@ -267,8 +295,10 @@ def train(args) -> int:
                                              args.reveal if args.arch == "block" else 0.0, rng)
             if not len(anchors):
                 continue
-            logits = _forward(model, args.arch, feats, anchors, block, frozen, slots, last_slot)
-            tgt = _to_draft_index(labels, vocab_t, cfg.vocab_size)
+            with _autocast(device, args.dtype):
+                logits = _forward(model, args.arch, feats.to(device, non_blocking=True), anchors.to(device),
+                                  block.to(device), frozen, slots, last_slot)
+            tgt = _to_draft_index(labels, vocab_t, cfg.vocab_size).to(device)
             ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100,
                                  reduction="none").view_as(tgt)
             wt = w[None, :].expand_as(tgt) * (tgt >= 0)
@@ -290,10 +320,11 @@ def train(args) -> int:
     bar.close()
     spent += (time.perf_counter() - t0) / 60
     _save_state(state_path, model, opt, cfg, step, spent, recipe)
-    metrics = evaluate(model, args.arch, cache, held, frozen, cfg, slots, last_slot)
+    metrics = evaluate(model, args.arch, cache, held, frozen, cfg, slots, last_slot, device=device, dtype=args.dtype)
     metrics.update({"arch": args.arch, "step": step, "minutes": round(spent, 2), "target_layers": list(cfg.target_layers),
                     "block_size": cfg.block_size, "depth": cfg.num_layers, "draft_vocab": len(cfg.draft_vocab),
-                    "cache_agreement": cache.agreement})
+                    "cache_agreement": cache.agreement, "device": str(device), "dtype": args.dtype,
+                    "train_sequences": len(train_ids)})
     (out / "heldout.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(json.dumps(metrics), flush=True)
     if args.arch == "block":
@@ -309,11 +340,15 @@ def _save_state(path: Path, model, opt, cfg: DrafterConfig, step: int, minutes: 
 
 
 def cache(args) -> int:
-    """Cache the target's features over a distill file (see the module docstring)."""
+    """Cache the target's features over a distill file (see the module docstring), the target on
+    ``--device`` in ``--dtype``, ``--batch`` sequences per forward."""
     torch.set_num_threads(args.threads)
-    lm, tok = load_base(args.base)
+    device = _check_device(args.device, args.dtype)
+    lm, tok = load_base(args.base, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
+    lm.to(device)
     rows = read_distill(args.data)
-    c = cache_features(rows, lm, tok, tuple(args.layers or CACHE_LAYERS), base_spec(args.base).eos_token_id)
+    c = cache_features(rows, lm, tok, tuple(args.layers or CACHE_LAYERS), base_spec(args.base).eos_token_id,
+                       batch=args.batch)
     c.save(Path(args.out))
     print(f"{len(c)} sequences, {len(c.ids):,} positions, layers {list(c.layers)}, target argmax = next answer "
           f"token at {c.agreement:.1%} of answer positions -> {args.out}")
@@ -326,7 +361,7 @@ def export(args) -> int:
     state_path = Path(args.run) / "train_state.pt"
     if not state_path.is_file():
         raise FileNotFoundError(f"no checkpoint at {state_path}: train first")
-    st = torch.load(state_path, weights_only=False)  # our own file (`_save_state`)
+    st = torch.load(state_path, weights_only=False, map_location="cpu")  # our own file (`_save_state`)
     net = BlockDrafter(DrafterConfig.from_dict(st["config"]))
     net.load_state_dict(st["model"])
     metrics = None
@@ -352,6 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--layers", type=int, nargs="*", help=f"hidden_states indices to cache (default {CACHE_LAYERS})")
     c.add_argument("--base", default="smollm2-135m-instruct", help="pinned target")
     c.add_argument("--threads", type=int, default=1, help="torch threads")
+    c.add_argument("--batch", type=int, default=8, help="sequences per target forward (right-padded)")
+    c.add_argument("--device", default="cpu", help="torch device of the target: cpu, cuda, cuda:1 ...")
+    c.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="the target's weights (fp32: the features decoding reads; the cache is fp16 either way)")
     c.set_defaults(func=cache)
     t = sub.add_parser("train", help="train a drafter (or the Medusa baseline) on a feature cache",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -379,6 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--base", default="smollm2-135m-instruct", help="pinned target")
     t.add_argument("--threads", type=int, default=1, help="torch threads")
     t.add_argument("--seed", type=int, default=0, help="seed")
+    t.add_argument("--device", default="cpu", help="torch device to train on: cpu, cuda, cuda:1 ...")
+    t.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16 = autocast of the drafter's forward (fp32 weights and optimizer; GPU)")
     t.set_defaults(func=train)
     e = sub.add_parser("export", help="write a run's latest checkpoint as a drafter directory (models/...)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)

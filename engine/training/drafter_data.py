@@ -97,7 +97,8 @@ def cache_features(rows: list[dict], lm, tok, layers: tuple[int, ...], eos_id: i
 
     Args:
         rows: distill rows (``prompt``, ``answer_ids``, ``eos``).
-        lm: a transformers causal LM (eval mode); tok: its tokenizer.
+        lm: a transformers causal LM (eval mode), on any device (the cache is built on the CPU); tok: its
+            tokenizer.
         layers: hidden_states indices to keep.
         eos_id: appended after an answer that ended with EOS (and the right padding).
         batch: sequences per target forward (right-padded).
@@ -120,13 +121,15 @@ def cache_features(rows: list[dict], lm, tok, layers: tuple[int, ...], eos_id: i
                 n = len(p_ids) + len(ans)
                 x[r, :n] = torch.tensor(p_ids + ans)
                 att[r, :n] = 1
-            out = lm(input_ids=x, attention_mask=att, output_hidden_states=True)
+            out = lm(input_ids=x.to(lm.device), attention_mask=att.to(lm.device), output_hidden_states=True)
+            kept = torch.stack([out.hidden_states[i] for i in layers], 2).to(torch.float16).cpu()  # [b, S, K, H]
+            preds = out.logits.argmax(-1).cpu()
             for r, (p_ids, ans) in enumerate(chunk):
                 n, P = len(p_ids) + len(ans), len(p_ids)
-                pred = out.logits[r, P - 1: n - 1].argmax(-1)
+                pred = preds[r, P - 1: n - 1]
                 agree += int((pred == x[r, P:n]).sum())
                 total += len(ans)
-                feats.append(torch.stack([out.hidden_states[i][r, :n] for i in layers], 1).to(torch.float16))
+                feats.append(kept[r, :n].clone())
                 ids.append(x[r, :n].clone())
                 plens.append(P)
                 offsets.append(offsets[-1] + n)

@@ -260,7 +260,7 @@ class DraftedLM(TransformersBackbone):
         state.calls += 1
         L, V = len(block), self.config.vocab_size
         a = state.pre_read
-        logits = torch.zeros(1, L, V)
+        logits = torch.zeros(1, L, V, device=self.device)  # on the model's device, as every backbone's
         if a >= L:
             return BlockOutput(logits=logits, expert_union=None)
         target = state.next_logits
