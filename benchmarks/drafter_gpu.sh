@@ -4,15 +4,18 @@
 # models/smollm2-drafter/README.md, on ~10x its 640 CPU prompts. Prepared and tested on its CPU path (TINY=1);
 # not yet run on a GPU when it was written.
 #
-#   bash benchmarks/drafter_gpu.sh [OUT]          # GPU: distill <= 90 s, cache ~40 s, train 2 min (both blocks
+#   bash benchmarks/drafter_gpu.sh [OUT]          # GPU: distill <= 90 s, cache ~30 s, train 2 min (both blocks
 #                                                 # at once), eval ~3 min (one after the other); ~8-9 min in all
 #   TINY=1 bash benchmarks/drafter_gpu.sh [OUT]   # the same steps at toy sizes on the CPU (the pinned base is
 #                                                 # needed either way: a drafter names the base it drafts for)
 #
 # Steps (OUT = runs/drafter-gpu by default):
 #   1. self-distillation: the base's greedy answers (fp32, as the eval decodes it: the drafter learns the exact
-#      tokens verify checks against) to up to 6,000 templated training prompts (engine.data.chat_prompts), cut
-#      off at 90 s -- whatever was written is used; rerunning continues the file;
+#      tokens verify checks against) to a broad prompt set in one file: 4,000 questions the base writes itself
+#      (--source self-instruct, engine.data.self_instruct: 100 everyday categories; the templates alone drafted
+#      the plain eval questions at 1.20 tokens per base forward against 1.57 on their own kind) and 2,000
+#      templated prompts (engine.data.chat_prompts), each step cut off at its time limit (60 s, 30 s) --
+#      whatever was written is used; rerunning continues the file;
 #   2. features: the base once over every prompt + answer, hidden states 8 / 15 / 22 / 30 (the layers the drafter
 #      reads; 30 = the final state its residual stream starts from) cached in fp16 (~4.6 KB a position);
 #      an existing cache is reused;
@@ -49,7 +52,8 @@ EOF
 }
 
 if [ "${TINY:-0}" = 1 ]; then
-    "$PY" -m engine.training.causal_lm distill --out "$DATA" --n 6 --batch 6 --max-new-tokens 12
+    "$PY" -m engine.training.causal_lm distill --out "$DATA" --source self-instruct --n 2 --batch 1 --max-new-tokens 12
+    "$PY" -m engine.training.causal_lm distill --out "$DATA" --source templates --n 4 --batch 4 --max-new-tokens 12
     "$PY" -m engine.training.drafter cache --data "$DATA" --out "$CACHE" --layers 8 15 22 30 --batch 6
     for B in 8 16; do
         "$PY" -m engine.training.drafter train --cache "$CACHE" --out "$OUT/block$B" --block-size "$B" \
@@ -69,8 +73,12 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
     exit 2
 fi
 t0=$(date +%s)
-timeout 90 "$PY" -m engine.training.causal_lm distill --out "$DATA" --n 6000 --batch 512 --max-new-tokens 96 \
-    --device cuda --dtype fp32 --threads 4 || echo "distill stopped at its time limit ($(wc -l < "$DATA") answers)"
+timeout 60 "$PY" -m engine.training.causal_lm distill --out "$DATA" --source self-instruct --n 4000 --batch 512 \
+    --max-new-tokens 96 --device cuda --dtype fp32 --threads 4 \
+    || echo "self-instruct distill stopped at its time limit ($(wc -l < "$DATA" || echo 0) answers)"
+timeout 30 "$PY" -m engine.training.causal_lm distill --out "$DATA" --source templates --n 2000 --batch 512 \
+    --max-new-tokens 96 --device cuda --dtype fp32 --threads 4 \
+    || echo "templates distill stopped at its time limit ($(wc -l < "$DATA") answers in all)"
 if [ ! -f "$CACHE" ]; then
     "$PY" -m engine.training.drafter cache --data "$DATA" --out "$CACHE" --layers 8 15 22 30 --batch 64 \
         --device cuda --dtype fp32 --threads 4
