@@ -48,6 +48,9 @@ name importable from ``clover_viz.figures``:
   `roofline_figure(trace, device="h800", config="clover-35b-a3b")`,
   `cost_summary_html(trace, projection, step)` -> str (as run vs projected, whole run vs decode phase)
 * ``compare``: `compare_runs(a, b)` -> dict, `compare_table(a, b)` -- two runs side by side
+* ``branches``: `branch_list_html(rows)`, `candidates_html(slot_candidates)`, `answer_html(tokens, first_difference)`
+  -> str -- the branch list and a slot's candidates (`clover_viz.session_branches`); `slot_at_cell(length, x, y)`
+  (``block``) maps a click on the block view to its slot, `slot_cell(length, slot)` a slot to its cell
 * ``_common``: `refresh_figure(fig, new_fig)` -- copy a freshly built figure into an existing
   one in place; `step_for(trace, block_index)` -- the last global step of a block; the
   trace-name constants
@@ -89,12 +92,15 @@ from clover_viz.figures.block import (
     block_revision_marks,
     block_trace_updates,
     confidence_heatmap,
+    slot_at_cell,
+    slot_cell,
     slot_states,
     update_block_figure,
     update_confidence_heatmap,
 )
 from clover_viz.figures.block import _block_payload as _block_payload
 from clover_viz.figures.block import _confidence_payload as _confidence_payload
+from clover_viz.figures.branches import answer_html, branch_list_html, candidates_html
 from clover_viz.figures.compare import COMPARE_ROWS, COMPARE_TABLE_HEIGHT, compare_runs, compare_table
 from clover_viz.figures.cost import COST_SUMMARY_CLASS, cost_figure, cost_summary_html, roofline_figure
 from clover_viz.figures.per_forward import (
@@ -114,4 +120,5 @@ __all__ = [
     "cost_figure", "cost_summary_html", "cumulative_tokens_figure", "expert_union_figure",
     "memory_share_figure", "refresh_figure", "roofline_figure", "slot_states", "state_norm_figure", "step_for",
     "text_figure", "text_html", "tokens_per_forward_figure", "update_block_figure", "update_confidence_heatmap",
+    "answer_html", "branch_list_html", "candidates_html", "slot_at_cell", "slot_cell",
 ]

@@ -72,6 +72,25 @@ def _grid(L: int) -> tuple[int, int]:
     return cols, max(1, math.ceil(L / cols))
 
 
+def slot_at_cell(length: int, x: Any, y: Any) -> int | None:
+    """The slot a click on the block view's cell (column ``x``, row ``y``: plotly's click point) is, in a
+    block of ``length`` slots drawn by `block_figure` (8 to a row); None off the block's slots."""
+    try:
+        c, r = int(round(float(x))), int(round(float(y)))
+    except (TypeError, ValueError):
+        return None
+    cols, rows = _grid(int(length))
+    slot = r * cols + c
+    return slot if 0 <= c < cols and 0 <= r < rows and slot < length else None
+
+
+def slot_cell(length: int, slot: int) -> tuple[int, int]:
+    """(row, column) of ``slot``'s cell in the block view of a block of ``length`` slots (`slot_at_cell`'s
+    inverse)."""
+    cols, _ = _grid(int(length))
+    return divmod(int(slot), cols)
+
+
 def _top_text(trace: Any, top_tokens: np.ndarray, top_probs: np.ndarray, k: int = 5) -> str:
     parts = []
     for t, p in zip(np.asarray(top_tokens)[:k].tolist(), np.asarray(top_probs)[:k].tolist()):
