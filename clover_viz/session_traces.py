@@ -6,7 +6,10 @@ Wing: front ends (`clover_viz`), under `clover_viz.state`. `SessionTraces` is a 
 * `load_trace` -- a path, the bytes of an upload, or a `Trace` in memory, shown as recorded;
   the settings take what the loaded model can run (`SessionSettings._take_trace_settings`)
   and the status line says what was and was not taken (`_settings_note`);
-* `trace_bytes` -- the displayed run as the bytes of a .parquet / .arrow file (a download);
+* `trace_bytes` -- the displayed run as the bytes of a .parquet / .arrow file (a download); when it is
+  in the session's tree of branches (`clover_viz.session_branches`), the whole tree
+  (`engine.recording.branches.BranchTree.save`: a plain `Trace.load` still reads its original),
+  and opening such a file restores the branches;
 * `_trace_error` -- a file that is not a trace, said for the page (the user's file and the
   Open button, not a temporary path or the Python API).
 
@@ -24,6 +27,7 @@ import param
 
 from clover_viz.limits import size_text
 from clover_viz.runs import model_of
+from engine.recording.branches import BranchTree
 from engine.recording.trace import Trace
 
 
@@ -56,7 +60,8 @@ class SessionTraces:
         or a `Trace` already in memory.
 
         The current run becomes `previous`; a running decode is cancelled. Returns False and sets
-        `error` for a file that is not a trace.
+        `error` for a file that is not a trace. A file saved with branches (`trace_bytes` of a run in
+        the session's tree) shows its original and makes its tree the session's `branches`.
 
         The rule for the settings (`_take_trace_settings`): a loaded trace is shown as recorded
         (its own model, settings and prompt, whatever model is loaded), and the settings -- what
@@ -69,6 +74,7 @@ class SessionTraces:
         decoder field without a control), and names the model Generate decodes with -- and the
         trace's, when they differ.
         """
+        tree: BranchTree | None = None
         if isinstance(source, Trace):
             loaded = source
         elif isinstance(source, (bytes, bytearray)) and self.max_upload_bytes is not None \
@@ -83,11 +89,12 @@ class SessionTraces:
                     with tempfile.TemporaryDirectory() as tmp:
                         path = Path(tmp) / "trace.bin"
                         path.write_bytes(bytes(source))
-                        loaded = Trace.load(path)
+                        tree = BranchTree.load(path)
                 else:
                     path = Path(source)
-                    loaded = Trace.load(source)
+                    tree = BranchTree.load(source)
                     name = name or Path(source).name
+                loaded = tree.root
             except (ValueError, FileNotFoundError, OSError, KeyError, TypeError) as exc:
                 self.error = _trace_error(label, path, exc)
                 return False
@@ -108,8 +115,13 @@ class SessionTraces:
                 self.position = 0
                 self.progress = 100
                 self.trace_version += 1
+                n_branches = len(tree) - 1 if tree is not None else 0
+                if n_branches:
+                    self._set_tree(tree)
                 self.status = (f"loaded trace{' ' + name if name else ''}: {len(loaded)} steps from "
-                               f"{model_of(loaded)}; press play to replay. " + self._settings_note(loaded, taken, left))
+                               f"{model_of(loaded)}" + (f", with {n_branches} branch{'es' if n_branches > 1 else ''} "
+                                                        "(the branch list shows them)" if n_branches else "")
+                               + "; press play to replay. " + self._settings_note(loaded, taken, left))
         finally:
             self._quiet = False
         return True
@@ -136,7 +148,8 @@ class SessionTraces:
         return note + "."
 
     def trace_bytes(self, format: str = "parquet") -> io.BytesIO:
-        """The displayed trace as the bytes of a file (for a download).
+        """The displayed trace as the bytes of a file (for a download); with its whole tree of branches
+        when it is in `branches` (`BranchTree.save`: the file's own run is the tree's original).
 
         Raises:
             ValueError: when there is no trace to save.
@@ -144,5 +157,6 @@ class SessionTraces:
         if self.trace is None or len(self.trace) == 0:
             raise ValueError(f"there is no run to save yet: {self.generate_button} first")
         with tempfile.TemporaryDirectory() as tmp:
-            path = self.trace.save(Path(tmp) / f"trace.{format}", format=format)
+            tree = self.branches if self._node_of(self.trace) is not None and len(self.branches) > 1 else None
+            path = (tree or self.trace).save(Path(tmp) / f"trace.{format}", format=format)
             return io.BytesIO(path.read_bytes())

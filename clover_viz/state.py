@@ -33,8 +33,10 @@ Wing: front ends (`clover_viz`). `ExplorerState` declares every parameter and ke
 worker, its draining and playback; its other jobs are mixins in their own modules, each below
 this one: `clover_viz.session_models` (loading the model, its memory mode and examples),
 `clover_viz.session_settings` (the settings' choices and the `DecodeConfig` they make),
-`clover_viz.session_traces` (opening and saving traces) and `clover_viz.session_cost` (cost
-projection, break-even). This module is the public home of `ExplorerState`.
+`clover_viz.session_traces` (opening and saving traces), `clover_viz.session_cost` (cost
+projection, break-even) and `clover_viz.session_branches` (a slot's candidates, `ExplorerState.branch`
+-- a branch decoded on this module's worker like a Generate -- the tree of branches and which two runs
+the comparison shows). This module is the public home of `ExplorerState`.
 
 Tests: ``.venv/bin/python -m pytest tests/apps/test_explorer_app.py -q``
 """
@@ -60,6 +62,7 @@ from clover_viz.models import (
     load_model_cached,
 )
 from clover_viz.runs import compare, dropped_at_stop, forced_past_answer, generated_ids
+from clover_viz.session_branches import SessionBranches
 from clover_viz.session_cost import SessionCost
 from clover_viz.session_models import SessionModels
 from clover_viz.session_settings import (
@@ -101,6 +104,8 @@ class _Run:
     thread: threading.Thread | None = None
     superseded: bool = False
     user_stopped: bool = False
+    kind: str = "decode"  # or "branch" (`clover_viz.session_branches`)
+    restore: tuple = (None, None, 0)  # (trace, previous, position) shown again if it fails before its first event
     step_times: list = dataclasses.field(default_factory=list)
 
 
@@ -140,7 +145,7 @@ def chat_template_note(trace: Trace | None) -> str:
     return f" · prompt decoded in the model's {name} chat template ('show prompt' shows the exact input)"
 
 
-class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, param.Parameterized):
+class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, SessionBranches, param.Parameterized):
     """Everything one explorer session holds. No UI imports; drive it from any front end.
 
     Settings are plain parameters; `generate`, `stop`, `load_trace`, `play` ... are the
@@ -203,6 +208,8 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
     previous = param.ClassSelector(class_=Trace, default=None, allow_None=True, doc=(
         "The run before it, kept for comparison."))
     trace_version = param.Integer(default=0, doc="Bumped whenever `trace` gains events.")
+    branch_version = param.Integer(default=0, doc=(
+        "Bumped whenever `branches` (the tree of branches), the node shown or the comparison's two runs change."))
     running = param.Boolean(default=False, doc="A decode is running.")
     loading = param.Boolean(default=False, doc="A model is loading in the background (`start_load`).")
     background_loads = param.Boolean(default=False, doc=(
@@ -311,13 +318,6 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         if config is not None:
             self._show_settings(dc.to_dict())
 
-        if self._run is not None and self.running:
-            self._run.superseded = True
-            self._run.cancel.set()
-        elif self.trace is not None:
-            self.previous = self.trace
-        self._run_counter += 1
-        run = _Run(self._run_counter, threading.Event())
         tok = loaded.tokenizer
         live = Trace(
             decode_config=dc.to_dict(), model_id=loaded.model_id,
@@ -327,6 +327,32 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
                   "prompt": given.prompt, "model_input": given.text, "chat_template": given.template,
                   "capabilities": loaded.capabilities.to_dict()},
         )
+
+        def decode(hook: Any, cancel: threading.Event) -> None:
+            decoder.generate(prompt_ids, hooks=[hook], record_trace=False, cancel=cancel, config=dc)
+
+        self._start_run(live, decode, dc.max_new_tokens,
+                        f"decoding with {loaded.label}: block_size {dc.block_size}, threshold {dc.threshold:.2f}"
+                        + (" · prompt " + given.note if given.wrapped else ""))
+        return True
+
+    def _start_run(self, live: Trace, decode: Any, budget: int, status: str, previous: Any = None,
+                   kind: str = "decode") -> None:
+        """Show ``live`` (empty) and run ``decode(hook, cancel)`` -- the engine call -- in a worker thread:
+        its events fill ``live`` through `drain`; a result it returns (not None) goes to `_on_result` on
+        the UI thread. A running decode is cancelled first (one per session); `previous` becomes the run
+        on display (``previous``: that run instead)."""
+        restore = (self.trace, self.previous, self.position)
+        if self._run is not None and self.running:
+            self._run.superseded = True
+            self._run.cancel.set()
+            restore = self._run.restore
+        elif self.trace is not None:
+            self.previous = self.trace
+        if previous is not None:
+            self.previous = previous
+        self._run_counter += 1
+        run = _Run(self._run_counter, threading.Event(), kind=kind, restore=restore)
         events = self._events
         # one decode per session at a time: a superseded one ends after its current forward, then this one starts
         before = self._run.thread if self._run is not None else None
@@ -340,7 +366,9 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
             try:
                 if before is not None:
                     before.join()
-                decoder.generate(prompt_ids, hooks=[hook], record_trace=False, cancel=run.cancel, config=dc)
+                result = decode(hook, run.cancel)
+                if result is not None:
+                    events.put((run.run_id, "result", result))
             except Exception as exc:  # noqa: BLE001  (any failure is reported on the UI thread by drain())
                 events.put((run.run_id, "error", exc))
             finally:
@@ -349,7 +377,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         run.thread = threading.Thread(target=work, name=f"clover-decode-{run.run_id}", daemon=True)
         _LIVE_RUNS.add(run)
         self._run = run
-        self._budget = dc.max_new_tokens
+        self._budget = budget
         self._written = 0
         self.playing = False
         with param.parameterized.batch_call_watchers(self):
@@ -358,10 +386,8 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
             self.position = 0
             self.progress = 0
             self.running = True
-            self.status = (f"decoding with {loaded.label}: block_size {dc.block_size}, threshold {dc.threshold:.2f}"
-                           + (" · prompt " + given.note if given.wrapped else ""))
+            self.status = status
         run.thread.start()
-        return True
 
     def _refuse(self, error: str) -> None:
         """A `generate` that did not start: set `error`, and say in `status` that no new decode
@@ -421,6 +447,8 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
                     self._finish(payload)
             elif kind == "error":
                 self._fail(payload)
+            elif kind == "result":
+                self._on_result(payload)
             elif kind == "exit" and self.running:  # ended without DecodeEnd (error path)
                 self.running = False
         if applied and self.trace is not None:
@@ -433,7 +461,8 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
                     n_tok = len(generated_ids(self.trace))
                     self.progress = min(100, int(100 * n_tok / max(self._budget, 1)))
                     blk = self.trace.step(-1).block_index if n_new else 0  # 0-based, as in the figures
-                    status = f"decoding: block {blk}, {n_tok}/{self._budget} tokens, NFE {n_new}"
+                    status = f"{'branching' if run.kind == 'branch' else 'decoding'}: block {blk}, " \
+                             f"{n_tok}/{self._budget} tokens, NFE {n_new}"
                     self.status = "stopping... " + status if self._run.user_stopped else status
                 self.trace_version += 1
         return applied
@@ -477,13 +506,18 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         assert run is not None and not run.superseded, run
 
     def _fail(self, exc: BaseException) -> None:
-        self.running = False
-        self.error = f"Decoding failed: {type(exc).__name__}: {exc}"
-        if self.trace is not None and len(self.trace) == 0:
-            with param.parameterized.batch_call_watchers(self):  # nothing produced: show the last run again
-                self.trace, self.previous = self.previous, None
+        run = self._run
+        branch = run is not None and run.kind == "branch"
+        self.error = (f"Not branched: {exc}" if branch and isinstance(exc, ValueError)
+                      else f"Decoding failed: {type(exc).__name__}: {exc}")
+        with param.parameterized.batch_call_watchers(self):
+            self.running = False
+            if self.trace is not None and len(self.trace) == 0:  # nothing produced: show the runs of before again
+                if branch:
+                    self.status = "not branched: see the error (the run on display is unchanged)"
+                self.trace, self.previous, pos = run.restore if run is not None else (self.previous, None, 0)
                 self.n_steps = len(self.trace) if self.trace is not None else 0
-                self.position = max(self.n_steps - 1, 0)
+                self.position = min(pos, max(self.n_steps - 1, 0))
                 self.trace_version += 1
 
     # ------------------------------------------------------------------ playback
@@ -536,8 +570,9 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
 
     # ------------------------------------------------------------------ comparison
     def comparison(self) -> dict[str, Any] | None:
-        """`previous` against `trace`: `clover_viz.runs.compare` (None without both)."""
-        return compare(self.previous, self.trace)
+        """`previous` against `trace`, or the two runs `compare_pick` chose (`compared_runs`, named by
+        `comparison_labels`): `clover_viz.runs.compare` (None without both)."""
+        return compare(*self.compared_runs())
 
     # ------------------------------------------------------------------ session end
     def close(self) -> None:
