@@ -10,9 +10,11 @@ through the decoder).
 * `RunSummary`     -- status line, progress bar, errors, NFE / tokens / forced /
   tokens per forward / tokens/s of the run on display.
 * `PlaybackBar`    -- play / pause, step back / forward, speed, scrub over all steps.
-* `BlockView`      -- the current block filling in (mutated in place, not rebuilt).
+* `BlockView`      -- the current block filling in (mutated in place, not rebuilt); a click on a
+  slot opens it in `clover_viz.panel_branches.SlotPanel` (candidates, choose / re-mask / branch).
 * `TextView`       -- the text so far, tokens coloured by confidence.
-* `CompareView`    -- previous run vs this run: `figures.compare_table` and the text diff.
+* `CompareView`    -- previous run vs this run (or the two runs picked in
+  `clover_viz.panel_branches.BranchList`, beside it): `figures.compare_table` and the text diff.
 * `CostView`       -- bytes per forward, measured vs projected tokens/s, roofline.
 * `FigureTabs`     -- confidence heatmap, per-forward charts, experts / state / memory,
   cost; only the visible tab is redrawn, and at most every
@@ -22,7 +24,8 @@ through the decoder).
 
 Wing: front ends (`clover_viz`). The machinery the views share lives below them:
 `clover_viz.panel_figures` (`FigurePane`, `FigureSnapshot`), `clover_viz.panel_controls`
-(`keys_within_range`, `clear_after_pick`) and `clover_viz.panel_settings` (`SettingsPanel`).
+(`keys_within_range`, `clear_after_pick`), `clover_viz.panel_settings` (`SettingsPanel`) and
+`clover_viz.panel_branches` (`SlotPanel`, `BranchList`).
 This module is the public home of `ExplorerApp` (`apps/explorer.py`) and the views.
 
 Tests: ``.venv/bin/python -m pytest tests/apps -q``
@@ -39,10 +42,11 @@ import param
 from panel.widgets.slider import _SliderBase
 
 from clover_viz import figures as F
+from clover_viz.panel_branches import BranchList, SlotPanel
 from clover_viz.panel_controls import keys_within_range
 from clover_viz.panel_figures import FigurePane, FigureSnapshot, _placeholder
 from clover_viz.panel_settings import SettingsPanel
-from clover_viz.runs import RUN_LABELS, diff_caption, run_stats
+from clover_viz.runs import diff_caption, run_stats
 from clover_viz.state import ExplorerState
 from engine.units import format_si
 
@@ -205,7 +209,10 @@ class BlockView(pn.viewable.Viewer):
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         self.pane = FigurePane(_placeholder("Block view", "press Generate to decode a prompt"),
-                               sizing_mode="stretch_width", config={"displayModeBar": False})
+                               sizing_mode="stretch_width", config={"displayModeBar": False},
+                               css_classes=["clover-block-view"])
+        self.drawn_step: int | None = None  # the step the figure shows (a click on a cell is a slot of it)
+        self.selected: int | None = None  # the slot the slot panel shows, outlined
         self._fig = None
         self._trace: Any = None
         self._last = 0.0
@@ -227,6 +234,7 @@ class BlockView(pn.viewable.Viewer):
                 msg = "waiting for the first forward..." if s.running else "press Generate to decode a prompt"
                 self.pane.show(_placeholder("Block view", msg))
                 self._fig = None
+                self.drawn_step = None
                 self._trace = None
             return
         pos = min(s.position, len(s.trace) - 1)
@@ -234,6 +242,7 @@ class BlockView(pn.viewable.Viewer):
         if s.running and self._trace is s.trace and now - self._last < LIVE_VIEW_S:
             return  # streaming: a later tick (or the end of the run) draws
         self._last = now
+        self.drawn_step = pos
         if self._fig is None or self._trace is not s.trace:
             self._fig = F.block_figure(s.trace, pos)  # validated by plotly once per run
             self._trace = s.trace
@@ -246,6 +255,24 @@ class BlockView(pn.viewable.Viewer):
             for name, props in F.block_trace_updates(s.trace, pos).items():
                 updates[self._base.trace_index(name)] = props
             self.pane.object = self._base.updated(updates, layout)
+        self._outline(len(s.trace.step(pos).tokens))
+
+    def select(self, slot: int | None) -> None:
+        """Outline ``slot`` of the block shown (the slot panel's; None: no outline)."""
+        if slot != self.selected:
+            self.selected = slot
+            if self._fig is not None and self.drawn_step is not None and self.state.trace is not None:
+                self._outline(len(self.state.trace.step(self.drawn_step).tokens))
+
+    def _outline(self, length: int) -> None:
+        shapes = []
+        if self.selected is not None and self.selected < length:
+            r, c = F.slot_cell(length, self.selected)
+            shapes = [dict(type="rect", x0=c - 0.5, x1=c + 0.5, y0=r - 0.5, y1=r + 0.5, name="selected slot",
+                           line=dict(color="#0f172a", width=3))]
+        shown = self.pane.object
+        if isinstance(shown, FigureSnapshot) and (shown.layout.get("shapes") or []) != shapes:
+            self.pane.object = FigureSnapshot(shown.data, dict(shown.layout, shapes=shapes))
 
     def __panel__(self) -> Any:
         return self.pane
@@ -311,7 +338,8 @@ class CompareView(pn.viewable.Viewer):
             self.pane.object = ('<div style="color:#64748b">No previous run yet. Generate again, or drag threshold '
                                 'or block size: the run before stays here for comparison.</div>')
             return
-        table = F.compare_table(cmp["previous"], cmp["current"], labels=RUN_LABELS)
+        labels = s.comparison_labels()
+        table = F.compare_table(cmp["previous"], cmp["current"], labels=labels)
         table.update_layout(title_text="", margin_t=10)  # the card's header names it
         self.table.show(table)
         caption = diff_caption(cmp)
@@ -319,8 +347,8 @@ class CompareView(pn.viewable.Viewer):
             (f"<p class='clover-diff-warning' style='font-size:13px;margin:8px 0 0;color:#b45309'><b>{caption}</b>"
              "</p>" if caption else "")
             + "<p style='font-size:13px;margin:8px 0 4px'>text difference "
-            f"(<del style='background:#fee2e2'>{RUN_LABELS[0]} only</del> <ins style='background:#dcfce7;"
-            f"text-decoration:none'>{RUN_LABELS[1]} only</ins>)</p>"
+            f"(<del style='background:#fee2e2'>{html.escape(labels[0])} only</del> <ins style='background:#dcfce7;"
+            f"text-decoration:none'>{html.escape(labels[1])} only</ins>)</p>"
             "<div style='max-height:240px;overflow:auto;border:1px solid #e2e8f0;padding:6px;word-break:break-all'>"
             f"{cmp['text']['diff_html']}</div>"
         )
@@ -504,7 +532,9 @@ class ExplorerApp(pn.viewable.Viewer):
         self.text = TextView(state=s)
         self.tabs = FigureTabs(state=s)
         self.compare = CompareView(state=s)
-        s.param.watch(lambda *_e: self.compare.refresh(), ["trace", "previous", "running"])
+        self.slot = SlotPanel(state=s, block=self.block)
+        self.branches = BranchList(state=s)
+        s.param.watch(lambda *_e: self.compare.refresh(), ["trace", "previous", "running", "branch_version"])
         self.compare.refresh()
         # every slider, whichever view made it: a range that changes later keeps the keys in range
         for slider in self.__panel__().select(_SliderBase):
@@ -522,14 +552,15 @@ class ExplorerApp(pn.viewable.Viewer):
     @property
     def main(self) -> Any:
         live = pn.Row(
-            pn.Column(self.block, sizing_mode="stretch_width", min_width=520),
+            pn.Column(self.block, self.slot, sizing_mode="stretch_width", min_width=520),
             pn.Column(self.text, sizing_mode="stretch_width", min_width=320, max_width=560),
             sizing_mode="stretch_width",
         )
         return pn.Column(
             self.summary, self.playback, live,
-            pn.Card(self.compare, title="Previous run vs this run", collapsed=False, sizing_mode="stretch_width",
-                    header_background="#f1f5f9"),
+            pn.Card(self.branches, self.compare,
+                    title="Branches · compare two runs (default: previous run vs this run)", collapsed=False,
+                    sizing_mode="stretch_width", header_background="#f1f5f9"),
             self.tabs,
             sizing_mode="stretch_width",
         )
