@@ -1,6 +1,9 @@
 """Decoding from the notebook `Explorer`: start a decode in the background, pump its events
 into the figures, wait for it, stop it, and show the finished run beside the previous one.
 
+A branch (`ExplorerDecoding.branch`, `start_branch`: `clover_viz.session_branches`) runs the same way:
+on the state's worker, drawn by the same pump.
+
 Wing: front ends (`clover_viz`), below `clover_viz.widgets`. `ExplorerDecoding` is a mixin of
 `clover_viz.widgets.Explorer` (the widgets, the figures and `show_step` are built there); the
 decode itself runs in the session state's worker thread (`clover_viz.state.ExplorerState`).
@@ -17,7 +20,7 @@ import time
 from typing import Any
 
 from clover_viz import figures as F
-from clover_viz.runs import RUN_LABELS, diff_caption, forced_past_answer
+from clover_viz.runs import diff_caption, forced_past_answer
 
 _LIVE_MIN_INTERVAL_S = 0.05  # redraw at most ~20 times a second while decoding
 _POLL_S = 0.005  # wait between drains when the decode has queued nothing new
@@ -76,16 +79,59 @@ class ExplorerDecoding:
                 self.config = dc  # what runs is the setting from now on (overrides included)
                 self._show_config(dc)
                 self._decodes_started += 1
-                self._busy = True
-                self.stop_button.disabled = False
-                if self._pump is None:
-                    self._pump = threading.Thread(target=self._pump_events, name="clover-explorer-pump",
-                                                  daemon=True)
-                    self._pump.start()
+                self._start_pump()
             return True
         except Exception as exc:  # noqa: BLE001  (a callback's error is shown, not lost)
             self._show_error(exc)
             return False
+
+    def _start_pump(self) -> None:
+        """The state's worker runs: draw its events as they come (a pump thread), Stop enabled."""
+        self._busy = True
+        self.stop_button.disabled = False
+        if self._pump is None:
+            self._pump = threading.Thread(target=self._pump_events, name="clover-explorer-pump", daemon=True)
+            self._pump.start()
+
+    def start_branch(self, at: Any = None, action: Any = None) -> bool:
+        """Start a branch of the run on display in the background (the branch buttons) and return at once;
+        drawn live like a decode (`start_decode`). ``at``: an `engine.decoding.branch.Branch` for
+        `ExplorerState.branch`; ``action``: instead, a call of the state's branching API returning whether
+        it started. Errors go to the status line. Returns whether the branch started."""
+        try:
+            with self._lock:
+                self._last_error = ""
+                self.status.value = "<b>branching…</b>"
+                if not (action() if action is not None else self.state.branch(at)):
+                    raise ValueError(self.state.error or "the branch did not start")
+                self._start_pump()
+            return True
+        except Exception as exc:  # noqa: BLE001  (a callback's error is shown, not lost)
+            self._show_error(exc)
+            return False
+
+    def branch(self, at: Any, wait: bool = True) -> Any:
+        """Decode a branch of the run on display, drawn live, e.g. ``ex.branch(Branch.choose(0, 2, 5, 262))``
+        (token 262 at slot 5 of block 0 after its step 2, 0-based), ``Branch.remask(b, s, slot)`` or
+        ``Branch(b, s, config=DecodeConfig(...))`` (`engine.decoding.branch`). It joins the session's tree
+        (`ExplorerState.branches`, the list in the "compare runs" tab) under the run it came from.
+
+        Returns:
+            the branch's ``Trace`` (with ``wait``; else None once it has started).
+
+        Raises:
+            ValueError: the branch was refused (`ExplorerState.branch`; the engine's reason), the runs
+                on display unchanged.
+        """
+        if not self.start_branch(at):
+            raise ValueError(self._last_error)
+        if not wait:
+            return None
+        while not self.wait(0.1):
+            pass
+        if self.state.error:
+            raise ValueError(self.state.error)
+        return self.state.trace
 
     def _pump_events(self) -> None:
         """Drain the running decode one forward at a time (drawing as they arrive), then finish the run."""
@@ -97,7 +143,7 @@ class ExplorerDecoding:
                         if s.drain(max_steps=1):
                             continue
                     else:
-                        s.drain()
+                        s.wait(5.0)  # the worker's last messages (a branch's result) too
                         self._busy = False
                         self.stop_button.disabled = True
                         try:
@@ -120,6 +166,7 @@ class ExplorerDecoding:
         live = s.trace
         if live is not None and len(live):
             self._set_trace(live)
+        self.branching.refresh()
         if s.error:
             self._show_error(s.error)
             return
@@ -129,7 +176,9 @@ class ExplorerDecoding:
         past = forced_past_answer(live)
         forced = f"{st['n_forced']} forced" + (
             f" ({past} of them end-of-text slots at or after the answer's end: forwards, not tokens)" if past else "")
-        self.status.value = (f"NFE {st['nfe']} · {st['n_tokens']} tokens · {st['tokens_per_forward']:.2f} "
+        node = s.shown_node if live.meta.get("branch") else None
+        self.status.value = ((f"branch #{node} ({html.escape(live.meta['branch'].get('label', ''))}) · "
+                              if node is not None else "") + f"NFE {st['nfe']} · {st['n_tokens']} tokens · {st['tokens_per_forward']:.2f} "
                              f"tokens/forward · {forced} · {st['wall_s']:.2f} s · "
                              f"stop: {st['stop_reason']} · {html.escape(_settings_line(live.decode_config))}")
         self._show_comparison()
@@ -191,6 +240,7 @@ class ExplorerDecoding:
             return  # not decoding, or no new forward (a block start or end)
         if self._drawn[0] is not live:  # the run's first forward: its block view, built once
             F.refresh_figure(self.block_fig, F.block_figure(live, -1))
+            self.branching.attach_click()
             self._block = None
         self._drawn = (live, n)
         now = time.perf_counter()
@@ -205,8 +255,9 @@ class ExplorerDecoding:
         cmp = self.state.comparison()
         if cmp is None:
             return
-        F.refresh_figure(self.compare_fig, F.compare_table(cmp["previous"], cmp["current"], labels=RUN_LABELS))
+        labels = self.state.comparison_labels()
+        F.refresh_figure(self.compare_fig, F.compare_table(cmp["previous"], cmp["current"], labels=labels))
         caption = diff_caption(cmp)
         self.compare.value = ((f"<p style='color:#b45309'><b>{caption}</b></p>" if caption else "")
-                              + f"<p>text difference (<del>{RUN_LABELS[0]} only</del>, <ins>{RUN_LABELS[1]} only"
-                              "</ins>):</p>" + cmp["text"]["diff_html"])
+                              + f"<p>text difference (<del>{html.escape(labels[0])} only</del>, <ins>"
+                              f"{html.escape(labels[1])} only</ins>):</p>" + cmp["text"]["diff_html"])

@@ -21,7 +21,12 @@ needs ``anywidget`` in the kernel's env) that are created once and mutated in pl
   trace when the run has ended (the block visibly fills in while the cell runs);
   interrupting the kernel stops the decode after its current forward;
 * an error in a widget callback (a decode that cannot start or fails) is shown in
-  the status line; the run on display stays.
+  the status line; the run on display stays;
+* branching (`clover_viz.widget_branches`, ``ex.branching``): a click on a slot of the block view
+  (or its index and "Open slot") shows its candidates at the step shown; Choose / Re-mask / "Branch
+  here with these settings" decode a branch live, listed in the "compare runs" tab under the run it
+  came from, where any branch can be shown and any two compared. In code: ``ex.branch(Branch.choose(b,
+  s, slot, token))`` (`ExplorerDecoding.branch`) or, without the widgets, ``ex.state.branch(...)``.
 
 Callbacks are registered once per `Explorer`, in its constructor; calling
 `show()` again (re-running a cell) returns the same widget tree and adds
@@ -49,7 +54,8 @@ Usage::
 
 Wing: front ends (`clover_viz`). Below this module: `clover_viz.widget_bundle` (the plotly figure
 widgets sharing one plotly.js bundle, the Explorers of each notebook cell) and
-`clover_viz.widget_decoding` (`Explorer`'s decoding: start, pump, wait, stop, the finished run).
+`clover_viz.widget_decoding` (`Explorer`'s decoding: start, pump, wait, stop, the finished run, a branch)
+and `clover_viz.widget_branches` (the slot's candidates, the branch actions and list).
 This module is the public home of `Explorer` (`from clover_viz import Explorer`).
 
 Tests: ``.venv/bin/python -m pytest tests/clover_viz/test_widgets.py -q``
@@ -70,6 +76,7 @@ from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS
 from clover_viz.models import DEFAULT_MODEL_DIR, LoadedModel, resolve_model
 from clover_viz.session_settings import BLOCK_SIZES
 from clover_viz.state import ExplorerState
+from clover_viz.widget_branches import BranchWidgets
 from clover_viz.widget_bundle import _CarrierFigure, _StubFigure, _live_widgets, _register
 from clover_viz.widget_decoding import ExplorerDecoding
 from engine.decoding.decoder import BlockDecoder, DecodeConfig
@@ -283,21 +290,23 @@ class Explorer(ExplorerDecoding):
         self.stop_button.on_click(lambda _b: self.stop())
         self.break_even_button.on_click(lambda _b: self.measure_break_even())
 
+        self.branching = BranchWidgets(self)
         controls = W.HBox([self.play, self.step_slider, self.speed])
         settings = W.HBox([self.threshold, self.block_size, self.decode_button, self.stop_button])
         tabs = W.Tab(children=[
             W.VBox([self.cum_fig, self.tpf_fig]),
             W.VBox([self.expert_fig, self.norm_fig, self.memory_fig]),
             W.VBox([W.HBox([self.break_even_button, self.break_even]), self.cost_fig, self.roofline_fig]),
-            W.VBox([self.compare_fig, self.compare]),
+            W.VBox([self.branching.list_panel, self.compare_fig, self.compare]),
         ])
-        for i, title in enumerate(("tokens vs forwards", "model internals", "cost", "compare runs")):
+        for i, title in enumerate(("tokens vs forwards", "model internals", "cost", "compare runs · branches")):
             tabs.set_title(i, title)
         self._layout = W.VBox([
             W.VBox([self.prompt_box, settings]) if has_model else W.HTML(""),
             controls,
             self.status,
             self.block_fig,
+            self.branching.slot_panel,
             self.conf_fig,
             self.text,
             tabs,
@@ -305,7 +314,7 @@ class Explorer(ExplorerDecoding):
         self._widgets = [self.play, self.step_slider, self.speed, self.threshold, self.block_size, self.prompt_box,
                          self.decode_button, self.stop_button, self.status, self.text, self.compare, *self.figures.values(),
                          self.break_even_button, self.break_even, self.break_even_button.layout,
-                         controls, settings, tabs, *tabs.children, self._layout]
+                         controls, settings, tabs, *tabs.children, self._layout, *self.branching.widgets]
         if self.trace is not None and len(self.trace):
             self._set_trace(self.trace, n - 1)
 
@@ -365,10 +374,25 @@ class Explorer(ExplorerDecoding):
             return
         step = n - 1 if step is None else step
         F.refresh_figure(self.block_fig, F.block_figure(trace, step))
+        self.branching.attach_click()
         self._block = None
         self._redraw_whole_trace()
         self._set_slider_range(n, step)
         self.show_step(step)
+        self.branching.refresh()
+
+    def show_branch(self, node: int) -> Any:
+        """Show branch ``node`` of the session's tree (`ExplorerState.show_branch`: its parent becomes the
+        previous run, so the comparison is the branch against the run it came from). Returns its trace,
+        or None with the reason in the status line."""
+        with self._lock:
+            if not self.state.show_branch(node):
+                self._show_error(self.state.error)
+                return None
+            self._set_trace(self.state.trace)
+            self._show_comparison()
+            self.status.value = html.escape(self.state.status)
+            return self.state.trace
 
     def measure_break_even(self) -> Any:
         """Measure, on this machine, the tokens per forward block decoding of this model needs to
