@@ -16,3 +16,16 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 
 torch.set_num_threads(int(os.environ.get("CLOVER_TORCH_THREADS", "1")))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's tests (tiny models on a shared 2-core machine: one thread avoids
+    OpenMP threads fighting); modules opt in with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

@@ -32,13 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 30.0
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models on a shared 2-core machine: one thread avoids OpenMP threads fighting."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def run_to_end(state: ExplorerState, timeout: float = TIMEOUT_S) -> list[int]:

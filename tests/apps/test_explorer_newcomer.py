@@ -21,12 +21,7 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 SMALL_TRACE = ROOT / "tests" / "data" / "small_trace.parquet"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def other_models_trace() -> Trace:

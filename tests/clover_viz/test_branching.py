@@ -30,12 +30,7 @@ from engine.recording.trace import Trace  # noqa: E402
 PROMPT = "Hello, block diffusion"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _decoded(**settings) -> ExplorerState:
