@@ -71,21 +71,30 @@ class SessionCost:
     def break_even_html(self) -> str:
         """One HTML line for the views: the measured break-even (`break_even_point`) and what the
         displayed run's tokens per forward are worth against autoregressive decoding here, or a
-        hint to measure it; for a verify run, `verify_cost_html` below it."""
+        hint to measure it; for a verify run, `verify_cost_html` below it. A verify run (a drafter) is read
+        against the verify break-even (`engine.cost.BreakEven.verify_tokens_per_forward`: a round is the
+        drafter's forward plus the base's over the block), its tokens per forward counting base forwards."""
         p = self.break_even_point()
         if p is None:
             return ("<span style='color:#64748b'>break-even on this machine: not measured -- "
                     "<i>Measure break-even here</i> times this model's AR step and block forward</span>"
                     + self.verify_cost_html())
-        text = (f"break-even on this machine (measured, {p.device}, {p.threads} thread(s)): block {p.block_size} "
-                f"needs <b>{p.tokens_per_forward:.2f}</b> tokens per forward to match autoregressive decoding "
-                f"(AR step {p.t_ar_s * 1e3:.1f} ms, block forward {p.t_block_s * 1e3:.1f} ms)")
+        verify = self.trace is not None and (self.trace.decode_config or {}).get("policy") == "verify"
+        if verify:  # a drafter's round: its forward plus the base's over the block (engine.cost.break_even)
+            text = (f"break-even on this machine (measured, {p.device}, {p.threads} thread(s)): verify with blocks of "
+                    f"{p.block_size} needs <b>{p.verify_tokens_per_forward:.2f}</b> tokens per base forward to match "
+                    f"the base's autoregressive decoding (base step {p.t_ar_s * 1e3:.1f} ms; a round: drafter "
+                    f"{p.t_block_s * 1e3:.1f} ms + base over the block {p.t_commit_s * 1e3:.1f} ms)")
+        else:
+            text = (f"break-even on this machine (measured, {p.device}, {p.threads} thread(s)): block {p.block_size} "
+                    f"needs <b>{p.tokens_per_forward:.2f}</b> tokens per forward to match autoregressive decoding "
+                    f"(AR step {p.t_ar_s * 1e3:.1f} ms, block forward {p.t_block_s * 1e3:.1f} ms)")
         loaded = self._loaded
         same_model = loaded is not None and self.trace is not None and self.trace.model_id in (None, loaded.model_id)
         if same_model and len(self.trace):
             tpf = float(self.trace.summary()["tokens_per_forward"] or 0.0)
             if tpf > 0:
-                x = p.speedup(tpf)
+                x = p.verify_speedup(tpf) if verify else p.speedup(tpf)
                 text += (f"; this run wrote {tpf:.2f} tokens per forward: <b>{x:.2f}x</b> the AR tokens/s "
                          f"here ({'faster' if x > 1 else 'slower'})")
         return f"<div style='font-size:13px;line-height:1.6'>{text}</div>" + self.verify_cost_html()

@@ -24,6 +24,17 @@ the same L tokens autoregressively take ``L * t_ar``. They are equal at
 
 (infinite if the commit alone costs more than L autoregressive steps).
 
+For a block drafter over a frozen causal LM (`engine.backbones.drafter`, ``Capabilities.drafts``) the
+same three forwards are the parts of a verify round (`engine.decoding.verify`): the L-slot block
+forward without a commit is the drafter's forward, the commit is the base reading L tokens (the
+verification forward over ``[anchor, drafts]``), and the AR step is the base reading one token. A
+round costs ``t_block + t_commit`` and writes ``a`` tokens (the accepted run plus the base's own
+token), against ``a * t_ar`` autoregressively, so verify breaks even at
+
+    verify break-even tokens per base forward = (t_block + t_commit) / t_ar
+
+(`BreakEven.verify_tokens_per_forward`; `engine.eval.drafter` times the same three parts directly).
+
 Works for any model of the decoder protocol (``setup_state``, ``forward(block_ids,
 state, commit_ids, block_size, observe)``): Clover, the transformers backbone,
 Dream / LLaDA-style masked diffusion (which recomputes the whole sequence, so its
@@ -88,6 +99,23 @@ class BreakEven:
             raise ValueError(f"tokens_per_forward must be > 0, got {tokens_per_forward}")
         L = self.block_size
         return L * self.t_ar_s / (L / tokens_per_forward * self.t_block_s + self.t_commit_s)
+
+    @property
+    def verify_tokens_per_forward(self) -> float:
+        """For a block drafter (module docstring): the tokens per base forward verify decoding must
+        write to match the base's autoregressive tokens/s, ``(t_block + t_commit) / t_ar``."""
+        return (self.t_block_s + self.t_commit_s) / self.t_ar_s
+
+    def verify_speedup(self, tokens_per_forward: float) -> float:
+        """For a block drafter: expected tokens/s of verify decoding over the base's autoregressive
+        decoding at ``tokens_per_forward`` tokens per base forward (> 0): ``tpf * t_ar / (t_block + t_commit)``.
+
+        Raises:
+            ValueError: ``tokens_per_forward <= 0``.
+        """
+        if tokens_per_forward <= 0:
+            raise ValueError(f"tokens_per_forward must be > 0, got {tokens_per_forward}")
+        return tokens_per_forward / self.verify_tokens_per_forward
 
 
 def _supports_protocol(model) -> bool:

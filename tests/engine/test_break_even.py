@@ -24,6 +24,15 @@ def test_formula_and_speedup_agree():
         q.speedup(0)
 
 
+def test_verify_formula_is_a_round_of_drafter_plus_base_over_base_steps():
+    # a round = drafter forward (t_block) + the base over the block (t_commit); AR = one base step
+    p = BreakEven(8, 256, t_ar_s=2.0, t_block_s=1.0, t_commit_s=4.0, repeats=1, device="cpu", threads=1)
+    assert p.verify_tokens_per_forward == pytest.approx(2.5)
+    assert p.verify_speedup(2.5) == pytest.approx(1.0) and p.verify_speedup(5.0) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="tokens_per_forward must be > 0"):
+        p.verify_speedup(0)
+
+
 class _Counting(torch.nn.Module):
     """Wraps a protocol model and records (block slots, commit tokens, block_size) per forward."""
 

@@ -209,3 +209,42 @@ def test_cost_tab_shows_a_verify_round_as_drafter_plus_base(drafted):
     assert "the prefill (forward 1)" in s.verify_cost_html()
     s.trace.decode_config["policy"] = "low_confidence"  # another run: nothing claimed
     assert s.verify_cost_html() == "" and "verify rounds" not in s.break_even_html()
+
+
+def test_measured_break_even_of_a_drafter_times_the_parts_of_a_verify_round(drafted, monkeypatch):
+    """On a drafter, the break-even's block forward is the drafter's forward alone, its commit the base
+    reading the block and its AR step the base reading one token -- so the Cost tab reads a verify run
+    against ``(t_block + t_commit) / t_ar`` (`BreakEven.verify_tokens_per_forward`)."""
+    from engine.cost.break_even import measure_break_even
+
+    calls = []
+    read, draft = drafted.read, drafted.draft
+    monkeypatch.setattr(drafted, "read", lambda st, ids: calls.append(("read", len(ids))) or read(st, ids))
+    monkeypatch.setattr(drafted, "draft", lambda st, blk: calls.append(("draft", len(blk))) or draft(st, blk))
+    measure_break_even(drafted, (4,), prefix_len=8, repeats=1, warmup=0)
+    timed = [c for c in calls[calls.index(("read", 8)) + 1:] if c[1]]  # after the prefix; empty reads cost nothing
+    assert timed == [("read", 1), ("draft", 4), ("read", 4), ("draft", 4)]  # AR step | block | block + commit
+
+
+def test_cost_tab_reads_a_verify_run_against_the_verify_break_even(drafted):
+    pytest.importorskip("panel")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from clover_viz.models import LoadedModel
+    from clover_viz.state import ExplorerState
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(V)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    s = ExplorerState(max_new_tokens=12)
+    s.use_model(LoadedModel.in_memory(drafted, tok, label="tiny drafter"))
+    s.prompt = " ".join(f"t{i}" for i in PROMPT)
+    assert s.generate() and s.wait(60)
+    s.drain()
+    p = s.measure_break_even(repeats=1, prefix_len=8)
+    assert p is not None and p.block_size == drafted.draft_block
+    html = s.break_even_html()
+    tpf = float(s.trace.summary()["tokens_per_forward"])
+    assert f"verify with blocks of {p.block_size} needs <b>{p.verify_tokens_per_forward:.2f}</b> tokens per base" in html
+    assert f"<b>{p.verify_speedup(tpf):.2f}x</b>" in html
+    s.trace.decode_config["policy"] = "low_confidence"  # a commit-mode run: the block formula
+    assert f"needs <b>{p.tokens_per_forward:.2f}</b> tokens per forward" in s.break_even_html()
