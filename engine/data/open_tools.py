@@ -437,6 +437,25 @@ def eval_turns(n: int = 200, seed: int = 0) -> list[OpenTurn]:
     return turns
 
 
+def train_turns(n: int, seed: int = 0) -> list[OpenTurn]:
+    """Tasks from the training vocabulary, mixed as `eval_turns` (one turn per conversation
+    ``open-train-turn-{seed + i}``): prompts for distilling a base's own answers to tool-call chats
+    (a drafter's training data); no tool name or key of `eval_turns` occurs in them.
+
+    Raises:
+        ValueError: ``n < 0``.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    turns = []
+    for i in range(n):
+        rng = random.Random(f"open-train-turn-{seed + i}")
+        conv, ts = generate_conversation(rng, "train", n_rounds=2 if i % 3 == 2 else 1,
+                                         natural=(i % 2 == 0), no_tool=i % 10 == 9)
+        turns.append(ts[-1])
+    return turns
+
+
 def iter_train_texts(seed: int = 0):
     """Endless training conversations (full text, train vocabulary), seeded ``train-{seed + i}``."""
     i = 0

@@ -291,9 +291,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--batch", type=int, default=8, help="prompts answered per generate call (default %(default)s)")
         ap.add_argument("--max-new-tokens", type=int, default=96, help="tokens per answer at most (default %(default)s)")
         ap.add_argument("--seed", type=int, default=0, help="seed of the prompt draw (default %(default)s)")
-        ap.add_argument("--source", default="templates", choices=["templates", "self-instruct"],
-                        help="prompts: the templated set, or questions the base writes itself "
-                             "(engine.data.self_instruct; kept in <out>.prompts.txt) (default %(default)s)")
+        ap.add_argument("--source", default="templates", choices=["templates", "self-instruct", "tools"],
+                        help="prompts: the templated set, questions the base writes itself "
+                             "(engine.data.self_instruct; kept in <out>.prompts.txt), or tool-call chats of the "
+                             "training vocabulary (engine.data.open_tools.train_turns) (default %(default)s)")
         ap.add_argument("--threads", type=int, default=1, help="torch threads (default %(default)s)")
         ap.add_argument("--base", default="smollm2-135m-instruct",
                         help=f"pinned base: {', '.join(BASES)} (default %(default)s)")

@@ -17,9 +17,17 @@ from engine.backbones.causal_lm.adapter import base_spec, chat_prompt, load_base
 from engine.data.chat_prompts import eval_prompts, training_prompts
 from engine.data.self_instruct import self_instruct_prompts
 from engine.data.agent import iter_conversations
-from engine.data.open_tools import iter_train_texts
+from engine.data.open_tools import iter_train_texts, train_turns
 
 DEFAULT_DISTILL = Path("runs/smollm2/distill.jsonl")
+
+
+def prompt_text(prompt: str) -> str:
+    """The text the base reads for a distill row's ``prompt``: a prompt that is already ChatML (a
+    tool-call chat from `engine.data.open_tools.train_turns`, system turn with its tools included,
+    ending ``<|im_start|>assistant\n``) as it is; a plain user message in the base's chat template
+    (`engine.backbones.causal_lm.adapter.chat_prompt`)."""
+    return prompt if prompt.startswith("<|im_start|>") else chat_prompt(prompt)
 
 
 class ExampleSource:
@@ -62,7 +70,7 @@ class ExampleSource:
             except json.JSONDecodeError:  # a line being written
                 break
             self._read_lines += 1
-            p = self.tok.encode(chat_prompt(rec["prompt"])).ids
+            p = self.tok.encode(prompt_text(rec["prompt"])).ids
             a = rec["answer_ids"] + ([self.eos] if rec.get("eos", True) else [])
             row = (p + a)[: self.max_len]
             if len(p) < len(row):
@@ -129,17 +137,21 @@ def sampled_answers(lm, tok, eos_id: int, max_new_tokens: int = 220, temperature
 
 def distill_prompts(out: Path, n: int, seed: int, source: str, lm=None, tok=None, eos_id: int | None = None,
                     batch: int = 16) -> list[str]:
-    """The prompts a distill run answers: ``templates`` (`engine.data.chat_prompts.training_prompts`) or
-    ``self-instruct`` (`engine.data.self_instruct`: written by the base, never an evaluation prompt),
-    kept beside ``out`` as ``<out>.prompts.txt`` so a resumed run answers the same ones.
+    """The prompts a distill run answers: ``templates`` (`engine.data.chat_prompts.training_prompts`),
+    ``self-instruct`` (`engine.data.self_instruct`: written by the base, never an evaluation prompt,
+    kept beside ``out`` as ``<out>.prompts.txt`` so a resumed run answers the same ones) or ``tools``
+    (`engine.data.open_tools.train_turns`: whole ChatML tool-call chats from the training vocabulary;
+    `prompt_text` passes them through as they are).
 
     Raises:
         ValueError: an unknown ``source``.
     """
     if source == "templates":
         return training_prompts(n, seed)
+    if source == "tools":
+        return [t.prompt for t in train_turns(n, seed)]
     if source != "self-instruct":
-        raise ValueError(f"source must be 'templates' or 'self-instruct', got {source!r}")
+        raise ValueError(f"source must be 'templates', 'self-instruct' or 'tools', got {source!r}")
     path = out.with_suffix(".prompts.txt")
     kept = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
     if len(kept) >= n:
@@ -175,7 +187,7 @@ def distill(out: Path, n: int, batch: int, max_new_tokens: int, seed: int, base:
     with open(out, "a") as fh, tqdm(total=len(todo), desc="distill", unit="prompt") as bar:
         for i in range(0, len(todo), batch):
             chunk = todo[i: i + batch]
-            enc = tok([chat_prompt(p) for p in chunk], return_tensors="pt", padding=True,
+            enc = tok([prompt_text(p) for p in chunk], return_tensors="pt", padding=True,
                       add_special_tokens=False).to(device)
             gen = lm.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                               eos_token_id=spec.eos_token_id, pad_token_id=spec.eos_token_id)

@@ -219,7 +219,7 @@ def train(args) -> int:
     rng = random.Random(args.seed)
     torch.set_num_threads(args.threads)
     device = _check_device(args.device, args.dtype)
-    cache = FeatureCache.load(args.cache)
+    cache = FeatureCache.concat([FeatureCache.load(c) for c in args.cache])
     lm, _tok = load_base(args.base)
     spec = base_spec(args.base)
     frozen = _Frozen(lm, device)
@@ -276,7 +276,8 @@ def train(args) -> int:
     vocab_t = torch.tensor(cfg.draft_vocab) if cfg.draft_vocab else torch.arange(cfg.vocab_size)
     log = (out / "train_log.jsonl")
     out.mkdir(parents=True, exist_ok=True)
-    recipe = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    recipe = {k: ([str(c) for c in v] if isinstance(v, list) and v and isinstance(v[0], Path) else
+                  str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     t0, last_save = time.perf_counter(), time.perf_counter()
     bar = tqdm(total=round(args.minutes, 1), unit="min", desc=f"train {args.arch}", bar_format="{l_bar}{bar}| {n:.1f}/{total} min {postfix}")
     model.train()
@@ -394,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cache)
     t = sub.add_parser("train", help="train a drafter (or the Medusa baseline) on a feature cache",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    t.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="feature cache from `cache`")
+    t.add_argument("--cache", type=Path, nargs="+", default=[DEFAULT_CACHE],
+                   help="feature cache(s) from `cache`, joined in order (same target layers)")
     t.add_argument("--out", type=Path, required=True, help="run directory (train_state.pt, heldout.json, model/)")
     t.add_argument("--arch", choices=("block", "medusa"), default="block", help="block drafter or Medusa-style heads")
     t.add_argument("--minutes", type=float, default=30.0, help="training minutes in this stage")

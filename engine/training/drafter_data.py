@@ -3,7 +3,7 @@ own greedy answers, cached once.
 
 `cache_features` reads a self-distillation file (`engine.training.causal_lm_data.distill`: one JSON
 row per prompt, ``{"prompt", "answer_ids", "eos"}``), runs the target once over
-``chat prompt ++ answer (++ EOS)`` and stores, for every position, the hidden states of the layers
+``prompt text ++ answer (++ EOS)`` and stores, for every position, the hidden states of the layers
 the drafter may read (`FeatureCache`). Re-running costs one target forward per answer; the
 drafter then trains for many epochs on the cache without touching the target again. The
 target's greedy next token at every answer position is the next answer token (the answers are
@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from engine.backbones.causal_lm.adapter import chat_prompt
+from engine.training.causal_lm_data import prompt_text
 
 
 @dataclass
@@ -61,6 +61,31 @@ class FeatureCache:
                   metadata={"layers": json.dumps(list(self.layers)), "agreement": str(self.agreement)})
 
     @classmethod
+    def concat(cls, caches: list["FeatureCache"]) -> "FeatureCache":
+        """One cache holding the sequences of ``caches`` in order (e.g. a chat cache and a tool-call cache
+        built apart); ``agreement`` weighted by each cache's answer positions.
+
+        Raises:
+            ValueError: no caches, or caches of different target layers.
+        """
+        if not caches:
+            raise ValueError("no feature caches to join")
+        layers = caches[0].layers
+        if any(c.layers != layers for c in caches):
+            raise ValueError(f"feature caches of different target layers cannot be joined: "
+                             f"{[list(c.layers) for c in caches]}; cache them with the same layers")
+        if len(caches) == 1:
+            return caches[0]
+        offsets, shift = [torch.zeros(1, dtype=torch.int64)], 0
+        for c in caches:
+            offsets.append(c.offsets[1:] + shift)
+            shift += int(c.offsets[-1])
+        answers = [float((c.offsets[1:] - c.offsets[:-1] - c.prompt_len).sum()) for c in caches]
+        agreement = sum(a * c.agreement for a, c in zip(answers, caches)) / max(sum(answers), 1.0)
+        return cls(torch.cat([c.feats for c in caches]), torch.cat([c.ids for c in caches]), torch.cat(offsets),
+                   torch.cat([c.prompt_len for c in caches]), layers, agreement)
+
+    @classmethod
     def load(cls, path: Path) -> "FeatureCache":
         """Read a cache written by `save`.
 
@@ -92,7 +117,7 @@ def read_distill(path: Path) -> list[dict]:
 
 @torch.no_grad()
 def cache_features(rows: list[dict], lm, tok, layers: tuple[int, ...], eos_id: int, batch: int = 8) -> FeatureCache:
-    """Run the frozen target ``lm`` over every ``chat prompt ++ answer (++ EOS)`` and keep the hidden
+    """Run the frozen target ``lm`` over every ``prompt text ++ answer (++ EOS)`` and keep the hidden
     states of ``layers`` (see the module docstring).
 
     Args:
@@ -107,7 +132,7 @@ def cache_features(rows: list[dict], lm, tok, layers: tuple[int, ...], eos_id: i
     agree = total = 0
     seqs = []
     for row in rows:
-        p_ids = tok(chat_prompt(row["prompt"]), add_special_tokens=False)["input_ids"]
+        p_ids = tok(prompt_text(row["prompt"]), add_special_tokens=False)["input_ids"]
         ans = list(row["answer_ids"]) + ([eos_id] if row.get("eos") else [])
         if ans:
             seqs.append((p_ids, ans))

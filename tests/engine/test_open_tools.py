@@ -266,3 +266,28 @@ def test_made_up_words_are_pronounceable_far_from_eval_and_reach_training_names(
     assert len(firsts_made_up - firsts_known) >= 10  # openings no listed word has
     _, turns = ot.generate_conversation(random.Random(5), "eval")
     assert all(t.name is None or {w.lower() for w in re.split(r"_|(?=[A-Z])", t.name) if w} <= ev for t in turns)
+
+
+def test_train_turns_are_chatml_prompts_of_the_training_vocabulary_only():
+    """`train_turns` (a drafter's tool-call distill prompts): deterministic ChatML chats ending at the
+    assistant's turn, the eval mix of categories, and no eval tool name or key in them."""
+    from engine.training.causal_lm_data import distill_prompts, prompt_text
+
+    turns = ot.train_turns(60)
+    assert [t.prompt for t in turns] == [t.prompt for t in ot.train_turns(60)]
+    assert len({t.prompt for t in turns}) == 60
+    assert all(t.prompt.startswith("<|im_start|>system\n") and t.prompt.endswith("<|im_start|>assistant\n")
+               for t in turns)
+    assert sum(t.name is None for t in turns) == 6  # i % 10 == 9, as eval_turns
+    eval_names, eval_keys = _names_and_keys(ot.eval_turns(200))
+    names, keys = _names_and_keys(turns)
+    assert names and not names & eval_names and not keys & eval_keys
+    # a distill run passes the chat through as it is; a plain question goes into the chat template
+    prompts = distill_prompts(None, 5, 0, "tools")
+    assert prompts == [t.prompt for t in turns[:5]] and prompt_text(prompts[0]) == prompts[0]
+    assert prompt_text("Why is the sky blue?").endswith("<|im_start|>user\nWhy is the sky blue?<|im_end|>\n"
+                                                        "<|im_start|>assistant\n")
+    with pytest.raises(ValueError, match="'tools'"):
+        distill_prompts(None, 5, 0, "nope")
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        ot.train_turns(-1)

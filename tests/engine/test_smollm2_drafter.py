@@ -73,7 +73,9 @@ def test_training_recipe_end_to_end(tmp_path):
     from engine.backbones.causal_lm.adapter import chat_prompt, load_base
     from engine.checkpoint import load_model, load_tokenizer
     from engine.decoding.decoder import BlockDecoder, DecodeConfig
+    from engine.data.open_tools import train_turns
     from engine.training import drafter as recipe
+    from engine.training.drafter_data import FeatureCache
 
     lm, tok = load_base()
     rows = []
@@ -87,9 +89,20 @@ def test_training_recipe_end_to_end(tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cache = tmp_path / "features.safetensors"
     assert recipe.main(["cache", "--data", str(data), "--out", str(cache), "--layers", "15", "30"]) == 0
+    # a tool-call chat (already ChatML) cached apart, then joined: read as it is, not re-templated
+    turn = train_turns(1)[0]
+    tool_data, tool_cache = tmp_path / "tools.jsonl", tmp_path / "tools.safetensors"
+    tool_data.write_text(json.dumps({"prompt": turn.prompt, "answer_ids": tok(turn.target)["input_ids"][:6],
+                                     "eos": False}) + "\n")
+    assert recipe.main(["cache", "--data", str(tool_data), "--out", str(tool_cache), "--layers", "15", "30"]) == 0
+    joined = FeatureCache.concat([FeatureCache.load(cache), FeatureCache.load(tool_cache)])
+    _, tool_ids, tool_p = joined.sequence(3)
+    assert len(joined) == 4 and tool_ids[:tool_p].tolist() == tok(turn.prompt, add_special_tokens=False)["input_ids"]
+    assert torch.equal(joined.sequence(3)[0], FeatureCache.load(tool_cache).sequence(0)[0])
     run = tmp_path / "run"
-    assert recipe.main(["train", "--cache", str(cache), "--out", str(run), "--minutes", "0.02", "--heldout", "1",
-                        "--anchors", "4", "--accum", "1", "--layers", "15", "30", "--block-size", "4"]) == 0
+    assert recipe.main(["train", "--cache", str(cache), str(tool_cache), "--out", str(run), "--minutes", "0.02",
+                        "--heldout", "1", "--anchors", "4", "--accum", "1", "--layers", "15", "30",
+                        "--block-size", "4"]) == 0
     assert json.loads((run / "heldout.json").read_text())["block_size"] == 4
     model_dir = run / "model"
     assert not (model_dir / "tokenizer.json").exists()  # the base's tokenizer, read through its pin
