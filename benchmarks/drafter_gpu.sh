@@ -14,11 +14,13 @@
 #      tokens verify checks against) to a broad prompt set in one file: 4,000 questions the base writes itself
 #      (--source self-instruct, engine.data.self_instruct: 100 everyday categories; the templates alone drafted
 #      the plain eval questions at 1.20 tokens per base forward against 1.57 on their own kind) and 2,000
-#      templated prompts (engine.data.chat_prompts), each step cut off at its time limit (60 s, 30 s) --
-#      whatever was written is used; rerunning continues the file;
+#      templated prompts (engine.data.chat_prompts), then 1,000 tool-call chats of the training vocabulary
+#      (--source tools, engine.data.open_tools.train_turns: whole ChatML, so they go in a file of their own),
+#      each step cut off at its time limit (60 s, 30 s, 30 s) -- whatever was written is used; rerunning
+#      continues the files;
 #   2. features: the base once over every prompt + answer, hidden states 8 / 15 / 22 / 30 (the layers the drafter
-#      reads; 30 = the final state its residual stream starts from) cached in fp16 (~4.6 KB a position);
-#      an existing cache is reused;
+#      reads; 30 = the final state its residual stream starts from) cached in fp16 (~4.6 KB a position), one
+#      cache per file (train joins them: --cache A B); an existing cache is reused;
 #   3. training: engine.training.drafter train, bf16 autocast, block 8 and block 16 side by side on the one GPU
 #      (each is a few small kernels per step: neither fills it), 2 minutes each, 96 anchors x 8 sequences a
 #      step; each prints its held-out slot accuracy and the tokens per target forward greedy verification would
@@ -33,6 +35,8 @@ PY=${PYTHON:-.venv/bin/python}
 OUT=${1:-runs/drafter-gpu}
 DATA=${DATA:-$OUT/distill.jsonl}
 CACHE=$OUT/features.safetensors
+TOOLS=$OUT/distill_tools.jsonl
+TOOLS_CACHE=$OUT/features_tools.safetensors
 mkdir -p "$OUT"
 
 summary() {  # one line per drafter: verify tokens per base forward and tokens/s against the base's generate
@@ -54,9 +58,11 @@ EOF
 if [ "${TINY:-0}" = 1 ]; then
     "$PY" -m engine.training.causal_lm distill --out "$DATA" --source self-instruct --n 2 --batch 1 --max-new-tokens 12
     "$PY" -m engine.training.causal_lm distill --out "$DATA" --source templates --n 4 --batch 4 --max-new-tokens 12
+    "$PY" -m engine.training.causal_lm distill --out "$TOOLS" --source tools --n 2 --batch 2 --max-new-tokens 12
     "$PY" -m engine.training.drafter cache --data "$DATA" --out "$CACHE" --layers 8 15 22 30 --batch 6
+    "$PY" -m engine.training.drafter cache --data "$TOOLS" --out "$TOOLS_CACHE" --layers 8 15 22 30 --batch 2
     for B in 8 16; do
-        "$PY" -m engine.training.drafter train --cache "$CACHE" --out "$OUT/block$B" --block-size "$B" \
+        "$PY" -m engine.training.drafter train --cache "$CACHE" "$TOOLS_CACHE" --out "$OUT/block$B" --block-size "$B" \
             --layers 8 15 22 30 --minutes 0.02 --anchors 8 --accum 1 --heldout 2 --draft-vocab 512
         "$PY" -m engine.training.drafter export --run "$OUT/block$B" --out "$OUT/smollm2-drafter-b$B"
     done
@@ -79,16 +85,23 @@ timeout 60 "$PY" -m engine.training.causal_lm distill --out "$DATA" --source sel
 timeout 30 "$PY" -m engine.training.causal_lm distill --out "$DATA" --source templates --n 2000 --batch 512 \
     --max-new-tokens 96 --device cuda --dtype fp32 --threads 4 \
     || echo "templates distill stopped at its time limit ($(wc -l < "$DATA") answers in all)"
+timeout 30 "$PY" -m engine.training.causal_lm distill --out "$TOOLS" --source tools --n 1000 --batch 256 \
+    --max-new-tokens 96 --device cuda --dtype fp32 --threads 4 \
+    || echo "tools distill stopped at its time limit ($(wc -l < "$TOOLS" || echo 0) answers)"
 if [ ! -f "$CACHE" ]; then
     "$PY" -m engine.training.drafter cache --data "$DATA" --out "$CACHE" --layers 8 15 22 30 --batch 64 \
         --device cuda --dtype fp32 --threads 4
 fi
+if [ ! -f "$TOOLS_CACHE" ]; then
+    "$PY" -m engine.training.drafter cache --data "$TOOLS" --out "$TOOLS_CACHE" --layers 8 15 22 30 --batch 32 \
+        --device cuda --dtype fp32 --threads 4
+fi
 echo "data and features: $(( $(date +%s) - t0 )) s"
-"$PY" -m engine.training.drafter train --cache "$CACHE" --out "$OUT/block8" --block-size 8 --layers 8 15 22 30 \
+"$PY" -m engine.training.drafter train --cache "$CACHE" "$TOOLS_CACHE" --out "$OUT/block8" --block-size 8 --layers 8 15 22 30 \
     --minutes 2 --device cuda --dtype bf16 --anchors 96 --accum 8 --lr 1e-3 --reveal 0.3 --heldout 200 \
     --save-every-min 1 --threads 4 > "$OUT/train-b8.log" 2>&1 &
 p8=$!
-"$PY" -m engine.training.drafter train --cache "$CACHE" --out "$OUT/block16" --block-size 16 --layers 8 15 22 30 \
+"$PY" -m engine.training.drafter train --cache "$CACHE" "$TOOLS_CACHE" --out "$OUT/block16" --block-size 16 --layers 8 15 22 30 \
     --minutes 2 --device cuda --dtype bf16 --anchors 96 --accum 8 --lr 1e-3 --reveal 0.3 --heldout 200 \
     --save-every-min 1 --threads 4 > "$OUT/train-b16.log" 2>&1 &
 p16=$!
