@@ -31,8 +31,8 @@ A verify round (`engine.decoding.verify`, docs/architecture.md §4) is priced as
     mask hides keys, SDPA still computes them); no bytes (activations stay on chip);
   - ``slot_heads``: the first Q of the B per-slot maps, ``Q H^2 wb`` bytes, ``2 Q H^2`` FLOPs;
   - ``draft_lm_head``: the Vd draft-vocabulary rows of the base's LM head, ``Vd H wb`` bytes,
-    ``2 Q Vd H`` FLOPs (the whole-vocabulary head is ``V / Vd`` times that: 10.9x for
-    ``models/smollm2-drafter``'s 4,508 of 49,152).
+    ``2 Q Vd H`` FLOPs (the whole-vocabulary head is ``V / Vd`` times that: 6x for
+    ``models/smollm2-drafter``'s 8,192 of 49,152).
 
 * **feature fuse** (`fuse_cost`, `engine.backbones.drafter.model.DraftedLM.read`): every token the base
   reads adds its fused feature to the drafter's context: ``feature_fuse`` weights ``(K H^2 + H) wb``,
