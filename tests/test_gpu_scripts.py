@@ -72,13 +72,17 @@ def test_drafter_gpu_script_parses():
     from engine.training.drafter import build_parser
 
     cmds = [_bare(c) for c in _commands("drafter_gpu.sh", "engine.training.drafter")]
-    assert [c[0] for c in cmds] == ["cache", "train", "train", "export", "export"]
-    cache, *trains = (build_parser().parse_args(c) for c in cmds[:3])
-    exports = [build_parser().parse_args(c) for c in cmds[3:]]
-    assert cache.device == "cuda" and cache.layers == [8, 15, 22, 30]
+    assert [c[0] for c in cmds] == ["cache", "cache", "train", "train", "export", "export"]
+    caches = [build_parser().parse_args(c) for c in cmds[:2]]  # the questions and the tool-call chats
+    trains = [build_parser().parse_args(c) for c in cmds[2:4]]
+    exports = [build_parser().parse_args(c) for c in cmds[4:]]
+    assert all(c.device == "cuda" and c.layers == [8, 15, 22, 30] for c in caches)
+    assert len({c.out for c in caches}) == 2 and len({c.data for c in caches}) == 2
     assert sorted(t.block_size for t in trains) == [8, 16]
-    assert all(t.device == "cuda" and t.dtype == "bf16" and t.layers == cache.layers and t.cache == cache.out
-               for t in trains)
+    assert all(t.device == "cuda" and t.dtype == "bf16" and t.layers == caches[0].layers
+               and t.cache == [c.out for c in caches] for t in trains)
+    sources = [c[c.index("--source") + 1] for c in _commands("drafter_gpu.sh", "engine.training.causal_lm")]
+    assert sources == ["self-instruct", "templates", "tools"]
     assert [e.run for e in exports] == [t.out for t in trains]
     evals = [eval_parser().parse_args(_bare(c)) for c in _commands("drafter_gpu.sh", "engine.eval")]
     assert [e.block_size for e in evals] == [8, 16] and all(e.device == "cuda" for e in evals)
