@@ -80,15 +80,14 @@ class SessionCost:
                     "<i>Measure break-even here</i> times this model's AR step and block forward</span>"
                     + self.verify_cost_html())
         verify = self.trace is not None and (self.trace.decode_config or {}).get("policy") == "verify"
+        text = f"break-even on this machine (measured, {p.device}, {p.threads} thread(s)): "
         if verify:  # a drafter's round: its forward plus the base's over the block (engine.cost.break_even)
-            text = (f"break-even on this machine (measured, {p.device}, {p.threads} thread(s)): verify with blocks of "
-                    f"{p.block_size} needs <b>{p.verify_tokens_per_forward:.2f}</b> tokens per base forward to match "
-                    f"the base's autoregressive decoding (base step {p.t_ar_s * 1e3:.1f} ms; a round: drafter "
-                    f"{p.t_block_s * 1e3:.1f} ms + base over the block {p.t_commit_s * 1e3:.1f} ms)")
+            text += (f"verify with blocks of {p.block_size} needs <b>{p.verify_tokens_per_forward:.2f}</b> tokens per "
+                     f"base forward to match the base's autoregressive decoding (base step {p.t_ar_s * 1e3:.1f} ms; "
+                     f"a round: drafter {p.t_block_s * 1e3:.1f} ms + base over the block {p.t_commit_s * 1e3:.1f} ms)")
         else:
-            text = (f"break-even on this machine (measured, {p.device}, {p.threads} thread(s)): block {p.block_size} "
-                    f"needs <b>{p.tokens_per_forward:.2f}</b> tokens per forward to match autoregressive decoding "
-                    f"(AR step {p.t_ar_s * 1e3:.1f} ms, block forward {p.t_block_s * 1e3:.1f} ms)")
+            text += (f"block {p.block_size} needs <b>{p.tokens_per_forward:.2f}</b> tokens per forward to match "
+                     f"autoregressive decoding (AR step {p.t_ar_s * 1e3:.1f} ms, block forward {p.t_block_s * 1e3:.1f} ms)")
         loaded = self._loaded
         same_model = loaded is not None and self.trace is not None and self.trace.model_id in (None, loaded.model_id)
         if same_model and len(self.trace):

@@ -427,14 +427,7 @@ def eval_turns(n: int = 200, seed: int = 0) -> list[OpenTurn]:
     keyed requests; every third conversation has two rounds and contributes its second
     call (a chain, when a value could be taken from the first response).
     """
-    turns = []
-    for i in range(n):
-        rng = random.Random(f"open-eval-{seed + i}")
-        no_tool = i % 10 == 9
-        conv, ts = generate_conversation(rng, "eval", n_rounds=2 if i % 3 == 2 else 1,
-                                         natural=(i % 2 == 0), no_tool=no_tool)
-        turns.append(ts[-1])
-    return turns
+    return _mixed_turns(n, seed, "eval", "open-eval")
 
 
 def train_turns(n: int, seed: int = 0) -> list[OpenTurn]:
@@ -447,13 +440,13 @@ def train_turns(n: int, seed: int = 0) -> list[OpenTurn]:
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    turns = []
-    for i in range(n):
-        rng = random.Random(f"open-train-turn-{seed + i}")
-        conv, ts = generate_conversation(rng, "train", n_rounds=2 if i % 3 == 2 else 1,
-                                         natural=(i % 2 == 0), no_tool=i % 10 == 9)
-        turns.append(ts[-1])
-    return turns
+    return _mixed_turns(n, seed, "train", "open-train-turn")
+
+
+def _mixed_turns(n: int, seed: int, split: str, rng_prefix: str) -> list[OpenTurn]:
+    """The last turn of conversations ``{rng_prefix}-{seed + i}`` of ``split``, in `eval_turns`' mix."""
+    return [generate_conversation(random.Random(f"{rng_prefix}-{seed + i}"), split, n_rounds=2 if i % 3 == 2 else 1,
+                                  natural=(i % 2 == 0), no_tool=i % 10 == 9)[1][-1] for i in range(n)]
 
 
 def iter_train_texts(seed: int = 0):
