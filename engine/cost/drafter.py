@@ -45,6 +45,11 @@ A verify round (`engine.decoding.verify`, docs/architecture.md §4) is priced as
   appended to the cache (``kv_write_tokens = n``; the rejected tail is cropped afterwards, but it was
   written).
 
+The Medusa-style baseline (``arch: medusa``, `engine.backbones.drafter.net.MedusaDrafter`) has no layers,
+no context and no fuse: its forward reads the base's last state row (``draft_inputs``, ``H wb``), the
+first ``Q - 1`` of its ``B - 1`` heads (``slot_heads``, ``(Q - 1) H^2 wb`` bytes, ``2 (Q - 1) H^2`` FLOPs)
+and the same draft LM-head rows (slot 0 too: the base's own head on that state).
+
 The drafter's part of a round is the drafter forward plus the feature fuse (the base alone would
 need neither); the prefill is a round with no draft (the base reads the prompt, the fuse fills the
 context). Commit mode (`commit_forward_cost`) is priced the same way: the base reads the C committed
@@ -127,8 +132,13 @@ def _draft_vocab_size(drafter: Any) -> int:
     return len(vocab) if vocab else int(g("vocab_size"))
 
 
+def _is_medusa(drafter: Any) -> bool:
+    return _getter(drafter)("arch", "block") == "medusa"
+
+
 def drafter_param_counts(drafter: Any) -> dict[str, int]:
-    """Parameter counts of a `engine.backbones.drafter.net.BlockDrafter`, from its config's shapes.
+    """Parameter counts of a `engine.backbones.drafter.net.BlockDrafter` (or, for ``arch: medusa``, a
+    `MedusaDrafter`: ``slot_heads`` = its ``(B - 1) H^2`` heads, every other part 0), from its config's shapes.
 
     Args:
         drafter: a `DrafterConfig`, its ``to_dict()``, or a `DrafterLMConfig`'s ``drafter`` section.
@@ -145,6 +155,12 @@ def drafter_param_counts(drafter: Any) -> dict[str, int]:
     """
     g = _getter(drafter)
     H, nL, B = int(g("hidden_size")), int(g("num_layers")), int(g("block_size"))
+    if _is_medusa(drafter):
+        c = dict.fromkeys(("fuse", "fuse_norm", "mask_embedding", "slot_embedding", "attention", "mlp",
+                           "layer_norms"), 0)
+        c["slot_heads"] = c["total"] = (B - 1) * H * H
+        c["draft_lm_head"] = _draft_vocab_size(drafter) * H
+        return c
     nh, nkv, hd, I = int(g("num_heads")), int(g("num_kv_heads")), int(g("head_dim")), int(g("intermediate_size"))
     K = len(g("target_layers"))
     c = {
@@ -221,8 +237,15 @@ def drafter_forward_cost(drafter: Any, n_slots: int, context_len: int, weight_by
         raise ValueError(f"weight_bytes and act_bytes must be > 0, got {weight_bytes}, {act_bytes}")
     c = drafter_param_counts(drafter)
     wb = float(weight_bytes)
-    qo, kv = 2 * H * nh * hd, 2 * H * nkv * hd
     b, f = _zeros(DRAFTER_COMPONENTS)
+    b["draft_lm_head"] = c["draft_lm_head"] * wb
+    f["draft_lm_head"] = 2 * Q * c["draft_lm_head"]
+    if _is_medusa(drafter):
+        b["draft_inputs"] = H * wb
+        b["slot_heads"] = (Q - 1) * H * H * wb
+        f["slot_heads"] = 2 * (Q - 1) * H * H
+        return _cost(b, f, Q, 0, Q)
+    qo, kv = 2 * H * nh * hd, 2 * H * nkv * hd
     b["draft_inputs"] = (2 * Q + 1) * H * wb
     b["draft_layers"] = nL * (c["attention"] + c["mlp"]) * wb
     f["draft_layers"] = nL * (2 * Q * (qo + c["mlp"]) + 2 * (T + Q) * kv)
@@ -232,8 +255,6 @@ def drafter_forward_cost(drafter: Any, n_slots: int, context_len: int, weight_by
     f["draft_attention"] = nL * 4 * nh * hd * Q * (T + Q)
     b["slot_heads"] = Q * H * H * wb
     f["slot_heads"] = 2 * Q * H * H
-    b["draft_lm_head"] = c["draft_lm_head"] * wb
-    f["draft_lm_head"] = 2 * Q * c["draft_lm_head"]
     return _cost(b, f, Q, 0, Q)
 
 
@@ -248,7 +269,7 @@ def fuse_cost(drafter: Any, n_tokens: int, weight_bytes: float = 2, act_bytes: f
     if n < 0:
         raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
     b, f = _zeros(DRAFTER_COMPONENTS)
-    if n:
+    if n and not _is_medusa(drafter):  # Medusa heads keep no context: nothing is fused
         c = drafter_param_counts(drafter)
         H = c["fuse_norm"]
         b["feature_fuse"] = (c["fuse"] + c["fuse_norm"]) * float(weight_bytes)

@@ -24,9 +24,10 @@ target's greedy answer, over the draft vocabulary, slot ``j`` weighted by ``exp(
 of the blocks reveal a random share of their slots, so the drafter also fills blocks that are
 partly written (the commit mode runs it more than once per block).
 
-The Medusa-style baseline (``--arch medusa``; Cai et al., "Medusa", ICML 2024) trains ``B - 1``
-heads ``h + SiLU(W h)`` on the target's last hidden state into the same frozen LM head: head ``k``
-predicts the token ``k + 1`` positions after the anchor. Both report, on held-out sequences, slot
+The Medusa-style baseline (``--arch medusa``, `engine.backbones.drafter.net.MedusaDrafter`; Cai et al.,
+"Medusa", ICML 2024) trains ``B - 1`` heads ``h + SiLU(W h)`` on the target's last hidden state into the
+same frozen LM head: head ``k`` predicts the token ``k + 1`` positions after the anchor. It exports and
+decodes like the drafter (``arch: medusa`` in its config), so `engine.eval` runs both on the same prompts. Both report, on held-out sequences, slot
 accuracy and the verify-mode tokens per target forward they would give (``1 + E[accepted run]``,
 exact for greedy verification because the labels are the target's own greedy tokens).
 """
@@ -48,29 +49,11 @@ from tqdm import tqdm
 
 from engine.backbones.causal_lm.adapter import base_spec, load_base
 from engine.backbones.drafter.files import save_drafter
-from engine.backbones.drafter.net import BlockDrafter, DrafterConfig, default_target_layers
+from engine.backbones.drafter.net import DrafterConfig, build_drafter, default_target_layers
 from engine.training.drafter_data import FeatureCache, cache_features, read_distill
 
 DEFAULT_CACHE = Path("runs/drafter/features.safetensors")
 CACHE_LAYERS = (4, 8, 12, 15, 18, 22, 26, 29, 30)  # SmolLM2-135M: 30 layers; 30 = the final normed state
-
-
-class MedusaHeads(nn.Module):
-    """Medusa-style heads (the baseline): head k maps the target's last hidden state h at the anchor's
-    predecessor to ``h + SiLU(W_k h)`` (zero-initialised W_k: it starts as the target's own next-token
-    head) for the token ``k + 1`` positions further on. Logits over the draft vocabulary."""
-
-    def __init__(self, hidden: int, n_heads: int, draft_vocab: torch.Tensor):
-        super().__init__()
-        self.heads = nn.ModuleList(nn.Linear(hidden, hidden, bias=False) for _ in range(n_heads))
-        for h in self.heads:
-            nn.init.zeros_(h.weight)
-        self.register_buffer("draft_vocab", draft_vocab, persistent=False)
-
-    def forward(self, h: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
-        """h: [N, H] final hidden state at positions a - 1 -> [N, n_heads, Vd] logits for a+1 .. a+n_heads."""
-        w = lm_head_weight[self.draft_vocab]
-        return torch.stack([(h + F.silu(head(h))) @ w.t() for head in self.heads], 1)
 
 
 def draft_vocabulary(cache: FeatureCache, size: int, eos_id: int, mask_id: int) -> torch.Tensor:
@@ -202,11 +185,9 @@ def evaluate(model, arch: str, cache: FeatureCache, seqs: list[int], frozen: _Fr
 
 
 def _forward(model, arch, feats, anchors, block, frozen, slots, last_slot):
-    """Logits [N, B, Vd] for the blocks (Medusa: slot 0 left at zeros, heads fill slots 1..B-1)."""
+    """Logits [N, B, Vd] for the blocks (Medusa: from the target's final state at ``anchor - 1`` alone)."""
     if arch == "medusa":
-        h = feats[anchors - 1, last_slot].float()
-        out = model(h, frozen.lm_head)
-        return torch.cat([torch.zeros_like(out[:, :1]), out], 1)
+        return model(None, feats[anchors - 1, last_slot].float(), block, anchors, None, frozen.lm_head)
     T = int(anchors.max())
     ctx = model.fuse_context(feats[:T, slots].float().reshape(T, -1))
     last = feats[anchors - 1, slots[-1]].float()  # the last target layer read, at each anchor's predecessor
@@ -235,7 +216,7 @@ def train(args) -> int:
     resume = args.resume and state_path.is_file()
     if resume:
         st = torch.load(state_path, weights_only=False, map_location="cpu")  # our own file, written below
-        cfg = DrafterConfig.from_dict(st["config"])
+        cfg = _saved_config(st)
     else:
         vocab = draft_vocabulary(cache, args.draft_vocab, spec.eos_token_id, mask_id)
         cfg = DrafterConfig(hidden_size=hf.hidden_size, target_layers=layers, num_layers=args.depth,
@@ -244,11 +225,11 @@ def train(args) -> int:
                             intermediate_size=hf.intermediate_size, block_size=args.block_size,
                             rope_theta=float(getattr(hf, "rope_parameters", {}).get("rope_theta", 100000.0)),
                             rms_norm_eps=float(hf.rms_norm_eps), vocab_size=hf.vocab_size, mask_token_id=mask_id,
-                            draft_vocab=tuple(vocab.tolist()))
-    if args.arch == "medusa":
-        model = MedusaHeads(hf.hidden_size, cfg.block_size - 1, torch.tensor(cfg.draft_vocab))
-    else:
-        model = BlockDrafter(cfg)
+                            draft_vocab=tuple(vocab.tolist()), arch=args.arch)
+        if args.arch == "medusa":  # the heads read the final state only
+            cfg.target_layers = (hf.num_hidden_layers,)
+    model = build_drafter(cfg)
+    if args.arch == "block":
         if not resume:
             top = hf.num_hidden_layers - 1
             model.init_layers_from(lm, list(range(top - cfg.num_layers + 1, top + 1)))
@@ -328,9 +309,17 @@ def train(args) -> int:
                     "train_sequences": len(train_ids)})
     (out / "heldout.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(json.dumps(metrics), flush=True)
-    if args.arch == "block":
-        export(argparse.Namespace(run=out, out=out / "model", base=args.base))
+    export(argparse.Namespace(run=out, out=out / "model", base=args.base))
     return 0
+
+
+def _saved_config(st: dict) -> DrafterConfig:
+    """The `DrafterConfig` of a ``train_state.pt`` (a Medusa run saved before ``arch`` was recorded in the
+    config has it in its recipe; its heads read the last of the layers it recorded)."""
+    cfg = DrafterConfig.from_dict(st["config"])
+    if st.get("recipe", {}).get("arch") == "medusa" and cfg.arch != "medusa":
+        cfg = DrafterConfig.from_dict({**cfg.to_dict(), "arch": "medusa", "target_layers": [cfg.target_layers[-1]]})
+    return cfg
 
 
 def _save_state(path: Path, model, opt, cfg: DrafterConfig, step: int, minutes: float, recipe: dict | None = None) -> None:
@@ -363,7 +352,7 @@ def export(args) -> int:
     if not state_path.is_file():
         raise FileNotFoundError(f"no checkpoint at {state_path}: train first")
     st = torch.load(state_path, weights_only=False, map_location="cpu")  # our own file (`_save_state`)
-    net = BlockDrafter(DrafterConfig.from_dict(st["config"]))
+    net = build_drafter(_saved_config(st))
     net.load_state_dict(st["model"])
     metrics = None
     heldout = Path(args.run) / "heldout.json"

@@ -115,3 +115,13 @@ def test_training_recipe_end_to_end(tmp_path):
     ref = ref[: ref.index(2)] if 2 in ref else ref
     r = BlockDecoder(model, mtok).generate(ids, config=DecodeConfig(block_size=4, max_new_tokens=10, policy="verify"))
     assert r.tokens == ref
+    # the Medusa-style baseline: same cache, same export, decoded by the same backbone
+    heads = tmp_path / "medusa"
+    assert recipe.main(["train", "--arch", "medusa", "--cache", str(cache), "--out", str(heads), "--minutes", "0.02",
+                        "--heldout", "1", "--anchors", "4", "--accum", "1", "--layers", "15", "30",
+                        "--block-size", "4"]) == 0
+    baseline = load_model(heads / "model")
+    assert baseline.config.drafter["arch"] == "medusa" and baseline.config.drafter["target_layers"] == [30]
+    r = BlockDecoder(baseline, mtok).generate(ids, config=DecodeConfig(block_size=4, max_new_tokens=10,
+                                                                       policy="verify"))
+    assert r.tokens == ref

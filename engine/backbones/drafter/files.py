@@ -12,16 +12,18 @@ from typing import Any
 
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from torch import nn
 
-from engine.backbones.drafter.net import BlockDrafter, DrafterConfig
+from engine.backbones.drafter.net import DrafterConfig, build_drafter
 
 MODEL_TYPE = "block-drafter"
 WEIGHTS = "drafter.safetensors"
 
 
-def save_drafter(directory: Path, drafter: BlockDrafter, base: str, minutes: float = 0.0,
+def save_drafter(directory: Path, drafter: nn.Module, base: str, minutes: float = 0.0,
                  metrics: dict | None = None, recipe: dict | None = None, chat_format: str = "chatml") -> Path:
-    """Write ``config.json`` and ``drafter.safetensors`` into ``directory`` (created); returns it."""
+    """Write ``config.json`` and ``drafter.safetensors`` of a `BlockDrafter` or `MedusaDrafter` (its
+    ``cfg.arch`` is recorded) into ``directory`` (created); returns it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     cfg = {"model_type": MODEL_TYPE, "name": directory.name if directory.name != "model" else directory.parent.name,
@@ -60,14 +62,18 @@ def read_drafter_config(directory: str | Path) -> dict[str, Any]:
     return cfg
 
 
-def load_drafter_net(directory: str | Path) -> tuple[BlockDrafter, dict[str, Any]]:
-    """The trained `BlockDrafter` of a drafter directory (eval mode, fp32) and its config.json.
+def load_drafter_net(directory: str | Path) -> tuple[nn.Module, dict[str, Any]]:
+    """The trained network of a drafter directory (eval mode, fp32) -- a `BlockDrafter`, or a
+    `MedusaDrafter` for ``arch: medusa`` -- and its config.json.
 
     Raises:
         ValueError: a bad config (see `read_drafter_config`), missing or mismatched weights.
     """
     cfg = read_drafter_config(directory)
-    net = BlockDrafter(DrafterConfig.from_dict(cfg["drafter"]))
+    try:
+        net = build_drafter(DrafterConfig.from_dict(cfg["drafter"]))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{Path(directory) / 'config.json'} has a bad drafter section: {e}") from None
     path = Path(directory) / WEIGHTS
     try:
         sd = load_file(str(path))

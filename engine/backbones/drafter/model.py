@@ -34,7 +34,6 @@ from engine.backbones.base import BlockOutput, Capabilities
 from engine.backbones.causal_lm.adapter import SMOLLM2_SYSTEM, base_spec, load_base, load_base_tokenizer
 from engine.backbones.causal_lm.model import HFBlockConfig, TransformersBackbone, _cache_kwarg, count_parameters
 from engine.backbones.drafter.files import load_drafter_net, read_drafter_config
-from engine.backbones.drafter.net import BlockDrafter
 
 
 @dataclass
@@ -89,14 +88,14 @@ class DraftedLM(TransformersBackbone):
 
     Args:
         lm: the frozen target (transformers causal LM, eval mode).
-        drafter: a trained `BlockDrafter` whose ``hidden_size`` / ``vocab_size`` match ``lm``.
+        drafter: a trained `BlockDrafter` (or `MedusaDrafter`, the baseline) whose ``hidden_size`` / ``vocab_size`` match ``lm``.
         config: `DrafterLMConfig`.
 
     Raises:
         ValueError: when the drafter does not fit the target (width, vocabulary, layers read).
     """
 
-    def __init__(self, lm: nn.Module, drafter: BlockDrafter, config: DrafterLMConfig):
+    def __init__(self, lm: nn.Module, drafter: nn.Module, config: DrafterLMConfig):
         super().__init__()
         dc = drafter.cfg
         n_states = lm.config.num_hidden_layers + 1
@@ -118,7 +117,7 @@ class DraftedLM(TransformersBackbone):
         self.register_buffer("_draft_index", lut, persistent=False)
 
     @classmethod
-    def build(cls, lm: nn.Module, drafter: BlockDrafter, name: str, mask_token_id: int,
+    def build(cls, lm: nn.Module, drafter: nn.Module, name: str, mask_token_id: int,
               eos_token_id: int | None = None, base: str = "") -> "DraftedLM":
         """A `DraftedLM` with its `DrafterLMConfig` read from ``lm``'s transformers config.
 
@@ -180,7 +179,7 @@ class DraftedLM(TransformersBackbone):
         out = self.lm(input_ids=x, position_ids=pos, use_cache=True, output_hidden_states=True,
                       **{_cache_kwarg(self.lm): state.cache})
         layers = self.drafter.cfg.target_layers
-        dt = self.drafter.fuse.weight.dtype
+        dt = next(self.drafter.parameters()).dtype
         ctx = self.drafter.fuse_context(torch.cat([out.hidden_states[i][0] for i in layers], -1).to(dt))
         last = out.hidden_states[layers[-1]][0].to(dt)
         state.ctx = ctx if state.ctx is None else torch.cat([state.ctx, ctx], 0)

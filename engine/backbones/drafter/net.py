@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+ARCHS = ("block", "medusa")
+
 
 @dataclass
 class DrafterConfig:
@@ -59,6 +61,9 @@ class DrafterConfig:
         draft_vocab: the token ids the drafter may propose (sorted); empty = all V.
         init_from: the target layer indices the drafter's layers were initialised from
             (recorded, not used at run time).
+        arch: ``"block"`` (`BlockDrafter`, the block-diffusion drafter) or ``"medusa"``
+            (`MedusaDrafter`, the Medusa-style baseline: ``block_size - 1`` heads on the target's last
+            state, no attention; only the last of ``target_layers`` is read).
     """
 
     hidden_size: int
@@ -75,6 +80,7 @@ class DrafterConfig:
     mask_token_id: int = 0
     draft_vocab: tuple[int, ...] = ()
     init_from: tuple[int, ...] = ()
+    arch: str = "block"
 
     def __post_init__(self) -> None:
         self.target_layers = tuple(int(i) for i in self.target_layers)
@@ -84,6 +90,8 @@ class DrafterConfig:
             raise ValueError("target_layers must name at least one hidden_states index of the target")
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2 (the anchor and at least one drafted slot), got {self.block_size}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
 
@@ -285,6 +293,63 @@ class BlockDrafter(nn.Module):
             mine.load_state_dict({k: (mine.state_dict()[k] if k in keep else src[k]) for k in mine.state_dict()})
         self.mask_embedding.data.copy_(target.get_input_embeddings().weight.data[self.cfg.mask_token_id])
         self.cfg.init_from = tuple(int(i) for i in layer_indices)
+
+
+class MedusaDrafter(nn.Module):
+    """Medusa-style heads (the baseline the block drafter must beat; Cai et al., "Medusa", ICML 2024):
+    head ``k`` maps the target's last hidden state ``h`` at ``anchor - 1`` to ``h + SiLU(W_k h)`` and
+    reads it with the target's frozen LM head, for the token ``k`` slots after the anchor. ``W_k`` starts
+    at zero, so an untrained head proposes what the target's own head reads from ``h``. The heads see
+    neither the context nor the block's contents: every slot is drafted from ``h`` alone.
+
+    Same call as `BlockDrafter` (so `engine.backbones.drafter.model.DraftedLM` decodes either).
+
+    Args:
+        cfg: `DrafterConfig` with ``arch == "medusa"``.
+
+    Attributes:
+        heads: ``block_size - 1`` Linear(H -> H) maps, no bias (zeros at start).
+        draft_vocab: [Vd] int64 buffer, as `BlockDrafter`'s.
+    """
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        H = cfg.hidden_size
+        self.heads = nn.ModuleList(nn.Linear(H, H, bias=False) for _ in range(cfg.block_size - 1))
+        for head in self.heads:
+            nn.init.zeros_(head.weight)
+        vocab = torch.tensor(cfg.draft_vocab or range(cfg.vocab_size), dtype=torch.int64)
+        self.register_buffer("draft_vocab", vocab, persistent=False)
+
+    def fuse_context(self, feats: torch.Tensor) -> torch.Tensor:
+        """[T, K * H] -> [T, H]: the last layer read (the heads read no context; kept for the common call)."""
+        return feats[:, -self.cfg.hidden_size:]
+
+    def forward(self, ctx: torch.Tensor | None, last: torch.Tensor, block_ids: torch.Tensor, anchors: torch.Tensor,
+                embed: nn.Module | None, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        """Draft N blocks from the target's last state alone (``ctx``, ``block_ids``' contents, ``anchors``
+        and ``embed`` are not read; `BlockDrafter.forward` documents the common arguments).
+
+        Returns:
+            [N, B, Vd] fp32 logits: slot 0 the target's own head on ``last`` (its prediction of the
+            anchor), slot ``k >= 1`` head ``k - 1``.
+
+        Raises:
+            ValueError: a block longer than the ``block_size`` the heads were built for.
+        """
+        B = block_ids.shape[1]
+        if B > self.cfg.block_size:
+            raise ValueError(f"the heads were built for blocks of at most {self.cfg.block_size} slots, got {B}")
+        h = last.to(self.heads[0].weight.dtype) if len(self.heads) else last
+        w = lm_head_weight[self.draft_vocab] if self.cfg.draft_vocab else lm_head_weight
+        xs = [h] + [h + F.silu(head(h)) for head in self.heads[: B - 1]]
+        return torch.stack([(x @ w.to(x.dtype).t()).float() for x in xs], 1)
+
+
+def build_drafter(cfg: DrafterConfig) -> nn.Module:
+    """The untrained network of ``cfg.arch``: `BlockDrafter` or `MedusaDrafter`."""
+    return MedusaDrafter(cfg) if cfg.arch == "medusa" else BlockDrafter(cfg)
 
 
 def target_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
