@@ -140,7 +140,7 @@ class SettingsPanel(pn.viewable.Viewer):
         self.open_note = pn.pane.Markdown(self._open_note(), margin=(0, 10), styles={"font-size": "12px"})
         s.param.watch(lambda _e: setattr(self.open_note, "object", self._open_note()), "max_upload_bytes")
         s.param.watch(self._sync, ["running", "model_label", "model_ok", "window_available", "memory_advice", "trace",
-                                   "n_steps"])
+                                   "n_steps", "policy"])
         self._sync()
 
     def _save(self) -> Any:
@@ -188,6 +188,9 @@ class SettingsPanel(pn.viewable.Viewer):
         warn = " ⚠" if "random" in label else ""
         self.model_label.object = f"**Model:** {html.escape(label)}{warn}"
         self.memory_mode.disabled = not (s.window_available and s.model_ok)
+        verify = s.policy == "verify"  # the base decides what is written: no threshold is read
+        self.threshold.disabled = verify
+        self.threshold.name = "Threshold (not used by verify: the base decides)" if verify else "Threshold"
         self.memory_note.object = (
             "no model loaded" if not s.model_ok else
             "`state+window`: the last W tokens' K/V beside the state; `state` is Clover's own. "

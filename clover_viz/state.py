@@ -268,8 +268,13 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
 
     @param.depends("threshold", "block_size", watch=True)
     def _on_decode_setting(self) -> None:
-        if self.auto_redecode and not self._quiet and self.trace is not None and not self._closed:
-            self.generate()
+        if not self.auto_redecode or self._quiet or self.trace is None or self._closed:
+            return
+        dc = self.trace.decode_config or {}
+        # verify mode reads no threshold (the base decides what is written): moving it decodes nothing new
+        if self.policy == dc.get("policy") == "verify" and self.block_size == dc.get("block_size"):
+            return
+        self.generate()
 
     # ------------------------------------------------------------------ decoding
     def generate(self, config: Any = None) -> bool:

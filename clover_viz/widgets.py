@@ -242,7 +242,8 @@ class Explorer(ExplorerDecoding):
         thr = float(get("threshold", 0.95))
         self.threshold = W.FloatSlider(value=thr, min=min(THRESHOLD_MIN, thr), max=THRESHOLD_MAX, step=0.01,
                                        description="threshold", continuous_update=False,
-                                       readout_format=_threshold_format(thr), disabled=not has_model)
+                                       readout_format=_threshold_format(thr),
+                                       disabled=not has_model or get("policy", "") == "verify")  # the base decides
         bs = int(get("block_size", 32))
         self.block_size = W.Dropdown(options=_block_size_options(bs), value=bs, description="block_size",
                                      disabled=not has_model, layout=W.Layout(width="200px"))
@@ -503,6 +504,8 @@ class Explorer(ExplorerDecoding):
             self.threshold.min = min(THRESHOLD_MIN, thr)
             self.threshold.readout_format = _threshold_format(thr)
             self.threshold.value = thr
+            # verify writes what the base would write: no threshold is read, so none can be set
+            self.threshold.disabled = self.config is None or getattr(dc, "policy", "") == "verify"
         finally:
             self._quiet = quiet
 

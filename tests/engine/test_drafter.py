@@ -188,6 +188,24 @@ def test_explorer_status_of_a_verify_run_counts_base_forwards_and_accepted_draft
     assert s.status.startswith("done:"), s.status
     assert "base forwards" in s.status and "the base accepted" in s.status
     assert s.trace.decode_config["policy"] == "verify"
+    # verify reads no threshold: the slider is off and says why, and moving it starts no decode
+    from clover_viz.panel_settings import SettingsPanel
+
+    panel = SettingsPanel(state=s)
+    assert panel.threshold.disabled and "not used by verify" in panel.threshold.name
+    shown = s.trace
+    s.threshold = 0.5
+    assert not s.running and s.trace is shown
+    s.block_size = 2  # a block size does change a verify decode
+    assert s.running or s.trace is not shown
+    assert s.wait(60)
+    s.policy = "low_confidence"
+    assert not panel.threshold.disabled and panel.threshold.name == "Threshold"
+    # the notebook view too
+    from clover_viz.widgets import Explorer
+
+    ex = Explorer(drafted, tok, decode_config={"block_size": 4, "max_new_tokens": 4, "policy": "verify"})
+    assert ex.threshold.disabled and not ex.block_size.disabled
 
 
 def test_eval_summary_of_verify_and_commit_rows():
