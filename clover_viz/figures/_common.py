@@ -71,8 +71,9 @@ def _resolve_step(trace: Any, step: int | None) -> int:
 
 
 def _threshold(trace: Any) -> float | None:
+    """The threshold the run decided by, or None: none recorded, or a verify run (the base decided)."""
     dc = getattr(trace, "decode_config", None) or {}
-    t = dc.get("threshold")
+    t = None if dc.get("policy") == "verify" else dc.get("threshold")
     return None if t is None else float(t)
 
 

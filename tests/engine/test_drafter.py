@@ -109,6 +109,14 @@ def test_verify_events_show_draft_accepted_run_and_rejected_slot(drafted, tmp_pa
     loaded = Trace.load(tr.save(tmp_path / "verify.parquet"))
     assert loaded.generated_tokens.tolist() == res.tokens
     assert len(loaded) == len(tr)
+    # the views name no threshold for a verify run (none was read); a commit run's they do
+    from clover_viz import figures as F
+
+    fig = F.block_figure(loaded, 3)
+    assert "still masked" in fig.layout.title.text and "threshold" not in fig.layout.title.text
+    assert "threshold" not in F.confidence_heatmap(loaded, 1).layout.title.text
+    commit = dec.generate(PROMPTS[0], config=DecodeConfig(block_size=4, max_new_tokens=8)).trace
+    assert "threshold 0.95" in F.block_figure(commit, 1).layout.title.text
 
 
 def test_commit_mode_block_size_1_is_the_targets_greedy_decode(drafted):
