@@ -143,7 +143,7 @@ def _layer_slots(cache_layers: tuple[int, ...], wanted: tuple[int, ...]) -> list
     return [cache_layers.index(l) for l in wanted]
 
 
-def evaluate(model, arch: str, cache: FeatureCache, seqs: list[int], frozen: _Frozen, cfg: DrafterConfig,
+def evaluate(model, cache: FeatureCache, seqs: list[int], frozen: _Frozen, cfg: DrafterConfig,
              slots: list[int], last_slot: int, max_anchors: int = 64, device: torch.device | str = "cpu",
              dtype: str = "fp32") -> dict:
     """Held-out metrics with all slots masked (the verify-mode draft): top-1 accuracy per slot, and
@@ -164,7 +164,7 @@ def evaluate(model, arch: str, cache: FeatureCache, seqs: list[int], frozen: _Fr
             if not len(anchors):
                 continue
             with _autocast(device, dtype):
-                logits = _forward(model, arch, feats.to(device), anchors.to(device), block.to(device), frozen,
+                logits = _forward(model, feats.to(device), anchors.to(device), block.to(device), frozen,
                                   slots, last_slot)
             pred = vocab[logits.argmax(-1).cpu()]  # [N, B]
             ok = (pred == labels) & (labels >= 0)
@@ -184,9 +184,9 @@ def evaluate(model, arch: str, cache: FeatureCache, seqs: list[int], frozen: _Fr
             "tokens_per_target_forward": 1 + sum(runs) / max(len(runs), 1), "anchors": len(runs)}
 
 
-def _forward(model, arch, feats, anchors, block, frozen, slots, last_slot):
+def _forward(model, feats, anchors, block, frozen, slots, last_slot):
     """Logits [N, B, Vd] for the blocks (Medusa: from the target's final state at ``anchor - 1`` alone)."""
-    if arch == "medusa":
+    if model.cfg.arch == "medusa":
         return model(None, feats[anchors - 1, last_slot].float(), block, anchors, None, frozen.lm_head)
     T = int(anchors.max())
     ctx = model.fuse_context(feats[:T, slots].float().reshape(T, -1))
@@ -229,7 +229,7 @@ def train(args) -> int:
         if args.arch == "medusa":  # the heads read the final state only
             cfg.target_layers = (hf.num_hidden_layers,)
     model = build_drafter(cfg)
-    if args.arch == "block":
+    if cfg.arch == "block":  # on --resume the saved config's arch decides, whatever --arch says
         if not resume:
             top = hf.num_hidden_layers - 1
             model.init_layers_from(lm, list(range(top - cfg.num_layers + 1, top + 1)))
@@ -247,7 +247,7 @@ def train(args) -> int:
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         step, spent = st["step"], st["minutes"]
-    print(f"{args.arch}: {sum(p.numel() for p in model.parameters() if p.requires_grad):,} trainable parameters; "
+    print(f"{cfg.arch}: {sum(p.numel() for p in model.parameters() if p.requires_grad):,} trainable parameters; "
           f"{len(train_ids)} training / {len(held)} held-out sequences; target layers {list(cfg.target_layers)}; "
           f"block {cfg.block_size}; draft vocabulary {len(cfg.draft_vocab) or cfg.vocab_size}; {device}, {args.dtype}"
           + (f"; resuming at step {step}, {spent:.1f} min" if resume else ""), flush=True)
@@ -260,7 +260,7 @@ def train(args) -> int:
     recipe = {k: ([str(c) for c in v] if isinstance(v, list) and v and isinstance(v[0], Path) else
                   str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     t0, last_save = time.perf_counter(), time.perf_counter()
-    bar = tqdm(total=round(args.minutes, 1), unit="min", desc=f"train {args.arch}", bar_format="{l_bar}{bar}| {n:.1f}/{total} min {postfix}")
+    bar = tqdm(total=round(args.minutes, 1), unit="min", desc=f"train {cfg.arch}", bar_format="{l_bar}{bar}| {n:.1f}/{total} min {postfix}")
     model.train()
     while True:
         minutes = spent + (time.perf_counter() - t0) / 60
@@ -274,11 +274,11 @@ def train(args) -> int:
             i = train_ids[rng.randrange(len(train_ids))]
             feats, ids, p = cache.sequence(i)
             anchors, block, labels = _blocks(ids, p, cfg.block_size, args.anchors, mask_id,
-                                             args.reveal if args.arch == "block" else 0.0, rng)
+                                             args.reveal if cfg.arch == "block" else 0.0, rng)
             if not len(anchors):
                 continue
             with _autocast(device, args.dtype):
-                logits = _forward(model, args.arch, feats.to(device, non_blocking=True), anchors.to(device),
+                logits = _forward(model, feats.to(device, non_blocking=True), anchors.to(device),
                                   block.to(device), frozen, slots, last_slot)
             tgt = _to_draft_index(labels, vocab_t, cfg.vocab_size).to(device)
             ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100,
@@ -302,8 +302,8 @@ def train(args) -> int:
     bar.close()
     spent += (time.perf_counter() - t0) / 60
     _save_state(state_path, model, opt, cfg, step, spent, recipe)
-    metrics = evaluate(model, args.arch, cache, held, frozen, cfg, slots, last_slot, device=device, dtype=args.dtype)
-    metrics.update({"arch": args.arch, "step": step, "minutes": round(spent, 2), "target_layers": list(cfg.target_layers),
+    metrics = evaluate(model, cache, held, frozen, cfg, slots, last_slot, device=device, dtype=args.dtype)
+    metrics.update({"arch": cfg.arch, "step": step, "minutes": round(spent, 2), "target_layers": list(cfg.target_layers),
                     "block_size": cfg.block_size, "depth": cfg.num_layers, "draft_vocab": len(cfg.draft_vocab),
                     "cache_agreement": cache.agreement, "device": str(device), "dtype": args.dtype,
                     "train_sequences": len(train_ids)})

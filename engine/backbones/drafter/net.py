@@ -341,7 +341,7 @@ class MedusaDrafter(nn.Module):
         B = block_ids.shape[1]
         if B > self.cfg.block_size:
             raise ValueError(f"the heads were built for blocks of at most {self.cfg.block_size} slots, got {B}")
-        h = last.to(self.heads[0].weight.dtype) if len(self.heads) else last
+        h = last.to(self.heads[0].weight.dtype)  # block_size >= 2: at least one head
         w = lm_head_weight[self.draft_vocab] if self.cfg.draft_vocab else lm_head_weight
         xs = [h] + [h + F.silu(head(h)) for head in self.heads[: B - 1]]
         return torch.stack([(x @ w.to(x.dtype).t()).float() for x in xs], 1)
