@@ -3,7 +3,7 @@ live outside them in the checkout, as package data of the wheel --
 
 * the bundled models: every ``models/<name>/`` holding a ``config.json``, its top-level files (no
   ``logs/``, no ``*.pt`` training state: the loaders read safetensors), as the data package
-  ``clover_models`` (found by `engine.checkpoint.bundled_models_dir`);
+  ``clover_models`` (found by `clover_engine.checkpoint.bundled_models_dir`);
 * the tutorials: ``notebooks/*.ipynb`` as ``clover_explorer/tutorials`` (``clover-explorer tutorials DIR``).
 
 Setuptools has no declarative way to map a package onto another folder while still discovering the
@@ -25,8 +25,9 @@ def model_files() -> list[str]:
 
 
 setup(
-    packages=find_packages(where=str(HERE), include=["engine", "engine.*", "kernels", "kernels.*", "clover_viz",
-                                                     "clover_viz.*", "clover_explorer"])
+    packages=find_packages(where=str(HERE), include=["clover_engine", "clover_engine.*", "clover_kernels",
+                                                     "clover_kernels.*", "clover_viz", "clover_viz.*",
+                                                     "clover_explorer"])
     + ["clover_models", "clover_explorer.tutorials"],
     package_dir={"clover_models": "models", "clover_explorer.tutorials": "notebooks"},
     package_data={"clover_models": model_files(), "clover_explorer.tutorials": ["*.ipynb"]},

@@ -13,14 +13,14 @@ accuracy by step for each layout, so levers can be compared in one run:
 * ``--task recall``: multi-query associative recall (MQAR, Arora et al. 2023): 4 pairs of a
   2-token cue and a 4-token value written in the first half of a 128-token random row and
   queried in shuffled order in the second half; the queried values (all 4 tokens, the first
-  one known from its cue) are masked -- the lookup of `engine.training.rows.RowSource.recall_row`
+  one known from its cue) are masked -- the lookup of `clover_engine.training.rows.RowSource.recall_row`
   and of a tool-call argument.
 
 Layouts: ``gdn3`` (GDN, GDN, GDN, attention: clover-test), ``alt`` (GDN, attention x 2:
 clover-tiny's), ``attn`` (attention x 4), ``attn-first`` ((attention, GDN) x 2); each with or without an attention q/k/v conv
 (``--conv K``, ``config.attention_conv_kernel_dim``). ``--conv-init random``: off-centre
 taps drawn from N(0, 0.3); ``prev`` / ``decay``: every head an induction-head candidate
-(`engine.training.surgery.init_induction_heads`: q and k read the previous token, or tokens 1-3 back
+(`clover_engine.training.surgery.init_induction_heads`: q and k read the previous token, or tokens 1-3 back
 with taps 1, 0.5, 0.25). All on clover-test sizes (hidden 64), batch 16, AdamW, default
 block size 8, lr 2e-3.
 
@@ -33,7 +33,7 @@ every layout stayed at chance for 500-700 steps, at block size 8 and at block si
 still at chance at step 150 / 400 (block 8). At block size 1 the layer order decides:
 ``attn-first`` (attention, GDN, attention, GDN) went 0.07 (step 175) -> 0.27 (200) -> 0.57
 (225) -> 0.76 (250), while ``alt`` (GDN first, clover-tiny's order) was at chance (<= 0.015)
-through step 400 -- hence `engine.training.surgery.with_front_attention`. Recall (2026-11-30, block
+through step 400 -- hence `clover_engine.training.surgery.with_front_attention`. Recall (2026-11-30, block
 size 1, conv 4, ``--conv-init decay``): ``attn-first`` at chance through step 225, then 0.048
 (250) -> 0.113 (275) -> 0.336 (300); ``alt`` at chance (<= 0.015) through step 300. The same at
 clover-tiny's sizes (``--size tiny``: hidden 192, head_dim 48, vocab 4096; 2026-11-30): at chance through
@@ -56,10 +56,10 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.backbones.clover.config import CloverConfig  # noqa: E402
-from engine.backbones.clover.model import CloverModel  # noqa: E402
-from engine.training.surgery import INDUCTION_TAPS, init_induction_heads, tiny_config  # noqa: E402
-from engine.threads import add_threads_argument, configure_threads  # noqa: E402
+from clover_engine.backbones.clover.config import CloverConfig  # noqa: E402
+from clover_engine.backbones.clover.model import CloverModel  # noqa: E402
+from clover_engine.training.surgery import INDUCTION_TAPS, init_induction_heads, tiny_config  # noqa: E402
+from clover_engine.threads import add_threads_argument, configure_threads  # noqa: E402
 
 INDUCTION_INITS = {"prev": (1.0,), "decay": INDUCTION_TAPS}
 
@@ -110,7 +110,7 @@ def make_batch(task: str, g: torch.Generator, mask_id: int, B: int = 16) -> tupl
 def run(task: str, layout: str, conv: int, steps: int, every: int, seed: int, block_size: int = 8,
         lr: float = 2e-3, qk_gain: float = 1.0, conv_init: str = "random", size: str = "test") -> list[tuple[int, float]]:
     """Train one layout; returns (step, masked-slot accuracy of that step's batch) every `every` steps.
-    ``size``: "test" (clover-test sizes, hidden 64) or "tiny" (`engine.training.surgery.tiny_config`, hidden 192, vocab 4096)."""
+    ``size``: "test" (clover-test sizes, hidden 64) or "tiny" (`clover_engine.training.surgery.tiny_config`, hidden 192, vocab 4096)."""
     base = CloverConfig.from_name("clover-test") if size == "test" else tiny_config()
     cfg = dataclasses.replace(base, layer_types=LAYOUTS[layout],
                               attention_conv_kernel_dim=conv, attention_window=256)

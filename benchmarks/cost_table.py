@@ -6,7 +6,7 @@ expert union per layer of a 32-token forward (8 = a single token's top-8, the
 best case; 17 = what the write-ups' "1.4x the AR bytes" implies; 32 = the
 seed's example, 2.02x; "expected" = independent top-8-of-256 routing, 163.3).
 Cells are the roofline-bound tokens/s as a ratio to the AR bound (568 tokens/s,
-`engine.cost.ar_step_cost`), both projected from `engine.cost`.
+`clover_engine.cost.ar_step_cost`), both projected from `clover_engine.cost`.
 
 A block of 32 tokens takes ``32 / TPF`` forwards of 32 slots; one of them
 also carries the fused commit of the previous block (64 tokens: the commit's
@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.backbones.clover.config import CloverConfig  # noqa: E402
-from engine.cost import ar_step_cost, expected_union, forward_cost, get_device  # noqa: E402
-from engine.threads import add_threads_argument, configure_threads  # noqa: E402
+from clover_engine.backbones.clover.config import CloverConfig  # noqa: E402
+from clover_engine.cost import ar_step_cost, expected_union, forward_cost, get_device  # noqa: E402
+from clover_engine.threads import add_threads_argument, configure_threads  # noqa: E402
 
 BLOCK = 32
 TPFS = (1, 2, 3, 4, 6, 8)

@@ -12,20 +12,20 @@
 # Steps (OUT = runs/drafter-gpu by default):
 #   1. self-distillation: the base's greedy answers (fp32, as the eval decodes it: the drafter learns the exact
 #      tokens verify checks against) to a broad prompt set in one file: 4,000 questions the base writes itself
-#      (--source self-instruct, engine.data.self_instruct: 100 everyday categories; the templates alone drafted
+#      (--source self-instruct, clover_engine.data.self_instruct: 100 everyday categories; the templates alone drafted
 #      the plain eval questions at 1.20 tokens per base forward against 1.57 on their own kind) and 2,000
-#      templated prompts (engine.data.chat_prompts), then 1,000 tool-call chats of the training vocabulary
-#      (--source tools, engine.data.open_tools.train_turns: whole ChatML, so they go in a file of their own),
+#      templated prompts (clover_engine.data.chat_prompts), then 1,000 tool-call chats of the training vocabulary
+#      (--source tools, clover_engine.data.open_tools.train_turns: whole ChatML, so they go in a file of their own),
 #      each step cut off at its time limit (60 s, 30 s, 30 s) -- whatever was written is used; rerunning
 #      continues the files;
 #   2. features: the base once over every prompt + answer, hidden states 8 / 15 / 22 / 30 (the layers the drafter
 #      reads; 30 = the final state its residual stream starts from) cached in fp16 (~4.6 KB a position), one
 #      cache per file (train joins them: --cache A B); an existing cache is reused;
-#   3. training: engine.training.drafter train, bf16 autocast, block 8 and block 16 side by side on the one GPU
+#   3. training: clover_engine.training.drafter train, bf16 autocast, block 8 and block 16 side by side on the one GPU
 #      (each is a few small kernels per step: neither fills it), 2 minutes each, 96 anchors x 8 sequences a
 #      step; each prints its held-out slot accuracy and the tokens per target forward greedy verification would
 #      give, then exports to OUT/smollm2-drafter-b8 | -b16;
-#   4. eval: python -m engine.eval on the 60 fixed plain questions (64 new tokens), verify and commit at 0.95:
+#   4. eval: python -m clover_engine.eval on the 60 fixed plain questions (64 new tokens), verify and commit at 0.95:
 #      block 8 with 20 open-vocabulary tool turns beside models/smollm2-bd (--compare), then block 16 alone;
 #      each writes OUT/smollm2-drafter-bN/eval.json and prints its table (tokens per base forward, tokens/s, the
 #      ratio to the base's own generate, this GPU's break-even); the last lines sum the two up.
@@ -56,19 +56,19 @@ EOF
 }
 
 if [ "${TINY:-0}" = 1 ]; then
-    "$PY" -m engine.training.causal_lm distill --out "$DATA" --source self-instruct --n 2 --batch 1 --max-new-tokens 12
-    "$PY" -m engine.training.causal_lm distill --out "$DATA" --source templates --n 4 --batch 4 --max-new-tokens 12
-    "$PY" -m engine.training.causal_lm distill --out "$TOOLS" --source tools --n 2 --batch 2 --max-new-tokens 12
-    "$PY" -m engine.training.drafter cache --data "$DATA" --out "$CACHE" --layers 8 15 22 30 --batch 6
-    "$PY" -m engine.training.drafter cache --data "$TOOLS" --out "$TOOLS_CACHE" --layers 8 15 22 30 --batch 2
+    "$PY" -m clover_engine.training.causal_lm distill --out "$DATA" --source self-instruct --n 2 --batch 1 --max-new-tokens 12
+    "$PY" -m clover_engine.training.causal_lm distill --out "$DATA" --source templates --n 4 --batch 4 --max-new-tokens 12
+    "$PY" -m clover_engine.training.causal_lm distill --out "$TOOLS" --source tools --n 2 --batch 2 --max-new-tokens 12
+    "$PY" -m clover_engine.training.drafter cache --data "$DATA" --out "$CACHE" --layers 8 15 22 30 --batch 6
+    "$PY" -m clover_engine.training.drafter cache --data "$TOOLS" --out "$TOOLS_CACHE" --layers 8 15 22 30 --batch 2
     for B in 8 16; do
-        "$PY" -m engine.training.drafter train --cache "$CACHE" "$TOOLS_CACHE" --out "$OUT/block$B" --block-size "$B" \
+        "$PY" -m clover_engine.training.drafter train --cache "$CACHE" "$TOOLS_CACHE" --out "$OUT/block$B" --block-size "$B" \
             --layers 8 15 22 30 --minutes 0.02 --anchors 8 --accum 1 --heldout 2 --draft-vocab 512
-        "$PY" -m engine.training.drafter export --run "$OUT/block$B" --out "$OUT/smollm2-drafter-b$B"
+        "$PY" -m clover_engine.training.drafter export --run "$OUT/block$B" --out "$OUT/smollm2-drafter-b$B"
     done
-    "$PY" -m engine.eval --model "$OUT/smollm2-drafter-b8" --prompts 2 --open-tasks 1 --max-new-tokens 8 \
+    "$PY" -m clover_engine.eval --model "$OUT/smollm2-drafter-b8" --prompts 2 --open-tasks 1 --max-new-tokens 8 \
         --block-size 8 --thresholds 0.95 --compare models/smollm2-bd
-    "$PY" -m engine.eval --model "$OUT/smollm2-drafter-b16" --prompts 1 --open-tasks 0 --max-new-tokens 8 \
+    "$PY" -m clover_engine.eval --model "$OUT/smollm2-drafter-b16" --prompts 1 --open-tasks 0 --max-new-tokens 8 \
         --block-size 16 --thresholds 0.95
     summary "$OUT/smollm2-drafter-b8/eval.json" "$OUT/smollm2-drafter-b16/eval.json"
     exit 0
@@ -79,29 +79,29 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
     exit 2
 fi
 t0=$(date +%s)
-timeout 60 "$PY" -m engine.training.causal_lm distill --out "$DATA" --source self-instruct --n 4000 --batch 512 \
+timeout 60 "$PY" -m clover_engine.training.causal_lm distill --out "$DATA" --source self-instruct --n 4000 --batch 512 \
     --max-new-tokens 96 --device cuda --dtype fp32 --threads 4 \
     || echo "self-instruct distill stopped at its time limit ($(wc -l < "$DATA" || echo 0) answers)"
-timeout 30 "$PY" -m engine.training.causal_lm distill --out "$DATA" --source templates --n 2000 --batch 512 \
+timeout 30 "$PY" -m clover_engine.training.causal_lm distill --out "$DATA" --source templates --n 2000 --batch 512 \
     --max-new-tokens 96 --device cuda --dtype fp32 --threads 4 \
     || echo "templates distill stopped at its time limit ($(wc -l < "$DATA") answers in all)"
-timeout 30 "$PY" -m engine.training.causal_lm distill --out "$TOOLS" --source tools --n 1000 --batch 256 \
+timeout 30 "$PY" -m clover_engine.training.causal_lm distill --out "$TOOLS" --source tools --n 1000 --batch 256 \
     --max-new-tokens 96 --device cuda --dtype fp32 --threads 4 \
     || echo "tools distill stopped at its time limit ($(wc -l < "$TOOLS" || echo 0) answers)"
 if [ ! -f "$CACHE" ]; then
-    "$PY" -m engine.training.drafter cache --data "$DATA" --out "$CACHE" --layers 8 15 22 30 --batch 64 \
+    "$PY" -m clover_engine.training.drafter cache --data "$DATA" --out "$CACHE" --layers 8 15 22 30 --batch 64 \
         --device cuda --dtype fp32 --threads 4
 fi
 if [ ! -f "$TOOLS_CACHE" ]; then
-    "$PY" -m engine.training.drafter cache --data "$TOOLS" --out "$TOOLS_CACHE" --layers 8 15 22 30 --batch 32 \
+    "$PY" -m clover_engine.training.drafter cache --data "$TOOLS" --out "$TOOLS_CACHE" --layers 8 15 22 30 --batch 32 \
         --device cuda --dtype fp32 --threads 4
 fi
 echo "data and features: $(( $(date +%s) - t0 )) s"
-"$PY" -m engine.training.drafter train --cache "$CACHE" "$TOOLS_CACHE" --out "$OUT/block8" --block-size 8 --layers 8 15 22 30 \
+"$PY" -m clover_engine.training.drafter train --cache "$CACHE" "$TOOLS_CACHE" --out "$OUT/block8" --block-size 8 --layers 8 15 22 30 \
     --minutes 2 --device cuda --dtype bf16 --anchors 96 --accum 8 --lr 1e-3 --reveal 0.3 --heldout 200 \
     --save-every-min 1 --threads 4 > "$OUT/train-b8.log" 2>&1 &
 p8=$!
-"$PY" -m engine.training.drafter train --cache "$CACHE" "$TOOLS_CACHE" --out "$OUT/block16" --block-size 16 --layers 8 15 22 30 \
+"$PY" -m clover_engine.training.drafter train --cache "$CACHE" "$TOOLS_CACHE" --out "$OUT/block16" --block-size 16 --layers 8 15 22 30 \
     --minutes 2 --device cuda --dtype bf16 --anchors 96 --accum 8 --lr 1e-3 --reveal 0.3 --heldout 200 \
     --save-every-min 1 --threads 4 > "$OUT/train-b16.log" 2>&1 &
 p16=$!
@@ -110,13 +110,13 @@ wait "$p8" || status=$?
 wait "$p16" || status=$?
 tail -n 3 "$OUT/train-b8.log" "$OUT/train-b16.log"
 if [ "$status" != 0 ]; then echo "training failed (see $OUT/train-b*.log)" >&2; exit "$status"; fi
-"$PY" -m engine.training.drafter export --run "$OUT/block8" --out "$OUT/smollm2-drafter-b8"
-"$PY" -m engine.training.drafter export --run "$OUT/block16" --out "$OUT/smollm2-drafter-b16"
+"$PY" -m clover_engine.training.drafter export --run "$OUT/block8" --out "$OUT/smollm2-drafter-b8"
+"$PY" -m clover_engine.training.drafter export --run "$OUT/block16" --out "$OUT/smollm2-drafter-b16"
 echo "trained and exported: $(( $(date +%s) - t0 )) s"
 # one after the other: the evals time their decodes, and two processes on one GPU would slow each other down
-"$PY" -m engine.eval --model "$OUT/smollm2-drafter-b8" --device cuda --prompts 60 --open-tasks 20 \
+"$PY" -m clover_engine.eval --model "$OUT/smollm2-drafter-b8" --device cuda --prompts 60 --open-tasks 20 \
     --max-new-tokens 64 --block-size 8 --thresholds 0.95 --compare models/smollm2-bd --threads 4
-"$PY" -m engine.eval --model "$OUT/smollm2-drafter-b16" --device cuda --prompts 60 --open-tasks 0 \
+"$PY" -m clover_engine.eval --model "$OUT/smollm2-drafter-b16" --device cuda --prompts 60 --open-tasks 0 \
     --max-new-tokens 64 --block-size 16 --thresholds 0.95 --threads 4
 summary "$OUT/smollm2-drafter-b8/eval.json" "$OUT/smollm2-drafter-b16/eval.json"
 echo "total wall time: $(( $(date +%s) - t0 )) s"

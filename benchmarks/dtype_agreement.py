@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/dtype_agreement.py [--model models/clover-tiny] [--tasks 12] \\
         [--dtype bfloat16] [--block-size 32] [--threshold 0.95] [--memory-mode state] [--threads N]
 
-Prompts: the first ``--tasks`` held-out agent tasks (`engine.data.agent.eval_tasks`,
-what ``engine.eval`` scores) and ``--code`` held-out stdlib code prefixes.
+Prompts: the first ``--tasks`` held-out agent tasks (`clover_engine.data.agent.eval_tasks`,
+what ``clover_engine.eval`` scores) and ``--code`` held-out stdlib code prefixes.
 
 Two measures, printed per setting:
 
@@ -31,8 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.checkpoint import DEFAULT_MODEL_DIR  # noqa: E402
-from engine.threads import add_threads_argument, configure_threads  # noqa: E402
+from clover_engine.checkpoint import DEFAULT_MODEL_DIR  # noqa: E402
+from clover_engine.threads import add_threads_argument, configure_threads  # noqa: E402
 
 
 class _Paired(torch.nn.Module):
@@ -89,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     configure_threads(args.threads)
 
-    from engine.checkpoint import load_model, load_tokenizer
-    from engine.data.agent import eval_tasks
-    from engine.data.stdlib import stdlib_files
-    from engine.decoding.decoder import BlockDecoder, DecodeConfig
-    from engine.recording.events import StepEvent
+    from clover_engine.checkpoint import load_model, load_tokenizer
+    from clover_engine.data.agent import eval_tasks
+    from clover_engine.data.stdlib import stdlib_files
+    from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
+    from clover_engine.recording.events import StepEvent
 
     ref = load_model(args.model)
     low = load_model(args.model, dtype=getattr(torch, args.dtype))

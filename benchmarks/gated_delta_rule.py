@@ -22,8 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.threads import add_threads_argument, configure_threads  # noqa: E402
-from kernels.gated_delta_rule import chunk, naive  # noqa: E402
+from clover_engine.threads import add_threads_argument, configure_threads  # noqa: E402
+from clover_kernels.gated_delta_rule import chunk, naive  # noqa: E402
 
 
 def _median_s(fn, repeats: int) -> float:

@@ -20,6 +20,6 @@ if [ "${TINY:-0}" = 1 ]; then
 fi
 
 # the tests first (a failure is recorded, and the benchmark still runs: device minutes are scarce)
-timeout 240 "$PY" -m pytest -q -rs tests/engine/test_cuda_graphs.py tests/engine/test_device.py tests/kernels \
+timeout 240 "$PY" -m pytest -q -rs tests/clover_engine/test_cuda_graphs.py tests/clover_engine/test_device.py tests/clover_kernels \
     2>&1 | tee "$OUT/pytest.txt" || echo "pytest: exit $? (see $OUT/pytest.txt)"
 timeout 300 "$PY" benchmarks/gpu_forward.py --repeats 10 --warmup 3 | tee "$OUT/gpu_forward.md"

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/gpu_forward.py                       # clover-35b-a3b, bf16, on the GPU
     .venv/bin/python benchmarks/gpu_forward.py --preset clover-test --device cpu --repeats 3   # CPU / CI
 
-The model is built directly on ``--device`` in ``--dtype`` (`engine.backbones.clover.model.random_model`: the
+The model is built directly on ``--device`` in ``--dtype`` (`clover_engine.backbones.clover.model.random_model`: the
 35B-A3B preset in bf16, ~69 GB, never exists on the host). Its state sits at position
 ``--position`` (history is state: the content does not change the time). Forwards timed, each
 the median of ``--repeats`` after ``--warmup``:
@@ -19,15 +19,15 @@ token's top-k uniformly at random (expected union ``E (1 - (1 - k/E)^T)``), ``co
 lets every token of a forward pick its k experts from one pool of 2k per layer and forward
 (union <= 2k), as the tokens of one text tend to.
 
-Columns: the measured expert union (mean over layers), bytes and FLOPs from `engine.cost`
+Columns: the measured expert union (mean over layers), bytes and FLOPs from `clover_engine.cost`
 (`forward_cost` with that union, at the weights' dtype), achieved GB/s = bytes / time, the
-share of the roofline (roofline time / measured time, `engine.cost.devices`: the H200 / H800
+share of the roofline (roofline time / measured time, `clover_engine.cost.devices`: the H200 / H800
 datasheet by the GPU's name, ``this-machine`` on a CPU) and tokens/s at 1, 3, 5 and 10
 tokens per forward: AR is 1 / time; a block of L tokens at TPF t takes L / t forwards, one of
 them the fused commit, so tokens/s = L / ((L / t - 1) * t_block + t_commit).
 
 On CUDA a second table (`graph_table`, skip with ``--no-graphs``) times each forward eagerly and
-replayed from a CUDA graph (`engine.backbones.clover.cuda_graphs`) with the model's own router, beside the kernels
+replayed from a CUDA graph (`clover_engine.backbones.clover.cuda_graphs`) with the model's own router, beside the kernels
 one eager forward launches.
 """
 
@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from engine.threads import add_threads_argument, configure_threads
+from clover_engine.threads import add_threads_argument, configure_threads
 
 TPFS = (1, 3, 5, 10)
 ROUTINGS = ("independent", "correlated")
@@ -74,7 +74,7 @@ class ForcedRouter(torch.nn.Module):
 
 
 def pick_roofline_device(device) -> str:
-    """The `engine.cost.devices` entry for the torch device: by GPU name (H200, H800, H100), else
+    """The `clover_engine.cost.devices` entry for the torch device: by GPU name (H200, H800, H100), else
     ``this-machine`` (measured)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device).upper()
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--position", type=int, default=4096, help="tokens already committed (state position)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--roofline", default=None, help="engine.cost device for the roofline (default: by GPU name)")
+    ap.add_argument("--roofline", default=None, help="clover_engine.cost device for the roofline (default: by GPU name)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-graphs", action="store_true",
                     help="skip the CUDA-graph table (eager vs replay; CUDA only, the model's own router)")
@@ -105,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1 or args.warmup < 0 or args.position < 0 or any(b < 1 for b in args.blocks):
         ap.error("--repeats and --blocks must be >= 1, --warmup and --position >= 0")
 
-    from engine.backbones.clover.config import CloverConfig
-    from engine.cost import forward_cost, get_device
-    from engine.backbones.clover.model import random_model
+    from clover_engine.backbones.clover.config import CloverConfig
+    from clover_engine.cost import forward_cost, get_device
+    from clover_engine.backbones.clover.model import random_model
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -192,12 +192,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def graph_table(model, shapes, ids, position: int, repeats: int, warmup: int, sync) -> None:
-    """Eager forward vs CUDA-graph replay (`engine.backbones.clover.cuda_graphs`) per shape, the model's own router:
+    """Eager forward vs CUDA-graph replay (`clover_engine.backbones.clover.cuda_graphs`) per shape, the model's own router:
     median ms of each, kernels launched by one eager forward (torch.profiler's CUDA events) against
     the one graph launch of a replay, and the time a replay saves per eager kernel launch."""
     from torch.profiler import DeviceType, ProfilerActivity, profile
 
-    from engine.backbones.clover.cuda_graphs import disable_cuda_graphs, enable_cuda_graphs
+    from clover_engine.backbones.clover.cuda_graphs import disable_cuda_graphs, enable_cuda_graphs
 
     print("| forward | eager ms | graph replay ms | eager / replay | kernels per eager forward | "
           "launches per replay | saved per kernel (us) |")

@@ -1,4 +1,4 @@
-"""Sweep throughput at 1 and 2 workers: the same 64-cell `engine.sweep` run twice, side by side.
+"""Sweep throughput at 1 and 2 workers: the same 64-cell `clover_engine.sweep` run twice, side by side.
 
 64 cells = 16 held-out agent tasks (``agent-eval:16``) x 4 settings (block_size 4 / 8 x threshold
 0.5 / 0.9, 16 new tokens) on the random ``clover-test`` (weights x15; byte tokenizer, so each
@@ -6,7 +6,7 @@ prompt is 1-2K tokens of prefill). Each run writes to its own fresh folder; the 
 everything a user waits for (worker start-up, model loads, decodes, tables). The script prints
 both times, the ratio measured in this run, the mean decode time per cell at each count (when it
 grows with the workers, the cores were not free: the workers slowed each other), and checks that the two results tables agree
-(`engine.sweep.canonical_bytes`). ``--ray`` runs the 2-worker sweep on a local Ray instance
+(`clover_engine.sweep.canonical_bytes`). ``--ray`` runs the 2-worker sweep on a local Ray instance
 instead of the process pool (its start-up is then inside the 2-worker time).
 
 ``--threads`` is per worker (default 1). On a machine with fewer free cores than workers the
@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import sweep  # noqa: E402
-from engine.threads import add_threads_argument, resolve_threads, usable_cpus  # noqa: E402
+from clover_engine import sweep  # noqa: E402
+from clover_engine.threads import add_threads_argument, resolve_threads, usable_cpus  # noqa: E402
 
 MODEL = "random:clover-test:15"
 AXES = {"block_size": [4, 8], "threshold": [0.5, 0.9], "max_new_tokens": [16]}

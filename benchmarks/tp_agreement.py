@@ -1,5 +1,5 @@
 """Tensor parallel agreement: the random ``clover-test`` (weights x15, peaked logits) decoded by 2
-gloo processes on the CPU with its heads split (``tp=2``, `engine.decoding.parallel.shard_heads`) and with
+gloo processes on the CPU with its heads split (``tp=2``, `clover_engine.decoding.parallel.shard_heads`) and with
 heads and experts split (``ep=2,tp=2``), against one process: same tokens?, forwards, and the largest
 |confidence difference| over every step and slot, in both memory modes.
 
@@ -28,13 +28,13 @@ MODES = ("state", "state+window")
 
 
 def _model():
-    from engine.backbones.clover.model import random_model
+    from clover_engine.backbones.clover.model import random_model
 
     return random_model("clover-test", seed=0, weight_scale=15.0).eval()
 
 
 def _decode(model, mode):
-    from engine.decoding.decoder import BlockDecoder, DecodeConfig
+    from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     cfg = DecodeConfig(block_size=8, threshold=0.5, max_new_tokens=24, memory_mode=mode)
     r = BlockDecoder(model, None, cfg).generate(PROMPT, record_trace=True)
@@ -45,7 +45,7 @@ def _decode(model, mode):
 def _rank(rank: int, port: int, out: str, ep: bool, threads: int) -> None:
     import torch.distributed as dist
 
-    from engine.decoding import parallel
+    from clover_engine.decoding import parallel
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
@@ -66,7 +66,7 @@ def _rank(rank: int, port: int, out: str, ep: bool, threads: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from engine.threads import add_threads_argument, configure_threads
+    from clover_engine.threads import add_threads_argument, configure_threads
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_threads_argument(p)

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/train_throughput.py                      # tiny preset, 1 thread, ~2 min
     .venv/bin/python benchmarks/train_throughput.py --threads 2 --steps 4
 
-Each variant runs ``--steps`` optimizer steps of `engine.training.loop.train_step` (the training
+Each variant runs ``--steps`` optimizer steps of `clover_engine.training.loop.train_step` (the training
 loop's own step: block-diffusion forward over clean ++ noisy rows, masked-slot cross-entropy,
 backward, clipped AdamW) on the same random batches, after one warm-up step:
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from tqdm import tqdm
 
-from engine.threads import add_threads_argument, configure_threads
+from clover_engine.threads import add_threads_argument, configure_threads
 
 
 def matmul_peak(n: int, repeats: int = 5) -> float:
@@ -48,7 +48,7 @@ def matmul_peak(n: int, repeats: int = 5) -> float:
 
 def make_batches(cfg, rows: int, T: int, L: int, n: int, seed: int):
     """`n` random `Batch` es of [rows, T] tokens, each block half masked (the loop's mean noise)."""
-    from engine.training.loop import Batch
+    from clover_engine.training.loop import Batch
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -64,7 +64,7 @@ def measure(model, opt, batches, use_window: bool) -> tuple[float, float]:
     """(median seconds per step over `batches[1:]`, FLOPs of one step counted on batches[0])."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from engine.training.loop import train_step
+    from clover_engine.training.loop import train_step
 
     with FlopCounterMode(display=False) as counter:
         train_step(model, opt, batches[0], use_window, 1e-4, 1.0)  # also the warm-up
@@ -79,7 +79,7 @@ def measure(model, opt, batches, use_window: bool) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="tiny", choices=["tiny", "small", "test"],
-                    help="engine.train preset (tiny, small) or clover-test (a seconds-long CI check)")
+                    help="clover_engine.train preset (tiny, small) or clover-test (a seconds-long CI check)")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per variant (after one warm-up step)")
     ap.add_argument("--peak-n", type=int, default=1024, help="matmul size for the measured peak")
     ap.add_argument("--window", action="store_true", help="train in state+window mode (W = the preset's)")
@@ -90,11 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--steps must be >= 1 and --peak-n >= 64")
     threads = configure_threads(args.threads)
 
-    from engine.backbones.clover.model import CloverModel
-    from engine.training.surgery import small_config, tiny_config
-    from engine.training.loop import ROW_SHAPE, make_optimizer
+    from clover_engine.backbones.clover.model import CloverModel
+    from clover_engine.training.surgery import small_config, tiny_config
+    from clover_engine.training.loop import ROW_SHAPE, make_optimizer
 
-    from engine.backbones.clover.config import CloverConfig
+    from clover_engine.backbones.clover.config import CloverConfig
 
     cfg = {"tiny": tiny_config, "small": small_config, "test": lambda: CloverConfig.from_name("clover-test")}[args.size]()
     T, rows = ROW_SHAPE[32]

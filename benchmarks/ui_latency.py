@@ -50,7 +50,7 @@ PROMPT = "def f(x):\n    return x\n\n"  # code: a trained model does not end it 
 
 def record(path: Path, tokens: int, threshold: float) -> None:
     from clover_viz.models import load_demo_model
-    from engine.decoding.decoder import BlockDecoder, DecodeConfig
+    from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     demo = load_demo_model()
     print(f"recording a {tokens}-token trace with {demo.label} (block 32, threshold {threshold}) ...", flush=True)
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=120, help="consecutive playback steps to time")
     ap.add_argument("--jumps", type=int, default=60, help="random scrub jumps to time")
     ap.add_argument("--quick", action="store_true", help="30 steps and 20 jumps")
-    from engine.threads import add_threads_argument, configure_threads
+    from clover_engine.threads import add_threads_argument, configure_threads
 
     add_threads_argument(ap)
     args = ap.parse_args(argv)
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rerecord or not args.long_trace.is_file():
         record(args.long_trace, args.long_forwards, 1.0)
 
-    from engine.recording.trace import Trace
+    from clover_engine.recording.trace import Trace
 
     results = {}
     for name, path in (("short", args.trace), ("long", args.long_trace)):

@@ -9,12 +9,12 @@ Four decodes of ``--new-tokens`` tokens after the same ``--prompt-tokens``-token
   ``min_new_tokens``), random weights, a config with the model's own dimensions (hidden,
   layers and their types, heads, experts, vocabulary); on a machine without
   flash-linear-attention / causal-conv1d it runs its plain-torch fallbacks;
-* **engine bs1**: `engine.decoding.decoder.BlockDecoder` at ``block_size=1`` (greedy autoregressive),
+* **engine bs1**: `clover_engine.decoding.decoder.BlockDecoder` at ``block_size=1`` (greedy autoregressive),
   no hooks, no trace;
 * **engine b32**: block 32 / threshold 0.95 without hooks and without a trace;
 * **engine b32 + hooks**: the same with a counting hook and the full trace recorded;
 * with ``--compile`` (CPU only), also **engine bs1, torch.compile**: a second copy of the model
-  whose few-token forwards run the layer stack as one TorchInductor graph (`engine.backbones.clover.compiled`;
+  whose few-token forwards run the layer stack as one TorchInductor graph (`clover_engine.backbones.clover.compiled`;
   compiled during the warm-up round, which is not counted).
 
 The rounds interleave the four decodes (one warm-up round first, not counted); tokens/s is the
@@ -37,8 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.checkpoint import DEFAULT_MODEL_DIR
-from engine.threads import add_threads_argument, configure_threads
+from clover_engine.checkpoint import DEFAULT_MODEL_DIR
+from clover_engine.threads import add_threads_argument, configure_threads
 
 PROMPT_TEXT = (
     "def parse_args(argv):\n    parser = argparse.ArgumentParser(description='Copy files.')\n"
@@ -52,7 +52,7 @@ def transformers_model(cfg, device: str = "cpu"):
     """A random-weight transformers ``Qwen3_5MoeForCausalLM`` with `cfg`'s dimensions.
 
     Args:
-        cfg: a `engine.backbones.clover.config.CloverConfig` (its hidden size, layer types, GDN and attention heads,
+        cfg: a `clover_engine.backbones.clover.config.CloverConfig` (its hidden size, layer types, GDN and attention heads,
             experts, vocabulary and RoPE settings are copied; Clover's own additions are not).
         device: where to build it.
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
     ap.add_argument("--device", default="cpu", help="torch device for both models (cpu, cuda)")
     ap.add_argument("--compile", action="store_true",
-                    help="add engine block_size 1 with torch.compile'd layers (engine.backbones.clover.compiled; needs a C++ compiler)")
+                    help="add engine block_size 1 with torch.compile'd layers (clover_engine.backbones.clover.compiled; needs a C++ compiler)")
     add_threads_argument(ap)
     args = ap.parse_args(argv)
     threads = configure_threads(args.threads)
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from engine.checkpoint import load_model, load_tokenizer
-    from engine.decoding.decoder import BlockDecoder, DecodeConfig
+    from clover_engine.checkpoint import load_model, load_tokenizer
+    from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
 
     model = load_model(args.model, device=args.device)
     tok = load_tokenizer(args.model)
@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.compile:
         if args.device != "cpu":
-            ap.error("--compile compiles the CPU decode; on CUDA use engine.backbones.clover.cuda_graphs (gpu_forward.py)")
-        from engine.backbones.clover.compiled import compile_layers
+            ap.error("--compile compiles the CPU decode; on CUDA use clover_engine.backbones.clover.cuda_graphs (gpu_forward.py)")
+        from clover_engine.backbones.clover.compiled import compile_layers
 
         compiled = BlockDecoder(compile_layers(load_model(args.model, device=args.device)), tok)
 

@@ -1,12 +1,12 @@
 """``clover-explorer``: the one command of the installed package (``pyproject.toml``'s ``[project.scripts]``).
 
 Wing: the top (`clover_explorer`). Each engine subcommand hands its arguments,
-unchanged, to the ``main`` of the ``python -m engine.<tool>`` command it names (`TOOLS`), so the flags and
+unchanged, to the ``main`` of the ``python -m clover_engine.<tool>`` command it names (`TOOLS`), so the flags and
 their ``--help`` are that command's; the other two are the explorer and the tutorials::
 
     clover-explorer serve [--port 5006] [--show] [--model-root DIR]... [panel serve options]
-    clover-explorer generate --example "agent tool call"      # = python -m engine.generate ...
-    clover-explorer eval | sweep | train | convert | cost ...  # = python -m engine.<tool> ...
+    clover-explorer generate --example "agent tool call"      # = python -m clover_engine.generate ...
+    clover-explorer eval | sweep | train | convert | cost ...  # = python -m clover_engine.<tool> ...
     clover-explorer tutorials DIR                             # copy the notebooks into DIR
 
 Tests: ``.venv/bin/python -m pytest tests/test_wheel.py tests/test_cli.py -q``
@@ -22,18 +22,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 TOOLS: dict[str, tuple[str, str]] = {  # subcommand -> ("module:function" called with the argv, what it does)
-    "generate": ("engine.generate:main", "decode one prompt and print the text and its summary line"),
-    "eval": ("engine.eval:main", "score a model on the held-out tasks (writes its eval.json)"),
-    "sweep": ("engine.sweep:main", "decode a grid of settings x models x tasks, resumable"),
-    "train": ("engine.train:main", "train a model (the clover recipe, or causal-lm to adapt a transformers model)"),
-    "convert": ("engine.convert:main", "convert a transformers checkpoint to a Clover one"),
-    "cost": ("engine.cost.cli:main", "the cost model: bytes, FLOPs and tokens/s projected to a device"),
+    "generate": ("clover_engine.generate:main", "decode one prompt and print the text and its summary line"),
+    "eval": ("clover_engine.eval:main", "score a model on the held-out tasks (writes its eval.json)"),
+    "sweep": ("clover_engine.sweep:main", "decode a grid of settings x models x tasks, resumable"),
+    "train": ("clover_engine.train:main", "train a model (the clover recipe, or causal-lm to adapt a transformers model)"),
+    "convert": ("clover_engine.convert:main", "convert a transformers checkpoint to a Clover one"),
+    "cost": ("clover_engine.cost.cli:main", "the cost model: bytes, FLOPs and tokens/s projected to a device"),
 }
 """Imported only when run (a registry of names, as transformers' auto classes): ``--help`` stays fast, and
 the engine's commands need nothing the ``viz`` extra brings."""
 DEFAULT_PORT = 5006
 DESCRIPTION = ("Clover Explorer: the explorer app, the engine's commands (each takes the flags of python -m "
-               "engine.<command>; see clover-explorer <command> --help) and the tutorials.")
+               "clover_engine.<command>; see clover-explorer <command> --help) and the tutorials.")
 
 
 def tutorials_dir() -> Path:
@@ -56,14 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a folder visitors may load models from (repeatable; default ./runs and ./models; "
                             "the bundled models always)")
     for name, (_, what) in TOOLS.items():
-        sub.add_parser(name, help=what, add_help=False)  # its own --help: python -m engine.<tool> --help
+        sub.add_parser(name, help=what, add_help=False)  # its own --help: python -m clover_engine.<tool> --help
     tut = sub.add_parser("tutorials", help="copy the tutorial notebooks into a folder (created if missing)")
     tut.add_argument("dir", type=Path, help="where to copy them (an existing notebook is not overwritten)")
     return p
 
 
 def run_tool(name: str, argv: Sequence[str]) -> int:
-    """``python -m engine.<name> ARGV``: that command's ``main`` with the arguments as given."""
+    """``python -m clover_engine.<name> ARGV``: that command's ``main`` with the arguments as given."""
     module, function = TOOLS[name][0].split(":")
     return int(getattr(importlib.import_module(module), function)(list(argv)) or 0)
 

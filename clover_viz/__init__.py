@@ -5,7 +5,7 @@ Public API::
     from clover_viz import figures          # trace -> plotly Figure (block_figure, confidence_heatmap, ...)
     from clover_viz import Explorer         # ipywidgets front end (imports ipywidgets on first use)
 
-Figures never call the model; they draw what an `engine.recording.trace.Trace` holds.
+Figures never call the model; they draw what an `clover_engine.recording.trace.Trace` holds.
 """
 
 from clover_viz import figures

@@ -1,6 +1,6 @@
 """The explorer's example prompts.
 
-The prompts themselves live in `engine.examples` (the command line's ``--example NAME`` reads the
+The prompts themselves live in `clover_engine.examples` (the command line's ``--example NAME`` reads the
 same ones) and are re-exported here: `EXAMPLE_PROMPTS` (agent conversations in the chat layout the
 bundled model is trained on, and a code completion) for the Panel app's picker, with
 `DEFAULT_EXAMPLE` the one a new session starts with; `CHAT_EXAMPLE_PROMPTS` (ordinary questions
@@ -11,7 +11,7 @@ is the short one-tool agent prompt the notebook `Explorer` decodes when given no
 
 from __future__ import annotations
 
-from engine.examples import (
+from clover_engine.examples import (
     CHAT_EXAMPLE_PROMPTS,
     DEFAULT_CHAT_EXAMPLE,
     DEFAULT_EXAMPLE,
@@ -24,7 +24,7 @@ YOUR_PROMPT = "(your prompt)"
 
 
 def examples_for(capabilities: object) -> tuple[dict[str, str], str]:
-    """(example prompts, default name) for a model's `engine.backbones.base.Capabilities`:
+    """(example prompts, default name) for a model's `clover_engine.backbones.base.Capabilities`:
     `CHAT_EXAMPLE_PROMPTS` for a chat model (it declares a chat template), else `EXAMPLE_PROMPTS`."""
     if getattr(capabilities, "chat_template", None) is not None:
         return CHAT_EXAMPLE_PROMPTS, DEFAULT_CHAT_EXAMPLE

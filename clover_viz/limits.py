@@ -30,7 +30,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from engine.backbones.causal_lm.adapter import _base_cache, base_spec, locate_base
+from clover_engine.backbones.causal_lm.adapter import _base_cache, base_spec, locate_base
 
 MB = 1024 * 1024
 DEFAULT_MAX_UPLOAD_MB = 12.0
@@ -168,7 +168,7 @@ def weight_bytes(directory: str | Path) -> int:
 
 
 def _pinned_base_bytes(name: str) -> int:
-    """The fp32 bytes of a pinned PyPI base (`engine.backbones.causal_lm.adapter`), 0 when not installed."""
+    """The fp32 bytes of a pinned PyPI base (`clover_engine.backbones.causal_lm.adapter`), 0 when not installed."""
     try:
         cached = _base_cache(base_spec(name)) / "model.safetensors"
         if cached.is_file():

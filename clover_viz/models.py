@@ -38,13 +38,13 @@ from typing import Any
 
 from clover_viz import limits
 from clover_viz.limits import inside_roots, outside_roots
-from engine.backbones.base import Capabilities, capabilities_of
-from engine.checkpoint import DEFAULT_MODEL_DIR, file_as_model_dir  # one place for the default and the message
-from engine.checkpoint import bundled_models_dir
-from engine.backbones.clover.model import random_model
-from engine.checkpoint import load_model, load_tokenizer
-from engine.tokenizer import byte_tokenizer
-from engine.decoding import decoder_for  # picks a model's decoder by its capabilities; imports it only when called
+from clover_engine.backbones.base import Capabilities, capabilities_of
+from clover_engine.checkpoint import DEFAULT_MODEL_DIR, file_as_model_dir  # one place for the default and the message
+from clover_engine.checkpoint import bundled_models_dir
+from clover_engine.backbones.clover.model import random_model
+from clover_engine.checkpoint import load_model, load_tokenizer
+from clover_engine.tokenizer import byte_tokenizer
+from clover_engine.decoding import decoder_for  # picks a model's decoder by its capabilities; imports it only when called
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout (site-packages when installed from the wheel)
 RANDOM_MODEL_NAME = "clover-test"
@@ -78,7 +78,7 @@ class ModelSpec:
 class LoadedModel:
     """A model ready to decode: the model, its tokenizer, and how to label it in the UI.
 
-    ``decoder``: an ``engine.decoding.decoder.BlockDecoder`` over this model to decode with instead
+    ``decoder``: an ``clover_engine.decoding.decoder.BlockDecoder`` over this model to decode with instead
     of a new one (a notebook handed one over; its registered hooks then fire too), or None.
     ``evicted``: set by the model cache when it dropped this model to make room
     (`load_model_cached`); a session holding it reloads before its next decode.
@@ -118,7 +118,7 @@ class LoadedModel:
 
     @property
     def capabilities(self) -> Capabilities:
-        """What the model declares it can do (`engine.backbones.base.Capabilities`)."""
+        """What the model declares it can do (`clover_engine.backbones.base.Capabilities`)."""
         return capabilities_of(self.model)
 
     @property
@@ -154,7 +154,7 @@ class _Unloaded:
 
 def bundled_dir() -> Path:
     """The bundled models' folder: the checkout's ``models/``, or the installed wheel's copy of it
-    (`engine.checkpoint.bundled_models_dir` beside these packages, `REPO_ROOT`)."""
+    (`clover_engine.checkpoint.bundled_models_dir` beside these packages, `REPO_ROOT`)."""
     return bundled_models_dir(REPO_ROOT)
 
 
@@ -189,7 +189,7 @@ def resolve_model(model_dir: str, dev_sharpen_random: bool = False,
 
     Raises:
         ValueError: for a directory that does not exist (other than the default one), a file
-            (`engine.checkpoint.file_as_model_dir`, the command line's message) or a directory
+            (`clover_engine.checkpoint.file_as_model_dir`, the command line's message) or a directory
             without ``config.json``, saying what to pass instead; with ``roots``, for a path outside them.
     """
     text = (model_dir or "").strip()
@@ -217,7 +217,7 @@ def resolve_model(model_dir: str, dev_sharpen_random: bool = False,
     found = next((p for p in candidates if p.is_dir()), None)
     if found is None:
         a_file = next((p for p in candidates if p.is_file()), None)
-        if a_file is not None:  # the command line's message for the same mistake (engine.checkpoint)
+        if a_file is not None:  # the command line's message for the same mistake (clover_engine.checkpoint)
             raise ValueError(file_as_model_dir(text, a_file))
         if text.rstrip("/") == DEFAULT_MODEL_DIR:
             return ModelSpec("random", dev_scale=scale, fallback=True)
@@ -242,7 +242,7 @@ def build_model(spec: ModelSpec) -> LoadedModel:
     """Load (or build) the model a `ModelSpec` names. Slow: call through `load_model_cached`.
 
     Raises:
-        ValueError: from `engine.checkpoint` for a damaged or mismatched checkpoint; for an
+        ValueError: from `clover_engine.checkpoint` for a damaged or mismatched checkpoint; for an
             ``in_memory`` spec (there is nothing to load: use `LoadedModel.in_memory`).
     """
 
@@ -257,7 +257,7 @@ def build_model(spec: ModelSpec) -> LoadedModel:
         raise ValueError(f"a {spec.kind!r} model spec names nothing to load; wrap the model with "
                          "LoadedModel.in_memory(model, tokenizer)")
     model = load_model(spec.path, device=DEVICE)
-    if capabilities_of(model).sampler != "block":  # DiffusionGemma: its own sampler (engine.decoding.decoder_for)
+    if capabilities_of(model).sampler != "block":  # DiffusionGemma: its own sampler (clover_engine.decoding.decoder_for)
         return _own_sampler(spec, model)
     try:
         tokenizer = load_tokenizer(spec.path)
@@ -274,7 +274,7 @@ def _own_sampler(spec: ModelSpec, model: Any) -> LoadedModel:
     """A model that runs its own sampler (DiffusionGemma) as a `LoadedModel`. Its folder's ``tokenizer.json``
     is read with the tokenizers library, as for every other model here (the same pipeline a transformers
     fast tokenizer wraps, post-processor and BOS included); without one, the tokenizer its decoder brings
-    (`engine.decoding.decoder_for`: the model's own), or token ids."""
+    (`clover_engine.decoding.decoder_for`: the model's own), or token ids."""
     try:
         tokenizer = load_tokenizer(spec.path)
     except ValueError:

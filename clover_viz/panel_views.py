@@ -48,7 +48,7 @@ from clover_viz.panel_figures import FigurePane, FigureSnapshot, _placeholder
 from clover_viz.panel_settings import SettingsPanel
 from clover_viz.runs import diff_caption, run_stats
 from clover_viz.state import ExplorerState
-from engine.units import format_si
+from clover_engine.units import format_si
 
 LIVE_REDRAW_S = 5.0  # heavy charts (a Plotly render of 150-500 ms in the browser) redraw at most this often while a decode streams in
 # The block view and the text redraw at most this often while a decode streams in: each redraw

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from clover_viz import colors as C
-from engine.recording.trace import Trace
+from clover_engine.recording.trace import Trace
 
 RUN_LABELS = ("previous", "this run")  # how every view names the two runs it compares
 
@@ -41,7 +41,7 @@ def generated_ids(trace: Trace) -> list[int]:
     pre-filled) slots up to the first slot still masked, cut before the first EOS, stopping
     there -- exactly what the decoder keeps when it stops now (``stop_reason`` cancelled).
     Finished blocks are cached, so a live call costs the running block only. The EOS id is
-    the trace's (`engine.recording.slot_index.SlotIndex.eos_id`: the model config's, else learned from
+    the trace's (`clover_engine.recording.slot_index.SlotIndex.eos_id`: the model config's, else learned from
     an EOS-filled slot).
     """
     if trace.decode_end is not None:
@@ -92,7 +92,7 @@ def dropped_at_stop(trace: Trace) -> dict[str, Any] | None:
     still masked when it stopped.
 
     A decode stopped mid-block keeps that block's written slots only up to its first masked slot
-    (`engine.decoding.decoder.finished_tokens`: the text must be contiguous); slots written after the gap
+    (`clover_engine.decoding.decoder.finished_tokens`: the text must be contiguous); slots written after the gap
     -- accepted or forced, irrevocably while the run went on -- are dropped with it.
 
     Returns:
@@ -120,10 +120,10 @@ def dropped_at_stop(trace: Trace) -> dict[str, Any] | None:
 def forced_past_answer(trace: Trace) -> int:
     """How many forced fills wrote slots at or after the kept answer's end: end-of-text slots (and any
     slot after the first EOS) that cost forwards but are not tokens -- the CLI's note
-    (`engine.generate.forced_past_answer`, the same count). Counted over the finished run's kept
+    (`clover_engine.generate.forced_past_answer`, the same count). Counted over the finished run's kept
     tokens; for a stopped run the slots dropped at Stop (`dropped_at_stop`) are left out: they are
     counted there."""
-    from engine.generate import forced_past_answer as _past  # local: the CLI module loads the decoder (~3 s)
+    from clover_engine.generate import forced_past_answer as _past  # local: the CLI module loads the decoder (~3 s)
 
     n_prompt = len(trace.prompt_ids) if trace.prompt_ids is not None else 0
     n = _past(trace, n_prompt + len(generated_ids(trace)))

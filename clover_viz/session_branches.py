@@ -8,12 +8,12 @@ worker it starts a branch on is the state's `_start_run`, the one Generate uses)
 * `slot_candidates` -- what a slot held at a step and the tokens it could have taken: the step's
   top-K for a slot still masked, the top-K of the step that wrote it for a written one
   (`SlotCandidates`);
-* `branch` (``Branch`` of `engine.decoding.branch`) and its shortcuts `branch_choose`,
+* `branch` (``Branch`` of `clover_engine.decoding.branch`) and its shortcuts `branch_choose`,
   `branch_remask`, `branch_settings` -- ``BlockDecoder.branch`` of the shown run in the decode
   worker: the live views draw it as a decode (the parent's steps up to the branch point first), one
   decode per session, Stop and a new Generate cancel it; an engine refusal is shown as an error and
   the runs on display stay;
-* `branches` -- the session's `engine.recording.branches.BranchTree`: the run a first branch was made
+* `branches` -- the session's `clover_engine.recording.branches.BranchTree`: the run a first branch was made
   from is its original (node 0), every branch attaches to the run it was made from; `branch_rows`,
   `show_branch`;
 * `compare_pick` -- which two runs `ExplorerState.comparison` compares (default: previous vs this
@@ -37,10 +37,10 @@ import param
 
 from clover_viz import colors as C
 from clover_viz.runs import RUN_LABELS
-from engine.decoding import decoder_for  # imports the decoder it picks only when called
-from engine.decoding.branch import Branch, parent_config
-from engine.recording.branches import BranchTree
-from engine.recording.trace import Trace
+from clover_engine.decoding import decoder_for  # imports the decoder it picks only when called
+from clover_engine.decoding.branch import Branch, parent_config
+from clover_engine.recording.branches import BranchTree
+from clover_engine.recording.trace import Trace
 
 PREVIOUS, CURRENT = "previous", "this run"  # the comparison's default picks (`RUN_LABELS`)
 PICK_LABELS = {PREVIOUS: "previous run", CURRENT: "this run (shown)"}  # how the pickers name those two
@@ -259,11 +259,11 @@ class SessionBranches:
         ``explorer.state.branch(Branch.choose(0, 2, 5, 262))`` writes token 262 at slot 5 of block 0
         after that block's step 2 (0-based) and decodes on from there; ``Branch.remask(b, s, slot)``
         re-masks a written slot; ``Branch(b, s, config=DecodeConfig(...))`` changes the settings from
-        that step on (`engine.decoding.branch`). Then `wait` (a script) or `tick` (a front end) as for
+        that step on (`clover_engine.decoding.branch`). Then `wait` (a script) or `tick` (a front end) as for
         `generate`. The branch joins `branches` under ``parent`` when it ends (stopped or not).
 
         Args:
-            at: the `engine.decoding.branch.Branch`.
+            at: the `clover_engine.decoding.branch.Branch`.
             parent: the run to branch (a `Trace`, or a node id of `branches`; default: the run on display).
 
         Returns False with `error` set (the runs on display unchanged) when it cannot start: a decode
@@ -274,7 +274,7 @@ class SessionBranches:
         if self._closed:
             return False
         if not isinstance(at, Branch):
-            return self._refuse_branch(f"expected an engine.decoding.branch.Branch, got {type(at).__name__}")
+            return self._refuse_branch(f"expected an clover_engine.decoding.branch.Branch, got {type(at).__name__}")
         if self.running or self.loading:
             return self._refuse_branch(BUSY)
         if isinstance(parent, int):

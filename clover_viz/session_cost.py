@@ -4,13 +4,13 @@ Wing: front ends (`clover_viz`), under `clover_viz.state`. `SessionCost` is a mi
 `clover_viz.state.ExplorerState` (its `device`, `union_assumption` and `break_even`
 parameters are declared there):
 
-* `cost_projection` -- `engine.cost.project_trace` of the displayed trace, priced by the cost
+* `cost_projection` -- `clover_engine.cost.project_trace` of the displayed trace, priced by the cost
   family its recorded capabilities name;
 * `measure_break_even` -- how many tokens per forward block decoding of the loaded model needs
-  to match its autoregressive decoding on this machine (`engine.cost.break_even`), kept per
+  to match its autoregressive decoding on this machine (`clover_engine.cost.break_even`), kept per
   (model, block size, memory mode); `break_even_point` / `break_even_html` read it back;
 * `verify_cost_html` -- for a verify run of a drafter, what one round costs: the drafter's forward
-  beside the base's verification forward (`engine.cost.drafter`), shown under the break-even line.
+  beside the base's verification forward (`clover_engine.cost.drafter`), shown under the break-even line.
 
 Tests: ``.venv/bin/python -m pytest tests/apps/test_cost_tab.py -q``
 """
@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.backbones.base import cost_family_of
-from engine.backbones.clover.config import CloverConfig
-from engine.cost import project_trace
-from engine.cost.break_even import measure_break_even
-from engine.cost.drafter import verify_trace_costs
-from engine.units import format_si
+from clover_engine.backbones.base import cost_family_of
+from clover_engine.backbones.clover.config import CloverConfig
+from clover_engine.cost import project_trace
+from clover_engine.cost.break_even import measure_break_even
+from clover_engine.cost.drafter import verify_trace_costs
+from clover_engine.units import format_si
 
 
 class SessionCost:
@@ -32,7 +32,7 @@ class SessionCost:
 
     # ------------------------------------------------------------------ cost
     def cost_projection(self, device: str | None = None) -> Any:
-        """`engine.cost.project_trace` of the displayed trace on `device` (None when it has no steps).
+        """`clover_engine.cost.project_trace` of the displayed trace on `device` (None when it has no steps).
 
         The source model's config comes from the trace's metadata (recorded by `generate`); it is
         priced as a Clover model only when its cost family is ``clover`` (the trace's recorded
@@ -63,7 +63,7 @@ class SessionCost:
                 str(dc.get("memory_mode", self.memory_mode)))
 
     def break_even_point(self) -> Any:
-        """The `engine.cost.BreakEven` measured by `measure_break_even` for the loaded model at the
+        """The `clover_engine.cost.BreakEven` measured by `measure_break_even` for the loaded model at the
         displayed run's block_size and memory mode, or None if not measured yet."""
         key = self._break_even_key()
         return None if key is None else self.break_even.get(key)
@@ -72,7 +72,7 @@ class SessionCost:
         """One HTML line for the views: the measured break-even (`break_even_point`) and what the
         displayed run's tokens per forward are worth against autoregressive decoding here, or a
         hint to measure it; for a verify run, `verify_cost_html` below it. A verify run (a drafter) is read
-        against the verify break-even (`engine.cost.BreakEven.verify_tokens_per_forward`: a round is the
+        against the verify break-even (`clover_engine.cost.BreakEven.verify_tokens_per_forward`: a round is the
         drafter's forward plus the base's over the block), its tokens per forward counting base forwards."""
         p = self.break_even_point()
         if p is None:
@@ -81,7 +81,7 @@ class SessionCost:
                     + self.verify_cost_html())
         verify = self.trace is not None and (self.trace.decode_config or {}).get("policy") == "verify"
         text = f"break-even on this machine (measured, {p.device}, {p.threads} thread(s)): "
-        if verify:  # a drafter's round: its forward plus the base's over the block (engine.cost.break_even)
+        if verify:  # a drafter's round: its forward plus the base's over the block (clover_engine.cost.break_even)
             text += (f"verify with blocks of {p.block_size} needs <b>{p.verify_tokens_per_forward:.2f}</b> tokens per "
                      f"base forward to match the base's autoregressive decoding (base step {p.t_ar_s * 1e3:.1f} ms; "
                      f"a round: drafter {p.t_block_s * 1e3:.1f} ms + base over the block {p.t_commit_s * 1e3:.1f} ms)")
@@ -100,7 +100,7 @@ class SessionCost:
 
     def measure_break_even(self, repeats: int = 5, prefix_len: int = 256) -> Any:
         """Measure on this machine how many tokens per forward block decoding of the loaded model
-        needs to match its autoregressive decoding (`engine.cost.measure_break_even`), at the
+        needs to match its autoregressive decoding (`clover_engine.cost.measure_break_even`), at the
         displayed run's block_size and memory mode (else the settings'), after a ``prefix_len``-token
         history; stores it in `break_even` and returns it. Takes a few forwards' time (SmolLM2-135M
         on one CPU thread: ~10 s; clover-tiny: well under a second).
@@ -132,12 +132,12 @@ class SessionCost:
         return point
 
     def verify_cost_html(self) -> str:
-        """For a verify run on display (a drafter, `engine.decoding.verify`): one HTML paragraph saying
+        """For a verify run on display (a drafter, `clover_engine.decoding.verify`): one HTML paragraph saying
         what a round costs by the cost model -- the drafter's forward (its layers, per-slot heads and
         draft-vocabulary LM head over the cached context, plus the fuse of the features of the tokens
         the base read) beside the base's causal forward over ``[anchor, drafts]`` -- as the mean over
         the rounds (the prefill left out) and for the round on display (`position`), bytes and FLOPs,
-        with the drafter's share. The split is `engine.cost.drafter.verify_trace_costs` of the trace, at
+        with the drafter's share. The split is `clover_engine.cost.drafter.verify_trace_costs` of the trace, at
         the dtype its events were priced at; "" for any other run, or a verify run priced before the
         drafter was (the base alone: no split reproduces its bytes)."""
         costs = verify_trace_costs(self.trace) if self.trace is not None else None

@@ -9,7 +9,7 @@ param reads ``@param.depends`` only from a Parameterized class's own body):
   thread: the served app) resolve `model_dir` through `clover_viz.models` and `_apply_loaded`
   makes the result the session's model;
 * a model from a checkpoint directory starts in its best measured memory mode
-  (`engine.checkpoint.best_memory_mode`, the CLI's default) unless a mode was chosen;
+  (`clover_engine.checkpoint.best_memory_mode`, the CLI's default) unless a mode was chosen;
 * the example prompts on offer follow the model (`clover_viz.examples.examples_for`), and the
   example picker follows the prompt.
 
@@ -26,7 +26,7 @@ from typing import Any
 from clover_viz import models
 from clover_viz.examples import EXAMPLE_PROMPTS, YOUR_PROMPT, examples_for
 from clover_viz.models import LoadedModel, resolve_model
-from engine.checkpoint import best_memory_mode
+from clover_engine.checkpoint import best_memory_mode
 
 
 class SessionModels:
@@ -208,7 +208,7 @@ class SessionModels:
 
     def _start_in_best_memory_mode(self, loaded: LoadedModel) -> None:
         """Set `memory_mode` to the best measured mode of a model loaded from a checkpoint directory
-        (`engine.checkpoint.best_memory_mode` of its resolved directory: the rule the CLI's default
+        (`clover_engine.checkpoint.best_memory_mode` of its resolved directory: the rule the CLI's default
         follows, and the notebook `Explorer`'s through this state), unless the mode was chosen: given
         to the constructor, or changed since the state last set it (by the user, or by a loaded
         trace's settings). A model given in memory or the random stand-in keeps the current mode."""

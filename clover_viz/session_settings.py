@@ -6,7 +6,7 @@ Wing: front ends (`clover_viz`), under `clover_viz.state`. The choices and bound
 `ExplorerState`'s parameters offer; `SessionSettings` is a mixin of
 `clover_viz.state.ExplorerState` (the parameters themselves are declared there):
 
-* `decode_config` -- the settings as an `engine.decoding.decoder.DecodeConfig` (refusing a
+* `decode_config` -- the settings as an `clover_engine.decoding.decoder.DecodeConfig` (refusing a
   memory mode the model cannot run, `_check_memory_mode`);
 * `set_max_new_tokens` -- user input checked against its range, with an error saying it;
 * `_take_trace_settings` -- every setting of a loaded trace the model can run and a control
@@ -22,9 +22,9 @@ from typing import Any
 
 from clover_viz.models import LoadedModel
 from clover_viz.runs import prompt_of
-from engine.cost import DEVICES
-from engine.recording.trace import Trace
-from engine.decoding.decoder import DecodeConfig
+from clover_engine.cost import DEVICES
+from clover_engine.recording.trace import Trace
+from clover_engine.decoding.decoder import DecodeConfig
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX = 1, 2048
@@ -43,12 +43,12 @@ class SessionSettings:
     """The settings half of `ExplorerState` (a mixin; the parameters are declared there)."""
 
     def decode_config(self, loaded: LoadedModel | None = None) -> Any:
-        """The `engine.decoding.decoder.DecodeConfig` of the current settings.
+        """The `clover_engine.decoding.decoder.DecodeConfig` of the current settings.
 
         Raises:
             ValueError: for settings the model cannot run (``state+window`` without a window).
         """
-        # deferred: engine.decoding.decoder loads the model code and its kernels (triton), seconds
+        # deferred: clover_engine.decoding.decoder loads the model code and its kernels (triton), seconds
 
         _check_memory_mode(self.memory_mode, loaded or self._loaded)
         return DecodeConfig(
@@ -79,7 +79,7 @@ class SessionSettings:
     def _take_trace_settings(self, trace: Trace) -> tuple[list[str], list[str]]:
         """Set every setting of ``trace`` the loaded model can run and a control can show (the rule of
         `load_trace`), without re-decoding. Returns (settings taken, settings not taken with why)."""
-        # deferred: engine.decoding.decoder loads the model code and its kernels (triton), seconds
+        # deferred: clover_engine.decoding.decoder loads the model code and its kernels (triton), seconds
 
         dc = trace.decode_config or {}
         loaded = self._loaded

@@ -8,7 +8,7 @@ Wing: front ends (`clover_viz`), under `clover_viz.state`. `SessionTraces` is a 
   and the status line says what was and was not taken (`_settings_note`);
 * `trace_bytes` -- the displayed run as the bytes of a .parquet / .arrow file (a download); when it is
   in the session's tree of branches (`clover_viz.session_branches`), the whole tree
-  (`engine.recording.branches.BranchTree.save`: a plain `Trace.load` still reads its original),
+  (`clover_engine.recording.branches.BranchTree.save`: a plain `Trace.load` still reads its original),
   and opening such a file restores the branches;
 * `_trace_error` -- a file that is not a trace, said for the page (the user's file and the
   Open button, not a temporary path or the Python API).
@@ -27,8 +27,8 @@ import param
 
 from clover_viz.limits import size_text
 from clover_viz.runs import model_of
-from engine.recording.branches import BranchTree
-from engine.recording.trace import Trace
+from clover_engine.recording.branches import BranchTree
+from clover_engine.recording.trace import Trace
 
 
 def _trace_error(label: str, path: Path | None, exc: BaseException) -> str:
@@ -44,7 +44,7 @@ def _trace_error(label: str, path: Path | None, exc: BaseException) -> str:
     else:  # a table without the explorer's metadata or columns: keep what is wrong, drop API advice
         detail = re.sub(r"\s*(Save traces with|Use|use) [\w.]+\(\)[^.;]*[.;]?", "", detail)
         detail = re.sub(r"[;,]?\s*re-save the trace", "", detail)
-        detail = re.sub(r"(engine\.trace\.)?Trace\.\w+\(\)", "the Save trace button", detail).strip().rstrip(".;,")
+        detail = re.sub(r"(clover_engine\.recording\.trace\.|clover_engine\.trace\.)?Trace\.\w+\(\)", "the Save trace button", detail).strip().rstrip(".;,")
     if isinstance(exc, FileNotFoundError):
         return f"Trace not loaded: {label!r} was not found. Choose a trace file with the Open button."
     return (f"Trace not loaded: {label!r} is not a trace this explorer can replay ({detail}). Choose a .parquet "

@@ -75,12 +75,12 @@ from clover_viz.session_settings import (
     _check_memory_mode,
 )
 from clover_viz.session_traces import SessionTraces
-from engine.cost import DEFAULT_DEVICE, UNION_ASSUMPTIONS
-from engine.recording.events import BlockStart, DecodeEnd, StepEvent
-from engine.decoding import decoder_for  # imports the decoder it picks only when called (kernels: seconds)
-from engine.decoding.policies import POLICIES
-from engine.prompting import model_input
-from engine.recording.trace import Trace
+from clover_engine.cost import DEFAULT_DEVICE, UNION_ASSUMPTIONS
+from clover_engine.recording.events import BlockStart, DecodeEnd, StepEvent
+from clover_engine.decoding import decoder_for  # imports the decoder it picks only when called (kernels: seconds)
+from clover_engine.decoding.policies import POLICIES
+from clover_engine.prompting import model_input
+from clover_engine.recording.trace import Trace
 
 
 def _snapshot(event: Any) -> Any:
@@ -137,7 +137,7 @@ def past_training_note(block_size: int | None, trained: int | None) -> str:
 
 def chat_template_note(trace: Trace | None) -> str:
     """`` · your prompt was decoded in the model's ChatML template ('show prompt' shows it)`` when the run's
-    prompt was wrapped by `engine.prompting.model_input` (recorded as ``meta["chat_template"]``), else ``""``."""
+    prompt was wrapped by `clover_engine.prompting.model_input` (recorded as ``meta["chat_template"]``), else ``""``."""
     template = ((trace.meta or {}).get("chat_template") if trace is not None else None)
     if not template:
         return ""
@@ -182,7 +182,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         "Default state+window: the bundled model's best mode (exact tool calls 29 % vs 4 % in state, "
         "models/clover-tiny's card); a model loaded from a checkpoint directory starts in its best measured "
         "mode (from its eval.json, as the command line does) unless a mode was chosen; a model without a "
-        "window falls back to state on load."))  # engine.checkpoint.best_memory_mode
+        "window falls back to state on load."))  # clover_engine.checkpoint.best_memory_mode
     max_new_tokens = param.Integer(default=128, bounds=(MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX),
                                    doc="Generated-token budget.")
     repetition_control = param.Boolean(default=False, doc="n-gram repetition penalty (model card).")
@@ -201,7 +201,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
     union_assumption = param.Selector(default="measured_vs_independent", objects=list(UNION_ASSUMPTIONS), doc=(
         "How the 35B-A3B expert union per forward is derived from the recorded run: from the union measured "
         "against independent routing ('measured_vs_independent'), or as the measured fraction of experts "
-        "('measured_fraction', which saturates for models with few experts)."))  # engine.cost.target_union
+        "('measured_fraction', which saturates for models with few experts)."))  # clover_engine.cost.target_union
 
     # --- outputs (set by the state itself)
     trace = param.ClassSelector(class_=Trace, default=None, allow_None=True, doc="The run on display.")
@@ -223,10 +223,10 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
     window_available = param.Boolean(default=True, doc="The model supports 'state+window'.")
     memory_advice = param.String(default="", doc=(
         "Which memory mode the loaded model does best in, and the measurement that says so "
-        "(`engine.checkpoint.best_memory_mode`: its eval.json); empty for a model given in memory."))
+        "(`clover_engine.checkpoint.best_memory_mode`: its eval.json); empty for a model given in memory."))
     break_even = param.Dict(default={}, doc=(
         "Measured on this machine by `measure_break_even`: {(model id, block_size, memory mode): "
-        "engine.cost.BreakEven}."))
+        "clover_engine.cost.BreakEven}."))
 
     # --- playback
     position = param.Integer(default=0, bounds=(0, None), doc="Step (forward) index on display.")
@@ -281,7 +281,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         """Start decoding `prompt` with the current settings in a worker thread.
 
         Args:
-            config: an ``engine.decoding.decoder.DecodeConfig`` to decode with instead of the one the
+            config: an ``clover_engine.decoding.decoder.DecodeConfig`` to decode with instead of the one the
                 settings make (a notebook's, with fields the settings do not cover); the
                 settings take its values where they can show them.
 

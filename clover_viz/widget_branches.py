@@ -28,7 +28,7 @@ from typing import Any
 from clover_viz import figures as F
 from clover_viz.session_branches import CURRENT, PICK_LABELS, PREVIOUS, candidate_label
 from clover_viz.session_settings import BLOCK_SIZES
-from engine.decoding.branch import Branch
+from clover_engine.decoding.branch import Branch
 
 
 class BranchWidgets:

@@ -95,7 +95,7 @@ class ExplorerDecoding:
 
     def start_branch(self, at: Any = None, action: Any = None) -> bool:
         """Start a branch of the run on display in the background (the branch buttons) and return at once;
-        drawn live like a decode (`start_decode`). ``at``: an `engine.decoding.branch.Branch` for
+        drawn live like a decode (`start_decode`). ``at``: an `clover_engine.decoding.branch.Branch` for
         `ExplorerState.branch`; ``action``: instead, a call of the state's branching API returning whether
         it started. Errors go to the status line. Returns whether the branch started."""
         try:
@@ -113,7 +113,7 @@ class ExplorerDecoding:
     def branch(self, at: Any, wait: bool = True) -> Any:
         """Decode a branch of the run on display, drawn live, e.g. ``ex.branch(Branch.choose(0, 2, 5, 262))``
         (token 262 at slot 5 of block 0 after its step 2, 0-based), ``Branch.remask(b, s, slot)`` or
-        ``Branch(b, s, config=DecodeConfig(...))`` (`engine.decoding.branch`). It joins the session's tree
+        ``Branch(b, s, config=DecodeConfig(...))`` (`clover_engine.decoding.branch`). It joins the session's tree
         (`ExplorerState.branches`, the list in the "compare runs" tab) under the run it came from.
 
         Returns:
@@ -210,7 +210,7 @@ class ExplorerDecoding:
         ``cancelled``) and is returned.
 
         Returns:
-            the decode's ``engine.recording.trace.Trace``.
+            the decode's ``clover_engine.recording.trace.Trace``.
 
         Raises:
             ValueError: when the Explorer was made from a trace (no model), or the prompt or

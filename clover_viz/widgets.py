@@ -41,7 +41,7 @@ slider's range widens it); settings without a widget (memory mode, max_new_token
 are kept in it and named in the status line after each run. Made from a checkpoint directory
 (or with no argument: the bundled default model, as the app opens), its defaults are the app's
 (`ExplorerState.decode_config` after `ExplorerState.load_model`): block 32, threshold 0.95, and
-the model's best measured memory mode (`engine.checkpoint.best_memory_mode`, the CLI's default).
+the model's best measured memory mode (`clover_engine.checkpoint.best_memory_mode`, the CLI's default).
 
 Usage::
 
@@ -79,8 +79,8 @@ from clover_viz.state import ExplorerState
 from clover_viz.widget_branches import BranchWidgets
 from clover_viz.widget_bundle import _CarrierFigure, _StubFigure, _live_widgets, _register
 from clover_viz.widget_decoding import ExplorerDecoding
-from engine.decoding.decoder import BlockDecoder, DecodeConfig
-from engine.recording.trace import Trace
+from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
+from clover_engine.recording.trace import Trace
 
 THRESHOLD_MIN, THRESHOLD_MAX = 0.5, 1.0  # the threshold slider's range (it widens to show a lower setting)
 # The app's default prompt (for a Clover model); an Explorer without a prompt starts, as the app does,
@@ -113,7 +113,7 @@ class Explorer(ExplorerDecoding):
     and a decode's overrides or a widget change become it once that decode has started.
 
     Args:
-        model_or_trace: an ``engine.recording.trace.Trace``; a path to a saved trace
+        model_or_trace: an ``clover_engine.recording.trace.Trace``; a path to a saved trace
             (``.parquet`` / ``.arrow``); a ``CloverModel``; a ``BlockDecoder`` (its model,
             tokenizer and config; its registered hooks fire too); or a checkpoint
             directory (loaded once per process by `clover_viz.models`, as the Panel app does).
@@ -121,7 +121,7 @@ class Explorer(ExplorerDecoding):
             which the app opens too (a labelled random clover-test while it holds no checkpoint).
         tokenizer: the model's tokenizer (ignored for a trace; read from a
             checkpoint directory when not given).
-        decode_config: an ``engine.decoding.decoder.DecodeConfig``, or a dict of its fields (the others
+        decode_config: an ``clover_engine.decoding.decoder.DecodeConfig``, or a dict of its fields (the others
             take the defaults). Default, and for the fields a dict leaves out: for a checkpoint
             directory the app's settings (block 32, threshold 0.95, 128 new tokens, the model's
             best measured memory mode); for a model object ``DecodeConfig()``.
@@ -398,7 +398,7 @@ class Explorer(ExplorerDecoding):
     def measure_break_even(self) -> Any:
         """Measure, on this machine, the tokens per forward block decoding of this model needs to
         match its autoregressive decoding at the shown run's block_size
-        (`ExplorerState.measure_break_even`); shows and returns the `engine.cost.BreakEven`
+        (`ExplorerState.measure_break_even`); shows and returns the `clover_engine.cost.BreakEven`
         (None, with the reason in the status line, while a decode runs or without a model)."""
         p = self.state.measure_break_even()
         if p is None and self.state.error:

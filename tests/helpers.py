@@ -15,8 +15,8 @@ import dataclasses
 
 import torch
 
-from engine.backbones.clover.config import CloverConfig
-from engine.backbones.clover.model import CloverModel, random_model
+from clover_engine.backbones.clover.config import CloverConfig
+from clover_engine.backbones.clover.model import CloverModel, random_model
 
 CFG = CloverConfig.from_name("clover-test")
 CFG_CONV = dataclasses.replace(CFG, name="clover-test-conv", attention_conv_kernel_dim=3)

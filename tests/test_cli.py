@@ -13,7 +13,7 @@ import pytest
 
 import clover_viz.explorer
 from clover_explorer import cli
-from engine.checkpoint import bundled_models_dir, find_model_dir
+from clover_engine.checkpoint import bundled_models_dir, find_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 

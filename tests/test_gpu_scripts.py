@@ -27,9 +27,9 @@ def _commands(script: str, module: str) -> list[list[str]]:
 
 
 def test_train_gpu_script_parses():
-    from engine.training.loop import build_parser
+    from clover_engine.training.loop import build_parser
 
-    cmds = _commands("train_gpu.sh", "engine.train")
+    cmds = _commands("train_gpu.sh", "clover_engine.train")
     assert len(cmds) == 1
     args = build_parser().parse_args(cmds[0])
     assert args.device == "cuda" and args.dtype == "bf16" and args.size == "small" and args.code_source == "both"
@@ -37,9 +37,9 @@ def test_train_gpu_script_parses():
 
 def test_adapt_smollm2_gpu_script_parses():
     pytest.importorskip("peft")
-    from engine.training.causal_lm import build_parser
+    from clover_engine.training.causal_lm import build_parser
 
-    cmds = _commands("adapt_smollm2_gpu.sh", "engine.train")
+    cmds = _commands("adapt_smollm2_gpu.sh", "clover_engine.train")
     assert len(cmds) == 1
     args = build_parser().parse_args(cmds[0])
     assert args.device == "cuda" and args.dtype == "bf16" and args.init_from == "smollm2-135m-instruct"
@@ -68,10 +68,10 @@ def _bare(cmd: list[str]) -> list[str]:
 def test_drafter_gpu_script_parses():
     """benchmarks/drafter_gpu.sh: the features cached are the layers both drafters read, both train on the GPU
     in bf16 at blocks 8 and 16, and each eval runs on the GPU on the drafter its training exported."""
-    from engine.eval.drafter import build_parser as eval_parser
-    from engine.training.drafter import build_parser
+    from clover_engine.eval.drafter import build_parser as eval_parser
+    from clover_engine.training.drafter import build_parser
 
-    cmds = [_bare(c) for c in _commands("drafter_gpu.sh", "engine.training.drafter")]
+    cmds = [_bare(c) for c in _commands("drafter_gpu.sh", "clover_engine.training.drafter")]
     assert [c[0] for c in cmds] == ["cache", "cache", "train", "train", "export", "export"]
     caches = [build_parser().parse_args(c) for c in cmds[:2]]  # the questions and the tool-call chats
     trains = [build_parser().parse_args(c) for c in cmds[2:4]]
@@ -81,10 +81,10 @@ def test_drafter_gpu_script_parses():
     assert sorted(t.block_size for t in trains) == [8, 16]
     assert all(t.device == "cuda" and t.dtype == "bf16" and t.layers == caches[0].layers
                and t.cache == [c.out for c in caches] for t in trains)
-    sources = [c[c.index("--source") + 1] for c in _commands("drafter_gpu.sh", "engine.training.causal_lm")]
+    sources = [c[c.index("--source") + 1] for c in _commands("drafter_gpu.sh", "clover_engine.training.causal_lm")]
     assert sources == ["self-instruct", "templates", "tools"]
     assert [e.run for e in exports] == [t.out for t in trains]
-    evals = [eval_parser().parse_args(_bare(c)) for c in _commands("drafter_gpu.sh", "engine.eval")]
+    evals = [eval_parser().parse_args(_bare(c)) for c in _commands("drafter_gpu.sh", "clover_engine.eval")]
     assert [e.block_size for e in evals] == [8, 16] and all(e.device == "cuda" for e in evals)
     assert [Path(e.model) for e in evals] == [x.out for x in exports]
     assert evals[0].compare == "models/smollm2-bd"
@@ -94,7 +94,7 @@ def test_drafter_cli_refuses_cuda_without_a_device(capsys):
     """On a machine without CUDA, --device cuda stops before any work, saying so (exit status 2)."""
     import torch
 
-    from engine.training.drafter import main
+    from clover_engine.training.drafter import main
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible: the refusal cannot be seen here")

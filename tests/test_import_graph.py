@@ -1,4 +1,4 @@
-"""No import cycles among the first-party modules (engine, kernels, clover_viz, apps/*.py).
+"""No import cycles among the first-party modules (clover_engine, clover_kernels, clover_viz, apps/*.py).
 
 The graph is read from the source with `ast` (nothing is imported, so it runs in well under a
 second): every ``import`` / ``from ... import`` statement counts, at module level or inside a
@@ -11,14 +11,14 @@ Edges (``importer -> target``), for first-party targets only:
   depends on the submodule ``a.b.c`` when there is one (else on ``a.b``, where ``c`` is defined or
   re-exported); relative imports are resolved against the importer's package.
 * Importing ``a.b.c`` also runs ``a/__init__.py`` and ``a/b/__init__.py``: the importer depends on
-  those packages too -- except on its own packages (``engine.cost.dense`` is only ever run after
-  ``engine/cost/__init__.py`` has started, so importing a sibling ``engine.cost.formulas`` adds no
-  edge to ``engine.cost``).
-* A submodule that imports a name from its own package (``from engine.cost import x`` inside
-  ``engine/cost/dense.py``) depends on that package's ``__init__``; when the ``__init__`` imports
+  those packages too -- except on its own packages (``clover_engine.cost.dense`` is only ever run after
+  ``clover_engine/cost/__init__.py`` has started, so importing a sibling ``clover_engine.cost.formulas`` adds no
+  edge to ``clover_engine.cost``).
+* A submodule that imports a name from its own package (``from clover_engine.cost import x`` inside
+  ``clover_engine/cost/dense.py``) depends on that package's ``__init__``; when the ``__init__`` imports
   the submodule back (a re-export), that is a true cycle and is reported.
 
-Not edges: names in strings (`engine.backbones.registry`'s ``"module:function"`` table,
+Not edges: names in strings (`clover_engine.backbones.registry`'s ``"module:function"`` table,
 ``importlib.import_module``) -- those are plugin look-ups resolved at call time.
 
 A cycle that is known and not yet broken is listed in `KNOWN_CYCLE_EDGES` (one edge that closes it,
@@ -35,7 +35,7 @@ from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "kernels", "clover_viz", "clover_explorer")
+PACKAGES = ("clover_engine", "clover_kernels", "clover_viz", "clover_explorer")
 SCRIPT_DIRS = ("apps",)
 
 
@@ -81,13 +81,13 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> dict[str, i
     targets: dict[str, int] = {}
 
     def add(target: str, line: int) -> None:
-        # a dotted name that is not a module (`import engine.cost.nothing`) -> its longest module prefix
+        # a dotted name that is not a module (`import clover_engine.cost.nothing`) -> its longest module prefix
         while target and target not in modules:
             target = target.rpartition(".")[0]
         if not target:
             return  # third party or stdlib
         # the packages it runs first, less the importer's own (already running); the target itself
-        # always counts, also when it is the importer's own package (`from engine.cost import x`)
+        # always counts, also when it is the importer's own package (`from clover_engine.cost import x`)
         for dep in _ancestors(target):
             if dep in modules and dep not in own:
                 targets.setdefault(dep, line)

@@ -1,4 +1,4 @@
-"""Function-local imports of first-party modules (engine, clover_viz, kernels) say why they are local.
+"""Function-local imports of first-party modules (clover_engine, clover_viz, clover_kernels) say why they are local.
 
 The rule (issue 36): an import sits at module level, where a reader sees the module's dependencies
 at once, unless it is an optional heavy dependency (transformers, peft, triton, torch.distributed,
@@ -20,8 +20,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = ("engine", "clover_viz", "kernels", "apps", "clover_explorer")
-FIRST_PARTY = ("engine", "clover_viz", "kernels", "clover_explorer")
+SCANNED = ("clover_engine", "clover_viz", "clover_kernels", "apps", "clover_explorer")
+FIRST_PARTY = ("clover_engine", "clover_viz", "clover_kernels", "clover_explorer")
 
 PENDING: dict[tuple[str, str], str] = {}
 """(file, imported module) -> where it is: function-local first-party imports without a reason yet."""
@@ -79,8 +79,8 @@ def test_function_local_first_party_imports_say_why():
 
 
 def test_the_check_sees_an_unmarked_import(tmp_path):
-    (tmp_path / "m.py").write_text("def f():\n    from engine.threads import x\n\n\ndef g():\n"
-                                   "    # local: why\n    import engine.cost\n    import numpy\n"
-                                   "    from kernels import y  # local:\n")
-    assert local_imports(tmp_path / "m.py") == [(2, "engine.threads", None), (7, "engine.cost", "why"),
-                                                (9, "kernels", "")]
+    (tmp_path / "m.py").write_text("def f():\n    from clover_engine.threads import x\n\n\ndef g():\n"
+                                   "    # local: why\n    import clover_engine.cost\n    import numpy\n"
+                                   "    from clover_kernels import y  # local:\n")
+    assert local_imports(tmp_path / "m.py") == [(2, "clover_engine.threads", None), (7, "clover_engine.cost", "why"),
+                                                (9, "clover_kernels", "")]

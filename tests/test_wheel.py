@@ -100,8 +100,8 @@ def test_the_wheel_carries_every_bundled_model_the_app_and_the_tutorials(install
 
 
 def test_the_packages_are_imported_from_the_install_not_the_checkout(installed):
-    out = installed.run([str(installed.python), "-c", "import clover_explorer, clover_viz, engine, kernels; "
-                         "print(clover_explorer.__file__, clover_viz.__file__, engine.__file__, kernels.__file__)"])
+    out = installed.run([str(installed.python), "-c", "import clover_explorer, clover_viz, clover_engine, clover_kernels; "
+                         "print(clover_explorer.__file__, clover_viz.__file__, clover_engine.__file__, clover_kernels.__file__)"])
     assert out.returncode == 0, out.stderr
     for path in out.stdout.split():
         assert Path(path).is_relative_to(installed.venv), path

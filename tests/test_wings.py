@@ -3,7 +3,7 @@
 
 Wings, from the ground up: ground utilities and data (units, threads, tokenizer, examples, data/)
 and kernels -> recording -> backbones (with checkpoint dispatch and the prompt rule) -> cost ->
-decoding -> training / eval / experiments -> the entry points and the ``engine`` package API ->
+decoding -> training / eval / experiments -> the entry points and the ``clover_engine`` package API ->
 clover_viz -> apps and clover_explorer (the installed command). Imports inside a function count as well (`test_import_graph.imports_of`).
 
 Run: ``.venv/bin/python -m pytest -q tests/test_wings.py``
@@ -16,15 +16,15 @@ from test_import_graph import ROOT, discover_modules, import_graph
 MAX_LINES = 600
 
 WINGS: tuple[tuple[str, int], ...] = (  # module prefix -> floor; the longest matching prefix wins
-    ("kernels", 0),
-    ("engine.units", 0), ("engine.threads", 0), ("engine.tokenizer", 0), ("engine.examples", 0),
-    ("engine.data", 0),
-    ("engine.recording", 1),
-    ("engine.backbones", 2), ("engine.checkpoint", 2), ("engine.prompting", 2),
-    ("engine.cost", 3),
-    ("engine.decoding", 4),
-    ("engine.training", 5), ("engine.eval", 5), ("engine.experiments", 5),
-    ("engine", 6),  # the package API and the entry points: generate, train, sweep, convert
+    ("clover_kernels", 0),
+    ("clover_engine.units", 0), ("clover_engine.threads", 0), ("clover_engine.tokenizer", 0), ("clover_engine.examples", 0),
+    ("clover_engine.data", 0),
+    ("clover_engine.recording", 1),
+    ("clover_engine.backbones", 2), ("clover_engine.checkpoint", 2), ("clover_engine.prompting", 2),
+    ("clover_engine.cost", 3),
+    ("clover_engine.decoding", 4),
+    ("clover_engine.training", 5), ("clover_engine.eval", 5), ("clover_engine.experiments", 5),
+    ("clover_engine", 6),  # the package API and the entry points: generate, train, sweep, convert
     ("clover_viz", 7),
     ("apps", 8),
     ("clover_explorer", 8),  # the installed command: runs the engine's commands, serves the app

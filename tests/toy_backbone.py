@@ -1,9 +1,9 @@
 """A toy backbone in one file: what a new model family has to write (and nothing else).
 
 A tiny bidirectional transformer that recomputes ``[history ++ block]`` every forward (the
-``recompute`` cost family), over the byte tokenizer. It implements `engine.backbones.base.Backbone`,
+``recompute`` cost family), over the byte tokenizer. It implements `clover_engine.backbones.base.Backbone`,
 declares its `Capabilities`, and opens from a directory through one registry row
-(``register(MODEL_TYPE, "toy_backbone:load_toy")``). `tests/engine/test_toy_backbone.py` drives it
+(``register(MODEL_TYPE, "toy_backbone:load_toy")``). `tests/clover_engine/test_toy_backbone.py` drives it
 through the decoder, traces, the cost meter and both front ends with no edit anywhere else.
 """
 
@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from engine.backbones.base import BlockOutput, Capabilities
+from clover_engine.backbones.base import BlockOutput, Capabilities
 
 MODEL_TYPE = "toy-recompute"
 
@@ -89,7 +89,7 @@ class ToyBackbone(nn.Module):
 
 def save_toy(directory: Path, seed: int = 0) -> Path:
     """A random toy checkpoint directory (config.json, model.safetensors, the byte tokenizer)."""
-    from engine.tokenizer import byte_tokenizer
+    from clover_engine.tokenizer import byte_tokenizer
 
     torch.manual_seed(seed)
     model = ToyBackbone(ToyConfig(name=Path(directory).name))

@@ -1,4 +1,4 @@
-"""Pure figures: a `engine.recording.trace.Trace` (and a position in it) -> a plotly figure.
+"""Pure figures: a `clover_engine.recording.trace.Trace` (and a position in it) -> a plotly figure.
 
 Shared by the Panel app (``apps/explorer.py``) and the ipywidgets front end
 (`clover_viz.widgets`). Every function here only *reads* the trace -- no
@@ -6,8 +6,8 @@ figure ever calls the model, so a trace recorded on a GPU draws on a laptop
 (docs/architecture.md §1: figures never compute, they draw what the trace holds).
 What a figure needs beyond the recorded fields comes from the engine: which step
 wrote each slot and the confidence per slot and iteration from
-`engine.recording.trace.Trace.slot_index` (`engine.recording.slot_index.SlotIndex`), per-forward cost
-series and roofline points from `engine.cost` (`engine.cost.per_step`).
+`clover_engine.recording.trace.Trace.slot_index` (`clover_engine.recording.slot_index.SlotIndex`), per-forward cost
+series and roofline points from `clover_engine.cost` (`clover_engine.cost.per_step`).
 
 Positions: ``step`` is a global step index ``0 .. len(trace) - 1`` (negative
 counts from the end, ``None`` = the last step) and means the state *after*
@@ -23,7 +23,7 @@ Block view and its states (`slot_states`), one per slot of the current block:
 * ``forced``   -- written by the forced fill (or ``max_steps``) this step;
 * ``accepted`` -- accepted by the policy this step; shaded by confidence.
 
-A revisable decoder (DiffusionGemma, `engine.backbones.diffusion_gemma`) can replace a written token
+A revisable decoder (DiffusionGemma, `clover_engine.backbones.diffusion_gemma`) can replace a written token
 (the slot shows its new token, state ``accepted`` / ``forced``, with a star marker
 ``REWRITTEN_MARKS``) or withdraw it (state ``masked``, crossed circle ``REMASKED_MARKS``);
 hovers name the token the slot held. `block_revision_marks(trace, step)` gives those

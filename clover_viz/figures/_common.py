@@ -12,7 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from clover_viz import colors as C
-from engine.recording.slot_index import SlotIndex
+from clover_engine.recording.slot_index import SlotIndex
 
 BLOCK_TRACE = "block cells"
 CONFIDENCE_TRACE = "confidence"
@@ -31,7 +31,7 @@ _Index = SlotIndex  # the index type, under the name the views and tests have us
 
 # =============================================================================== trace access
 def _index(trace: Any) -> SlotIndex:
-    """The trace's `engine.recording.slot_index.SlotIndex`, up to date (`Trace.slot_index`).
+    """The trace's `clover_engine.recording.slot_index.SlotIndex`, up to date (`Trace.slot_index`).
 
     Raises:
         TypeError: for an object that is not a trace.
@@ -45,7 +45,7 @@ def _check_trace(trace: Any) -> None:
     cls = type(trace)
     if not all(hasattr(cls, a) or hasattr(trace, a) for a in ("steps", "blocks", "token_str", "slot_index")):
         raise TypeError(
-            f"expected an engine.recording.trace.Trace (recorded by the decoder or Trace.load(path)), "
+            f"expected an clover_engine.recording.trace.Trace (recorded by the decoder or Trace.load(path)), "
             f"got {type(trace).__name__}"
         )
 

@@ -1,11 +1,11 @@
 """The block view (one cell per slot of the current block) and the confidence heatmap
 (iterations x slots of one block), each with an in-place update for a live figure.
 
-Slot states are `engine.recording.slot_index.SlotIndex.slot_states`: ``masked`` (the cell shows,
+Slot states are `clover_engine.recording.slot_index.SlotIndex.slot_states`: ``masked`` (the cell shows,
 faintly, the forward's current argmax candidate), ``prompt``, ``earlier``, ``eos``,
 ``forced``, ``accepted`` (shaded by confidence).
 
-A revisable decoder (`engine.backbones.diffusion_gemma`: a written token can be replaced or
+A revisable decoder (`clover_engine.backbones.diffusion_gemma`: a written token can be replaced or
 withdrawn) adds two marker traces to the block view: ``REWRITTEN_MARKS`` on slots this step
 rewrote (the cell shows the new token; its hover names the previous one) and
 ``REMASKED_MARKS`` on slots it withdrew (masked again; hover names the token they held).
@@ -58,7 +58,7 @@ def slot_states(trace: Any, step: int | None = None) -> np.ndarray:
     """State of each slot of the current block after ``step``: (L,) array of str.
 
     Values: ``masked``, ``prompt``, ``earlier``, ``eos``, ``forced``,
-    ``accepted`` (`engine.recording.slot_index.SlotIndex.slot_states`).
+    ``accepted`` (`clover_engine.recording.slot_index.SlotIndex.slot_states`).
 
     Raises:
         ValueError: for an empty trace or a step out of range.
@@ -268,7 +268,7 @@ def block_figure(trace: Any, step: int | None = None) -> go.Figure:
     italics); hover gives the state, the token, when it was written and the
     top candidates with probabilities. The cells are the heatmap trace named
     ``BLOCK_TRACE``; its ``customdata[r][c][0]`` is the slot state. For a revisable
-    trace (`engine.recording.slot_index.SlotIndex.revisable`) rewritten slots carry a star
+    trace (`clover_engine.recording.slot_index.SlotIndex.revisable`) rewritten slots carry a star
     (``REWRITTEN_MARKS``) and withdrawn ones a crossed circle (``REMASKED_MARKS``), and
     their hovers name the token they held.
     """

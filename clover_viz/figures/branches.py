@@ -60,7 +60,7 @@ def answer_html(tokens: list[str], first_difference: int | None) -> str:
 
 def branch_list_html(rows: list[dict[str, Any]]) -> str:
     """The branches as an HTML table, each branch under its parent (indented by depth): run, change
-    (`engine.recording.branches.branch_label`), NFE, tokens per forward, forced fills and the answer
+    (`clover_engine.recording.branches.branch_label`), NFE, tokens per forward, forced fills and the answer
     with its first difference from the parent's marked (`answer_html`). ``rows``:
     `SessionBranches.branch_rows`; empty: a line saying how to make a branch."""
     if not rows:

@@ -1,6 +1,6 @@
 """Cost figures: bytes per forward and measured vs projected tokens/s (`cost_figure`), and
 the roofline with every device and the run's operating points (`roofline_figure`). The
-numbers come from `engine.cost` (docs/architecture.md §7); these functions only draw them.
+numbers come from `clover_engine.cost` (docs/architecture.md §7); these functions only draw them.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import plotly.graph_objects as go
 
 from clover_viz import colors as C
 from clover_viz.figures._common import _base_layout, _empty_figure, _index, _json_list
-from engine.backbones.clover.config import recorded_clover_config
-from engine.units import format_si
+from clover_engine.backbones.clover.config import recorded_clover_config
+from clover_engine.units import format_si
 
 
 # =============================================================================== cost
@@ -43,25 +43,25 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
     """The Cost tab's figures as two small HTML tables, every one labelled with what it is.
 
     * bytes read (the recorded model): **as run** here -- the cost model's bytes at the dtype
-      the model ran in (`engine.cost.recorded_weight_bytes`, fp32 on this CPU) -- beside
+      the model ran in (`clover_engine.cost.recorded_weight_bytes`, fp32 on this CPU) -- beside
       **projected** at bf16 weights, for the forward at ``step`` and the mean per forward;
     * tokens/s: measured on this machine, projected for the recorded model and for the
       target (``projection.target``, clover-35b-a3b) on ``projection.device``, and the
       target's autoregressive line, for the **whole run** (the prompt forward included) beside
-      the **decode phase** (`engine.cost.DecodePhase`: the prompt forward left out, the figure
+      the **decode phase** (`clover_engine.cost.DecodePhase`: the prompt forward left out, the figure
       comparable with the AR line), with a note on what each includes and the tokens per
-      forward the target would need to match AR (`engine.cost.ar_break_even_tokens_per_forward`).
+      forward the target would need to match AR (`clover_engine.cost.ar_break_even_tokens_per_forward`).
 
     Args:
-        trace: an `engine.recording.trace.Trace` with at least one step.
-        projection: its `engine.cost.TraceProjection` (`ExplorerState.cost_projection`), or
+        trace: an `clover_engine.recording.trace.Trace` with at least one step.
+        projection: its `clover_engine.cost.TraceProjection` (`ExplorerState.cost_projection`), or
             None when it has none: the projected cells then read "n/a".
         step: the global step the "this forward" row describes (None = the last).
 
     Raises:
         ValueError: for a trace without steps.
     """
-    from engine.cost import (  # local: engine.cost loads torch (~2 s); the figures draw a trace without it
+    from clover_engine.cost import (  # local: clover_engine.cost loads torch (~2 s); the figures draw a trace without it
         ar_break_even_tokens_per_forward,
         ar_step_cost,
         ar_tokens_per_s,
@@ -166,7 +166,7 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
                  "the whole decode's wall time (the headline's tokens/s), the decode phase's leaves the prompt "
                  "forward's time and tokens out (so it is higher), and the Cost chart's curve divides the slots "
                  "written by the forwards' own time alone; <b>projected</b> = roofline max(bytes / bandwidth, "
-                 f"FLOPs / peak) on {dev} from engine.cost, bf16 weights whatever the run's dtype, not measured.")
+                 f"FLOPs / peak) on {dev} from clover_engine.cost, bf16 weights whatever the run's dtype, not measured.")
     out.append("<div style='color:#475569;margin-top:4px'>" + "<br>".join(notes) + "</div>")
     return f"<div class='{COST_SUMMARY_CLASS}' style='font-size:13px;line-height:1.5'>{''.join(out)}</div>"
 
@@ -176,16 +176,16 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
     """Cost panel: bytes read per forward (left) and tokens/s measured vs projected (right).
 
     Left: the recorded model's bytes per forward **as run** (the trace's ``bytes_read``: the
-    cost model at the dtype the model ran in, `engine.cost.recorded_weight_bytes`; fp32 on
+    cost model at the dtype the model ran in, `clover_engine.cost.recorded_weight_bytes`; fp32 on
     this CPU) as bars, the same forwards **projected** at bf16 weights as a line, and the
-    as-run bytes per written token. The prompt forward(s) (`engine.cost.prompt_forward_mask`)
+    as-run bytes per written token. The prompt forward(s) (`clover_engine.cost.prompt_forward_mask`)
     are drawn in their own colour. Right (log scale): the measured running tokens/s on the
     machine that recorded the trace (cumulative tokens / cumulative ``wall_s``) and, dashed
-    and labelled "projected", `engine.cost.project_trace` on ``device`` for the recorded
+    and labelled "projected", `clover_engine.cost.project_trace` on ``device`` for the recorded
     model and for ``config`` at the same tokens per forward over the whole run, ``config``
     over the decode phase alone (dotted, from the first forward after the prompt forward:
-    `engine.cost.DecodePhase`), beside the AR bound of ``config``. ``union_assumption`` (see
-    `engine.cost.target_union`) defaults to ``"measured_vs_independent"``: the recorded
+    `clover_engine.cost.DecodePhase`), beside the AR bound of ``config``. ``union_assumption`` (see
+    `clover_engine.cost.target_union`) defaults to ``"measured_vs_independent"``: the recorded
     routing's correlation carried over to the target's 256 experts (``"measured_fraction"``,
     the CLI default, saturates at all experts for a model with few experts).
     """
@@ -193,7 +193,7 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
 
     if len(trace) == 0:
         return _empty_figure("Cost", "no steps yet")
-    from engine.cost import (  # local: engine.cost loads torch (~2 s); the figures draw a trace without it
+    from clover_engine.cost import (  # local: clover_engine.cost loads torch (~2 s); the figures draw a trace without it
         ar_tokens_per_s,
         bytes_per_written_token,
         dtype_name,
@@ -296,16 +296,16 @@ def roofline_figure(trace: Any | None = None, device: str = "h800", config: str 
     """Log-log roofline (FLOP/s attainable vs FLOP/byte) with every device's ridge point.
 
     Operating points on ``device``: the autoregressive step of ``config``
-    (`engine.cost.ar_step_cost`), the trace's forwards as ``config`` would run
+    (`clover_engine.cost.ar_step_cost`), the trace's forwards as ``config`` would run
     them (same tokens per forward and commits, union from
     ``union_assumption``; labelled "projected", bf16 weights; the prompt forward
-    (`engine.cost.prompt_forward_mask`) a star of its own beside the decode-phase
+    (`clover_engine.cost.prompt_forward_mask`) a star of its own beside the decode-phase
     forwards) and the recorded model's own forwards (the trace's
     ``arithmetic_intensity``: bytes as run, in the run's dtype). ``trace=None`` draws the
     devices and the AR point only.
     """
-    from engine.backbones.clover.config import CloverConfig  # local: as engine.cost below
-    from engine.cost import (  # local: engine.cost loads torch (~2 s); the figures draw a trace without it
+    from clover_engine.backbones.clover.config import CloverConfig  # local: as clover_engine.cost below
+    from clover_engine.cost import (  # local: clover_engine.cost loads torch (~2 s); the figures draw a trace without it
         DEVICES,
         ar_step_cost,
         attainable_flops_per_s,

@@ -21,7 +21,7 @@ from clover_viz.figures._common import (
     _json_list,
     _resolve_step,
 )
-from engine.backbones.clover.config import recorded_clover_config
+from clover_engine.backbones.clover.config import recorded_clover_config
 
 
 # =============================================================================== per-forward charts
@@ -38,7 +38,7 @@ def _add_block_lines(fig: go.Figure, xs: list[int], offset: float = -0.5, **kw: 
 
 def _not_applicable(trace: Any, name: str) -> bool:
     """True when every step recorded ``None`` for ``name``: a backbone without that observable
-    (a transformers model, `engine.backbones.causal_lm.model`: no experts, no recurrent state, no memory unit)."""
+    (a transformers model, `clover_engine.backbones.causal_lm.model`: no experts, no recurrent state, no memory unit)."""
     steps = _index(trace).steps
     return bool(steps) and all(getattr(s, name) is None for s in steps)
 

@@ -22,7 +22,7 @@ from clover_viz.figures._common import (
     _tok,
 )
 from clover_viz.runs import dropped_at_stop
-from engine.recording.slot_index import SlotIndex
+from clover_engine.recording.slot_index import SlotIndex
 
 # text_html fragments of finished blocks (and the prompt), per index: a rebuilt index
 # (`Trace.slot_index`) starts with an empty cache

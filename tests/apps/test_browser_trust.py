@@ -44,7 +44,7 @@ def app_settings() -> dict:
 
 def _base_installed() -> bool:
     try:
-        from engine.backbones.causal_lm.adapter import locate_base
+        from clover_engine.backbones.causal_lm.adapter import locate_base
 
         locate_base("smollm2-135m-instruct")
         return True

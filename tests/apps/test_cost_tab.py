@@ -20,8 +20,8 @@ pytest.importorskip("panel")
 
 from clover_viz import figures as F  # noqa: E402
 from clover_viz.state import ExplorerState  # noqa: E402
-from engine.cost import ar_break_even_tokens_per_forward, ar_tokens_per_s  # noqa: E402
-from engine.units import format_si  # noqa: E402
+from clover_engine.cost import ar_break_even_tokens_per_forward, ar_tokens_per_s  # noqa: E402
+from clover_engine.units import format_si  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from clover_viz.models import (  # noqa: E402
     resolve_model,
 )
 from clover_viz.state import ExplorerState  # noqa: E402
-from engine.decoding.decoder import BlockDecoder, DecodeConfig  # noqa: E402
+from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 30.0
@@ -198,7 +198,7 @@ def test_window_mode_needs_a_model_with_a_window():
     def loader(spec):
         base = load_model_cached(ModelSpec("random"))
         cfg = dataclasses.replace(base.model.config, attention_window=0)
-        from engine.backbones.clover.model import CloverModel
+        from clover_engine.backbones.clover.model import CloverModel
 
         torch.manual_seed(0)
         return LoadedModel(spec, CloverModel(cfg).eval(), base.tokenizer, "no-window test model")
@@ -425,7 +425,7 @@ def test_a_block_past_the_adapters_training_is_noted_in_the_done_line():
     assert past_training_note(32, 32) == "" and past_training_note(64, None) == ""
     import dataclasses
 
-    from engine.backbones.clover.model import CloverModel
+    from clover_engine.backbones.clover.model import CloverModel
 
     class Trained32(CloverModel):  # clover-test declaring what smollm2-bd declares: blocks <= 32
         @property
@@ -576,7 +576,7 @@ def test_control_help_names_no_internal_identifiers():
 
     s = ExplorerState(model_dir="clover-test")
     app = ExplorerApp(state=s)
-    internal = re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b|\b(engine|clover_viz)\.\w|`")
+    internal = re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b|\b(clover_engine|clover_viz)\.\w|`")
     seen = 0
     for view in (app.settings, app.playback, app.tabs.cost):
         for name, widget in vars(view).items():

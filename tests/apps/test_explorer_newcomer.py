@@ -15,7 +15,7 @@ pytest.importorskip("panel")
 
 from clover_viz.runs import forced_past_answer, run_stats  # noqa: E402
 from clover_viz.state import ExplorerState  # noqa: E402
-from engine.recording.trace import Trace  # noqa: E402
+from clover_engine.recording.trace import Trace  # noqa: E402
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 SMALL_TRACE = ROOT / "tests" / "data" / "small_trace.parquet"
@@ -69,7 +69,7 @@ def test_a_memory_mode_the_loaded_model_cannot_run_is_not_taken():
     import dataclasses
 
     from clover_viz.models import LoadedModel, ModelSpec, load_model_cached
-    from engine.backbones.clover.model import CloverModel
+    from clover_engine.backbones.clover.model import CloverModel
 
     def loader(spec):
         base = load_model_cached(ModelSpec("random"))
@@ -118,7 +118,7 @@ def test_the_comparison_says_when_models_and_prompts_differ():
 def test_the_done_line_says_how_many_forced_fills_wrote_end_of_text_slots():
     """Item 5: 'N forced' counted end-of-text slots without saying so; the done line now says how
     many forced fills wrote end-of-text slots at or after the answer's end (the CLI's count)."""
-    from engine.generate import forced_past_answer as cli_count
+    from clover_engine.generate import forced_past_answer as cli_count
 
     s = ExplorerState(model_dir="clover-test", prompt="Hello", max_new_tokens=32, block_size=8, eos_bias=True,
                       eos_soft_limit=0)
@@ -202,7 +202,7 @@ def test_each_measured_tokens_per_s_says_what_it_divides():
 
 def test_cli_help_says_what_the_processors_do_with_units():
     """Item 7d: --repetition-penalty '0 = off' and --eos-bias-soft-limit 'unset = off' said nothing else."""
-    from engine.generate import build_parser
+    from clover_engine.generate import build_parser
 
     helps = {a.dest: a.help for a in build_parser()._actions}
     assert "logits" in helps["repetition_penalty"] and "3-gram" in helps["repetition_penalty"]

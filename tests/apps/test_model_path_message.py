@@ -2,7 +2,7 @@
 
 The command line (``--model README.md``) said "is a file; pass the model's directory" while the
 explorer's model field and ``resolve_model`` said "no model directory at 'README.md'" -- as if the
-path did not exist. Both now raise `engine.checkpoint.file_as_model_dir`'s sentence.
+path did not exist. Both now raise `clover_engine.checkpoint.file_as_model_dir`'s sentence.
 
 Run: ``.venv/bin/python -m pytest tests/apps/test_model_path_message.py -q``
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.checkpoint import file_as_model_dir
+from clover_engine.checkpoint import file_as_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,9 +28,9 @@ def test_file_as_model_dir_names_the_file_and_the_directory_to_pass():
     assert inside.endswith("e.g. models/clover-tiny") and inside.startswith("'models/clover-tiny/config.json'")
 
 
-@pytest.mark.parametrize("cli", ["engine.generate", "engine.eval"])
+@pytest.mark.parametrize("cli", ["clover_engine.generate", "clover_engine.eval"])
 def test_the_command_lines_refuse_a_file_with_the_shared_message(cli):
-    argv = ["--model", "README.md"] + (["--prompt", "x"] if cli == "engine.generate" else [])
+    argv = ["--model", "README.md"] + (["--prompt", "x"] if cli == "clover_engine.generate" else [])
     out = subprocess.run([sys.executable, "-m", cli, *argv], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode != 0, out.stderr
     assert f"error: {file_as_model_dir('README.md')}" in out.stderr
@@ -61,7 +61,7 @@ def test_the_explorer_refuses_a_file_with_the_same_message_as_the_cli(tmp_path, 
 
 
 def test_the_loader_names_a_stray_file_the_same_way(tmp_path):
-    from engine.checkpoint import load_model
+    from clover_engine.checkpoint import load_model
 
     f = tmp_path / "notes.txt"
     f.write_text("x")

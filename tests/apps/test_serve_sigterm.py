@@ -32,7 +32,7 @@ WRAPPER = '''
 import os, runpy, time
 from pathlib import Path
 
-from engine.backbones.clover.model import CloverModel
+from clover_engine.backbones.clover.model import CloverModel
 
 _forward = CloverModel.forward
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
-from engine.recording.trace import Trace
+from clover_engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
+from clover_engine.recording.trace import Trace
 
 # Recorded by tests/clover_viz/record_trace.py (loud clover-test, block 8, threshold 0.4):
 # 17 steps over 3 blocks with a pre-filled prompt slot, accepted, forced and EOS-filled slots.

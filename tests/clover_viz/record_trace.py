@@ -1,6 +1,6 @@
 """Record the clover_viz test traces (no trained model needed).
 
-``loud_clover_test()`` is ``engine.backbones.clover.model.random_model('clover-test', 0, 15.0)`` (as
+``loud_clover_test()`` is ``clover_engine.backbones.clover.model.random_model('clover-test', 0, 15.0)`` (as
 ``tests/helpers.py::loud_model``), so confidences are peaked and a
 decode shows accepted, forced and EOS-filled slots. ``tests/data/small_trace.parquet``
 is re-recorded with::
@@ -20,15 +20,15 @@ SMALL_CONFIG = dict(block_size=8, threshold=0.4, max_new_tokens=30, eos_bias_sof
 
 def loud_clover_test(seed: int = 0, scale: float = 15.0):
     """``clover-test`` with every >=2-D weight multiplied by ``scale`` (peaked logits), eval mode."""
-    from engine.backbones.clover.model import random_model
+    from clover_engine.backbones.clover.model import random_model
 
     return random_model("clover-test", seed, scale)
 
 
 def record_small_trace(path: Path = SMALL_TRACE):
     """Decode `SMALL_PROMPT` with `SMALL_CONFIG` and save the trace (prompt pre-fill, forced and EOS-filled slots)."""
-    from engine.decoding.decoder import BlockDecoder, DecodeConfig
-    from engine.tokenizer import byte_tokenizer
+    from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
+    from clover_engine.tokenizer import byte_tokenizer
 
     result = BlockDecoder(loud_clover_test(), byte_tokenizer(), DecodeConfig(**SMALL_CONFIG)).generate(SMALL_PROMPT)
     result.trace.save(path)

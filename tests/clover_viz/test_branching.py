@@ -23,9 +23,9 @@ pytest.importorskip("panel")
 from clover_viz import figures as F  # noqa: E402
 from clover_viz.session_branches import slot_candidates  # noqa: E402
 from clover_viz.state import ExplorerState  # noqa: E402
-from engine.decoding.branch import Branch  # noqa: E402
-from engine.recording.branches import BranchTree  # noqa: E402
-from engine.recording.trace import Trace  # noqa: E402
+from clover_engine.decoding.branch import Branch  # noqa: E402
+from clover_engine.recording.branches import BranchTree  # noqa: E402
+from clover_engine.recording.trace import Trace  # noqa: E402
 
 PROMPT = "Hello, block diffusion"
 

@@ -13,7 +13,7 @@ from clover_viz.examples import (
     examples_for,
 )
 from clover_viz.models import LoadedModel
-from engine.backbones.base import Capabilities
+from clover_engine.backbones.base import Capabilities
 from clover_viz.state import ExplorerState
 
 

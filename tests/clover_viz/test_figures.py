@@ -12,9 +12,9 @@ import torch
 
 from clover_viz import colors as C
 from clover_viz import figures as F
-from engine.cost import DEVICES
-from engine.recording.events import StepEvent
-from engine.recording.trace import Trace
+from clover_engine.cost import DEVICES
+from clover_engine.recording.events import StepEvent
+from clover_engine.recording.trace import Trace
 from conftest import SMALL_TRACE, synthetic_trace  # tests/clover_viz/conftest.py
 
 
@@ -301,7 +301,7 @@ def test_errors_name_what_was_expected(trace):
         F.block_figure(trace, len(trace))
     with pytest.raises(TypeError, match="step must be an int"):
         F.block_figure(trace, 1.5)
-    with pytest.raises(TypeError, match="engine.recording.trace.Trace"):
+    with pytest.raises(TypeError, match="clover_engine.recording.trace.Trace"):
         F.block_figure({"steps": []}, 0)
     with pytest.raises(ValueError, match="no steps"):
         F.block_figure(Trace(), 0)
@@ -327,8 +327,8 @@ def test_live_trace_grows(trace):
 def test_cumulative_chart_counts_the_answer_tokens_the_summary_counts():
     """The EOS and the slots after it are not answer tokens: the chart's total equals the summary's
     (the status line's), also for a decode whose last block wrote slots past its EOS."""
-    from engine.decoding.decoder import BlockDecoder, DecodeConfig
-    from engine.experiments import load_bundled
+    from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
+    from clover_engine.experiments import load_bundled
 
     model, tok = load_bundled()
     from clover_viz.examples import WEATHER_PROMPT

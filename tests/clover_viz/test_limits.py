@@ -27,8 +27,8 @@ BUNDLED = REPO_ROOT / "models"
 
 def _checkpoint(directory: Path) -> Path:
     """A real random clover-test checkpoint (small, loads in a second)."""
-    from engine.backbones.clover.model import random_model
-    from engine.checkpoint import save_model
+    from clover_engine.backbones.clover.model import random_model
+    from clover_engine.checkpoint import save_model
 
     save_model(random_model("clover-test", 0), directory)
     return directory
@@ -241,8 +241,8 @@ def test_an_evicted_session_is_told_and_reloads_cleanly(tmp_path, monkeypatch):
     """Sessions holding models: the ones evicted let go (memory freed within a tick), and the next
     Generate says why it loads again, reloads and decodes."""
     from clover_viz.state import ExplorerState
-    from engine.backbones.clover.model import random_model
-    from engine.tokenizer import byte_tokenizer
+    from clover_engine.backbones.clover.model import random_model
+    from clover_engine.tokenizer import byte_tokenizer
 
     cap = 2
     monkeypatch.setattr(models, "MODEL_CACHE_SIZE", cap)
@@ -319,7 +319,7 @@ def test_the_upload_limit_fits_the_default_websocket():
 def test_a_session_runs_one_decode_at_a_time(monkeypatch):
     """A Generate while a decode runs: the new decode starts only once the old one's thread has ended."""
     from clover_viz.state import ExplorerState
-    from engine.decoding import decoder as decoder_module
+    from clover_engine.decoding import decoder as decoder_module
 
     active, most = [0], [0]
     lock = threading.Lock()

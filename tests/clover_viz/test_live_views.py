@@ -11,8 +11,8 @@ import numpy as np
 
 from clover_viz import figures as F
 from clover_viz.runs import generated_ids, run_stats
-from engine.recording.events import DecodeEnd
-from engine.recording.trace import Trace
+from clover_engine.recording.events import DecodeEnd
+from clover_engine.recording.trace import Trace
 
 
 def _replay(trace: Trace):

@@ -11,8 +11,8 @@ import numpy as np
 from clover_viz import colors as C
 from clover_viz import figures as F
 from clover_viz.runs import RUN_LABELS, compare, diff_caption, dropped_at_stop
-from engine.recording.events import BlockStart, DecodeEnd, StepEvent
-from engine.recording.trace import Trace
+from clover_engine.recording.events import BlockStart, DecodeEnd, StepEvent
+from clover_engine.recording.trace import Trace
 
 L = 8
 

@@ -4,7 +4,7 @@
   DecodeConfig), the widgets show what ran and the next decode uses it;
 * ``Explorer()`` opens the bundled default model with the app's default prompt;
 * the default memory mode is the model's best measured one, the same in the notebook,
-  the app (`ExplorerState` after ``load_model``) and the CLI (`engine.generate`).
+  the app (`ExplorerState` after ``load_model``) and the CLI (`clover_engine.generate`).
 
 Run: .venv/bin/python -m pytest tests/clover_viz/test_widget_defaults.py -q
 """
@@ -31,8 +31,8 @@ def _small_explorer(**cfg):
     """An Explorer over the loud random clover-test with a byte tokenizer (fast decodes)."""
     from record_trace import loud_clover_test  # tests/clover_viz/record_trace.py
 
-    from engine.decoding.decoder import DecodeConfig
-    from engine.tokenizer import byte_tokenizer
+    from clover_engine.decoding.decoder import DecodeConfig
+    from clover_engine.tokenizer import byte_tokenizer
 
     dc = DecodeConfig(**{"block_size": 4, "threshold": 0.9, "max_new_tokens": 4, **cfg})
     return Explorer(loud_clover_test(), byte_tokenizer(), dc)
@@ -105,8 +105,8 @@ def test_explorer_with_no_argument_opens_the_bundled_model_as_the_app_does():
 
 
 def _cli_memory_mode(model_dir: Path, capsys) -> str:
-    """The memory mode `python -m engine.generate` decodes ``model_dir`` in when not told one."""
-    from engine.generate import main
+    """The memory mode `python -m clover_engine.generate` decodes ``model_dir`` in when not told one."""
+    from clover_engine.generate import main
 
     assert main(["--model", str(model_dir), "--prompt", "def f(x):", "--block-size", "2",
                  "--max-new-tokens", "2", "--threads", "1"]) == 0
@@ -131,7 +131,7 @@ def _modes(model_dir: Path, capsys) -> dict[str, str]:
 def test_notebook_app_and_cli_start_in_the_models_best_measured_memory_mode(tmp_path, capsys):
     """The notebook used DecodeConfig()'s `state` for clover-tiny while the app and CLI chose
     state+window; and the app kept its fixed state+window for a model measured best in `state`."""
-    from engine.checkpoint import best_memory_mode
+    from clover_engine.checkpoint import best_memory_mode
 
     assert best_memory_mode(TINY)[0] == "state+window"  # eval.json: 29 % exact with the window, 4 % in state
     assert set(_modes(TINY, capsys).values()) == {"state+window"}

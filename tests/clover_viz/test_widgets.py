@@ -14,7 +14,7 @@ pytest.importorskip("anywidget")  # plotly >= 6 FigureWidget
 from clover_viz import figures as F  # noqa: E402
 from clover_viz import widget_bundle, widget_decoding  # noqa: E402
 from clover_viz.widgets import Explorer  # noqa: E402
-from engine.recording.trace import Trace  # noqa: E402
+from clover_engine.recording.trace import Trace  # noqa: E402
 
 
 def n_observers(widget, name="value") -> int:
@@ -70,8 +70,8 @@ def test_explorer_from_a_trace_file(tmp_path, trace):
 def test_decode_streams_into_the_same_figures_and_redecode_compares(monkeypatch):
     from record_trace import loud_clover_test  # tests/clover_viz/record_trace.py
 
-    from engine.decoding.decoder import DecodeConfig
-    from engine.tokenizer import byte_tokenizer
+    from clover_engine.decoding.decoder import DecodeConfig
+    from clover_engine.tokenizer import byte_tokenizer
 
     monkeypatch.setattr(widget_decoding, "_LIVE_MIN_INTERVAL_S", 0.0)  # draw on every event
     ex = Explorer(loud_clover_test(), byte_tokenizer(), DecodeConfig(block_size=4, threshold=0.4, max_new_tokens=4))
@@ -114,8 +114,8 @@ def test_explorer_finds_a_bundled_model_by_name_from_any_directory(tmp_path, mon
 def _live_explorer(tokenizer=True, **cfg):
     from record_trace import loud_clover_test  # tests/clover_viz/record_trace.py
 
-    from engine.decoding.decoder import DecodeConfig
-    from engine.tokenizer import byte_tokenizer
+    from clover_engine.decoding.decoder import DecodeConfig
+    from clover_engine.tokenizer import byte_tokenizer
 
     dc = DecodeConfig(**{"block_size": 4, "threshold": 0.4, "max_new_tokens": 4, **cfg})
     return Explorer(loud_clover_test(), byte_tokenizer() if tokenizer else None, dc)
@@ -249,8 +249,8 @@ def test_a_view_built_after_updates_shows_the_current_figure():
     from record_trace import loud_clover_test  # tests/clover_viz/record_trace.py
     from ipywidgets.widgets.widget import _remove_buffers
 
-    from engine.decoding.decoder import DecodeConfig
-    from engine.tokenizer import byte_tokenizer
+    from clover_engine.decoding.decoder import DecodeConfig
+    from clover_engine.tokenizer import byte_tokenizer
 
     ex = Explorer(loud_clover_test(), byte_tokenizer(), DecodeConfig(block_size=4, threshold=0.4, max_new_tokens=8))
     placeholder_traces = {name: len(fig.get_state()["_widget_data"]) for name, fig in ex.figures.items()}

@@ -1,0 +1,148 @@
+"""Example prompts, shared by the command line (``python -m clover_engine.generate --example NAME``),
+the Panel app's picker and the notebook `Explorer` (`clover_viz.examples` re-exports them).
+
+`EXAMPLE_PROMPTS` maps a name to prompt text for the bundled clover-tiny -- two agent conversations
+in the chat layout it is trained on, and a code completion; `DEFAULT_EXAMPLE` names the one a new
+session starts with (and the README's first decode). `CHAT_EXAMPLE_PROMPTS` are ordinary questions
+and instructions (and one tool call with tools the model never saw) in SmolLM2's ChatML with its
+default system turn, for chat models adapted from a pretrained base (``models/smollm2-bd``).
+`WEATHER_PROMPT` is a short one-tool agent prompt. `example_prompt` looks any of them up by name.
+
+Wing: ``ground``.
+"""
+
+from __future__ import annotations
+
+# The agent prompts are in the chat layout the bundled model is trained on (clover_engine.data.agent); each
+# ends at "<|im_start|>assistant\n", where the tool call starts. "agent tool call" is the held-out
+# task `clover_engine.data.agent.eval_tasks()[3]` (conversation seed EVAL_SEED_START + 3, never trained on),
+# kept verbatim here (a test checks it still equals the generator's): clover-tiny writes its call
+# exactly at block 32 / threshold 0.95, 6.4 tokens per forward in state+window, and breaks it at 0.60
+# (`"city": "Nap",`) -- the threshold's trade-off in one picture. Most held-out tasks it gets wrong
+# (29 % exact, its card): this one is chosen to show what block diffusion does when the model is right.
+# "long tool chain" is a longer conversation of the same kind, from an earlier version of the generator.
+_TOOLS_REFUND = (
+    '{"name": "refund_order", "description": "Refund an order; confirm_order_id must repeat order_id.", '
+    '"parameters": {"type": "object", "properties": {"order_id": {"type": "string"}, "amount": '
+    '{"type": "integer"}, "confirm_order_id": {"type": "string", "description": "repeat order_id"}}, '
+    '"required": ["order_id", "amount", "confirm_order_id"]}}\n'
+)
+EXAMPLE_PROMPTS: dict[str, str] = {
+    "agent tool call": (
+        "<|im_start|>system\nYou are a helpful assistant with tools:\n"
+        '{"name": "get_weather", "description": "Weather forecast for a city and date.", "parameters": {"type": '
+        '"object", "properties": {"city": {"type": "string"}, "date": {"type": "string"}}, "required": ["city", '
+        '"date"]}}\n'
+        + _TOOLS_REFUND
+        + '{"name": "update_address", "description": "Move a customer to a city; confirm_customer_id must repeat '
+        'customer_id.", "parameters": {"type": "object", "properties": {"customer_id": {"type": "string"}, "city": '
+        '{"type": "string"}, "confirm_customer_id": {"type": "string", "description": "repeat customer_id"}}, '
+        '"required": ["customer_id", "city", "confirm_customer_id"]}}<|im_end|>\n'
+        '<|im_start|>user\nHey. Please update an address (customer_id="USR-38475", city="Naples").<|im_end|>\n'
+        "<|im_start|>assistant\n"
+    ),
+    "code completion": (
+        "def _splitext(p, sep, altsep, extsep):\n"
+        '    """Split the extension from a pathname.\n\n'
+        "    Extension is everything from the last dot to the end, ignoring\n"
+        '    leading dots.  Returns "(root, ext)"; ext may be empty."""\n'
+        "    sepIndex = p.rfind(sep)\n"
+    ),
+    "long tool chain": (
+        "<|im_start|>system\nYou are a helpful assistant with tools:\n"
+        '{"name": "cancel_booking", "description": "Cancel a booking; confirm_booking_id must repeat '
+        'booking_id.", "parameters": {"type": "object", "properties": {"booking_id": {"type": "string"}, '
+        '"passenger": {"type": "string"}, "confirm_booking_id": {"type": "string", "description": '
+        '"repeat booking_id"}}, "required": ["booking_id", "passenger", "confirm_booking_id"]}}\n'
+        '{"name": "add_ticket_note", "description": "Add a note to a ticket.", "parameters": {"type": '
+        '"object", "properties": {"ticket_id": {"type": "string"}, "author": {"type": "string"}}, '
+        '"required": ["ticket_id", "author"]}}\n'
+        '{"name": "get_order", "description": "Look up an order.", "parameters": {"type": "object", '
+        '"properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}\n'
+        + _TOOLS_REFUND.rstrip("\n")
+        + "<|im_end|>\n<|im_start|>user\nHey. Please refund an order (order_id=ORD-14712, amount=18859), "
+        "then add a note to a ticket (ticket_id=TCK-514151, author=Ivan Larsen), then refund an order "
+        "(order_id=ORD-47154, amount=5426), then add a note to a ticket (ticket_id=TCK-678677, author=Emil "
+        "Torres), then cancel a booking (booking_id=3QNX29, passenger=Jonas Costa), and finally look up an "
+        "order (order_id=ORD-44840).<|im_end|>\n"
+        "<|im_start|>assistant\n"
+        '<tool_call>{"name": "refund_order", "arguments": {"order_id": "ORD-14712", "amount": 18859, '
+        '"confirm_order_id": "ORD-14712"}}</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response>{"status": "ok", "refund_date": "2028-12-26"}</tool_response>'
+        "<|im_end|>\n<|im_start|>assistant\n"
+        '<tool_call>{"name": "add_ticket_note", "arguments": {"ticket_id": "TCK-514151", "author": '
+        '"Ivan Larsen"}}</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response>{"ticket_id": "TCK-514151", "note_id": "NOTE-55310"}'
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        '<tool_call>{"name": "refund_order", "arguments": {"order_id": "ORD-47154", "amount": 5426, '
+        '"confirm_order_id": "ORD-47154"}}</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response>{"status": "ok", "refund_date": "2029-07-17"}</tool_response>'
+        "<|im_end|>\n<|im_start|>assistant\n"
+        '<tool_call>{"name": "add_ticket_note", "arguments": {"ticket_id": "TCK-678677", "author": '
+        '"Emil Torres"}}</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response>{"ticket_id": "TCK-678677", "note_id": "NOTE-54110"}'
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        '<tool_call>{"name": "cancel_booking", "arguments": {"booking_id": "3QNX29", "passenger": '
+        '"Jonas Costa", "confirm_booking_id": "3QNX29"}}</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response>{"status": "ok", "refund": 66491}</tool_response><|im_end|>\n'
+        "<|im_start|>assistant\n"
+    ),
+}
+DEFAULT_EXAMPLE = "agent tool call"
+
+_SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def _chat(user: str) -> str:
+    return (f"<|im_start|>system\n{_SMOLLM2_SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+            "<|im_start|>assistant\n")
+
+
+CHAT_EXAMPLE_PROMPTS: dict[str, str] = {
+    "question": _chat("How many legs does a spider have?"),
+    "explanation": _chat("Explain in two sentences why the sky is blue."),
+    "instruction": _chat("Write a short poem about the sea."),
+    "code": _chat("Write a Python function that returns the factorial of n."),
+    # an open-vocabulary tool call (clover_engine.data.open_tools, eval vocabulary: never in training)
+    "tool call (unseen tool)": (
+        "<|im_start|>system\nYou are a helpful assistant with tools:\n"
+        '{"name": "quarantineKiosk", "description": "Quarantine a kiosk.", "parameters": {"type": "object", '
+        '"properties": {"lane": {"type": "integer"}, "interimHumidity": {"type": "number"}, "gauge": '
+        '{"type": "number"}, "spareTier": {"type": "string", "enum": ["north", "south", "east", "west"]}}, '
+        '"required": ["lane", "interimHumidity", "gauge", "spareTier"]}}<|im_end|>\n'
+        "<|im_start|>user\nQuick one: can you quarantine a kiosk lane of 80447, a interim humidity of 925.3, "
+        "a gauge of 957.57 and spare tier west?<|im_end|>\n<|im_start|>assistant\n"
+    ),
+}
+DEFAULT_CHAT_EXAMPLE = "question"
+
+WEATHER_PROMPT = (
+    "<|im_start|>system\nYou are a helpful assistant with tools:\n"
+    '{"name": "get_weather", "description": "Current weather for a city.", "parameters": {"type": "object", '
+    '"properties": {"city": {"type": "string"}}, "required": ["city"]}}<|im_end|>\n'
+    '<|im_start|>user\nWhat is the weather (city: "Lisbon")?<|im_end|>\n<|im_start|>assistant\n'
+)
+
+
+def example_names() -> list[str]:
+    """Every example's name: `EXAMPLE_PROMPTS` (clover-tiny's) first, then `CHAT_EXAMPLE_PROMPTS`
+    (a chat model's, e.g. smollm2-bd)."""
+    return [*EXAMPLE_PROMPTS, *CHAT_EXAMPLE_PROMPTS]
+
+
+def example_prompt(name: str) -> str:
+    """The prompt text of the example called ``name`` (from `EXAMPLE_PROMPTS` or `CHAT_EXAMPLE_PROMPTS`).
+
+    Raises:
+        ValueError: ``name`` is no example's name (the message lists them).
+    """
+    if name in EXAMPLE_PROMPTS:
+        return EXAMPLE_PROMPTS[name]
+    if name in CHAT_EXAMPLE_PROMPTS:
+        return CHAT_EXAMPLE_PROMPTS[name]
+    raise ValueError(f"no example prompt called {name!r}; the examples are: "
+                     f"{', '.join(repr(n) for n in example_names())}")
+
+
+__all__ = ["CHAT_EXAMPLE_PROMPTS", "DEFAULT_CHAT_EXAMPLE", "DEFAULT_EXAMPLE", "EXAMPLE_PROMPTS", "WEATHER_PROMPT",
+           "example_names", "example_prompt"]

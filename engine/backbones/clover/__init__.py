@@ -1,5 +1,0 @@
-"""Parts of the Clover model (docs/architecture.md §3): `state` (recurrent state, forward
-plans, outputs), `ops` (norms, RoPE, block attention, causal conv, delta-rule update), `gdn`
-and `attention` (the two mixers), `moe` (sparse MoE). `engine.backbones.clover.model.CloverModel` assembles them.
-
-Wing: ``backbones``."""

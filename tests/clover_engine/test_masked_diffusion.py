@@ -1,0 +1,219 @@
+"""Dream / LLaDA-style masked diffusion (clover_engine.backbones.masked_diffusion) on tiny random checkpoints.
+
+A tiny random Qwen2 saved by transformers and written as a Dream checkpoint, and a tiny
+random Llama written with LLaDA's weight names, load by path through ``load_model``; their
+logits equal a from-scratch bidirectional forward of the source model (with Dream's shift,
+without LLaDA's); every acceptance policy decodes them with events, a trace and a cost, and
+the block view draws the trace.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from clover_engine.checkpoint import load_model, model_format  # noqa: E402
+from clover_engine.cost import forward_cost  # noqa: E402
+from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig  # noqa: E402
+from clover_engine.backbones.masked_diffusion import (  # noqa: E402
+    MaskedDiffusionModel, load_masked_diffusion, save_masked_diffusion,
+)
+from clover_engine.decoding.policies import SLOT_POLICIES as POLICIES  # noqa: E402
+
+V, MASK = 128, 126
+PROMPT = [5, 9, 33, 17, 60, 4, 8, 21, 70, 11]
+
+
+def _tiny(kind: str):
+    torch.manual_seed(3 if kind == "qwen2" else 4)
+    common = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2, bos_token_id=1,
+                  initializer_range=0.2, tie_word_embeddings=False)
+    if kind == "qwen2":
+        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common)).eval()
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common)).eval()
+
+
+@pytest.fixture(scope="module", params=["dream", "llada"])
+def family(request, tmp_path_factory):
+    torch.set_num_threads(1)
+    src = _tiny("qwen2" if request.param == "dream" else "llama")
+    d = tmp_path_factory.mktemp(request.param)
+    save_masked_diffusion(src, d, request.param, MASK)
+    return request.param, src, d
+
+
+def _bidirectional_logits(src, ids: list[int]) -> torch.Tensor:
+    T = len(ids)
+    out = src(input_ids=torch.tensor([ids]), attention_mask=torch.zeros(1, 1, T, T),
+              position_ids=torch.arange(T)[None])
+    return out.logits[0].float()
+
+
+def test_checkpoint_is_in_the_family_format(family):
+    name, _, d = family
+    cfg = json.loads((d / "config.json").read_text())
+    assert model_format(d) == name
+    if name == "dream":
+        assert cfg["model_type"] == "Dream" and cfg["mask_token_id"] == MASK
+    else:  # LLaDA's own field and weight names
+        from safetensors import safe_open
+
+        assert cfg["model_type"] == "llada" and cfg["d_model"] == 64 and cfg["n_layers"] == 2
+        with safe_open(str(d / "model.safetensors"), "pt") as f:
+            keys = set(f.keys())
+        assert "model.transformer.blocks.1.attn_out.weight" in keys and "model.transformer.ff_out.weight" in keys
+        assert not any(k.startswith("model.layers") for k in keys)
+
+
+def test_logits_are_a_bidirectional_recompute_with_the_family_shift(family):
+    name, src, d = family
+    model = load_model(d)
+    assert isinstance(model, MaskedDiffusionModel)
+    assert model.config.logit_shift is (name == "dream") and model.config.kv_cache is False
+    state = model.setup_state(1, "state")
+    history = PROMPT[:8]
+    block = [40, MASK, 41, MASK]
+    out = model(torch.tensor([block]), state, commit_ids=torch.tensor([history]), block_size=4)
+    assert out.expert_union is None and out.memory_share is None and out.state_norm is None
+    assert state.committed == history
+    ref = _bidirectional_logits(src, history + block)
+    rows = slice(7, 11) if name == "dream" else slice(8, 12)  # Dream: output i-1 predicts token i
+    torch.testing.assert_close(out.logits[0], ref[rows], rtol=1e-5, atol=1e-5)
+    # Not causal: a later slot's token changes an earlier slot's prediction.
+    state2 = model.setup_state(1, "state")
+    out2 = model(torch.tensor([[40, MASK, 42, MASK]]), state2, commit_ids=torch.tensor([history]), block_size=4)
+    assert not torch.allclose(out.logits[0, 1], out2.logits[0, 1])
+
+
+def test_canvas_tail_joins_attention(family):
+    _, src, d = family
+    model = load_masked_diffusion(d, canvas_tail=6)
+    state = model.setup_state(1, "state")
+    block = [40, MASK, MASK, MASK]
+    out = model(torch.tensor([block]), state, commit_ids=torch.tensor([PROMPT[:8]]), block_size=4)
+    ref = _bidirectional_logits(src, PROMPT[:8] + block + [MASK] * 6)
+    rows = slice(7, 11) if model.config.logit_shift else slice(8, 12)
+    torch.testing.assert_close(out.logits[0], ref[rows], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_decodes_with_events_trace_and_cost(family, policy):
+    _, _, d = family
+    model = load_model(d)
+    events = []
+    cfg = DecodeConfig(block_size=8, threshold=0.5, max_new_tokens=16, policy=policy, tokens_per_step=3,
+                       max_entropy=2.0, factor=2.0)
+    r = BlockDecoder(model, None, cfg).generate(PROMPT, hooks=[events.append])
+    steps = [e for e in events if type(e).__name__ == "StepEvent"]
+    assert r.nfe == len(steps) >= 2 and 1 <= len(r.tokens) <= 16 and MASK not in r.tokens
+    assert all(e.expert_union is None for e in steps)
+    assert len(r.trace.steps) == r.nfe
+    # Priced as a full recompute: weights only (no cache), FLOPs growing with the history.
+    assert all(e.bytes_read > 0 for e in steps)
+    f = np.array([e.flops for e in steps])
+    assert f[-1] > f[0]
+
+
+def test_recompute_cost_prices_the_whole_sequence(family):
+    _, _, d = family
+    cfg = load_model(d).config.to_dict()
+    one = forward_cost(cfg, 8, None, weight_bytes=4, n_commit_tokens=0, block_len=8, context_len=0)
+    long = forward_cost(cfg, 8, None, weight_bytes=4, n_commit_tokens=0, block_len=8, context_len=100)
+    assert long.bytes_by_component["kv_cache_read"] == 0 == long.bytes_by_component["kv_cache_write"]
+    assert long.flops > 10 * one.flops  # 108 tokens through every layer against 8
+    kv = dict(cfg, kv_cache=True)
+    cached = forward_cost(kv, 8, None, weight_bytes=4, n_commit_tokens=0, block_len=8, context_len=100)
+    assert cached.bytes_by_component["kv_cache_read"] > 0 and cached.flops < long.flops
+
+
+def test_block_view_draws_a_masked_diffusion_trace(family):
+    from clover_viz import figures as F
+
+    _, _, d = family
+    model = load_model(d)
+    trace = BlockDecoder(model, None, DecodeConfig(block_size=8, threshold=0.5, max_new_tokens=8)).generate(PROMPT).trace
+    fig = F.block_figure(trace)
+    assert len(fig.data) >= 1
+    for make in (F.expert_union_figure, F.state_norm_figure, F.memory_share_figure):
+        assert any(F.NOT_APPLICABLE in (a.text or "") for a in make(trace).layout.annotations)
+
+
+def test_bad_checkpoints_say_what_is_wrong(tmp_path):
+    src = _tiny("llama")
+    d = save_masked_diffusion(src, tmp_path / "llada", "llada", MASK)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(dict(cfg, layer_norm_type="default")))
+    with pytest.raises(ValueError, match="layer_norm_type"):
+        load_model(d)
+    (d / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "mask_token_id"}))
+    with pytest.raises(ValueError, match="mask_token_id"):
+        load_model(d)
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "model.safetensors").rename(d / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="pickle"):
+        load_model(d)
+    model = load_model(save_masked_diffusion(src, tmp_path / "ok", "llada", MASK))
+    with pytest.raises(ValueError, match="memory_mode"):
+        model.setup_state(1, "state+window")
+
+
+def _byte_level_dream(path):
+    """A tiny random Dream checkpoint over the byte-level tokenizer (MASK = ``<|mask|>``, EOS = ``<|endoftext|>``)."""
+    from clover_engine.tokenizer import byte_tokenizer
+
+    tok = byte_tokenizer()
+    torch.manual_seed(5)
+    lm = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        eos_token_id=tok.token_to_id("<|endoftext|>"), tie_word_embeddings=True)).eval()
+    save_masked_diffusion(lm, path, "dream", tok.token_to_id("<|mask|>"))
+    tok.save(str(path / "tokenizer.json"))
+    return path
+
+
+def test_the_app_and_the_notebook_widget_open_a_dream_checkpoint_by_path(tmp_path):
+    from clover_viz import figures as F
+    from clover_viz.state import ExplorerState
+    from clover_viz.widgets import Explorer
+
+    d = _byte_level_dream(tmp_path / "tiny-dream")
+    s = ExplorerState(model_dir="clover-test", prompt="Hello, diffusion", max_new_tokens=8, block_size=4,
+                      threshold=0.5)
+    try:
+        s.model_dir = str(d)  # typed into the app's model field
+        assert s.error == "" and s.memory_mode == "state"  # no window: the app falls back to Clover's mode
+        assert s.generate()
+        assert s.wait(60) and not s.running
+        s.tick(0.02)
+        trace = s.trace
+        assert trace is not None and trace.decode_end is not None and len(trace) == trace.decode_end.nfe >= 2
+        assert trace.model_id == "tiny-dream"
+        assert len(F.block_figure(trace).data) >= 1
+    finally:
+        s.close()
+        s.wait(5)
+    ex = Explorer(str(d), decode_config=DecodeConfig(block_size=4, threshold=0.5, max_new_tokens=8))
+    try:
+        tr = ex.decode("Hi")
+        assert len(tr) >= 2 and "NFE" in ex.status.value
+    finally:
+        ex.close()
+
+
+def test_generate_cli_takes_each_policys_own_setting(tmp_path, capsys):
+    from clover_engine.generate import main
+
+    d = _byte_level_dream(tmp_path / "tiny-dream")
+    common = ["--model", str(d), "--prompt", "Hello", "--block-size", "32", "--max-new-tokens", "16", "--threads", "1"]
+    assert main(common + ["--policy", "top_k", "--tokens-per-step", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "policy=top_k tokens_per_step=4" in out and "NFE=4 " in out and "threshold" not in out
+    assert main(common + ["--policy", "margin", "--threshold", "0.9"]) == 0
+    assert "policy=margin threshold=0.9" in capsys.readouterr().out
