@@ -42,7 +42,7 @@ from clover_engine.backbones.checkpoint_dir import (
 from clover_engine.backbones.clover.config import CloverConfig
 from clover_engine.backbones.clover.model import CloverModel
 from clover_engine.backbones.clover.weights import load_weights, save_model
-from clover_engine.backbones.registry import DESCRIPTIONS, MODEL_TYPES, loader_for
+from clover_engine.backbones.registry import BUILD_LOCK, DESCRIPTIONS, MODEL_TYPES, loader_for
 from clover_engine.threads import add_threads_argument, configure_threads
 from clover_engine.tokenizer import byte_tokenizer
 
@@ -97,6 +97,10 @@ def load_model(
             one decodes, with the recurrent state, the logits and the
             confidences kept in fp32.
 
+    Thread-safe: any number of threads may call it at once; models are built one at a time per
+    process (`clover_engine.backbones.registry.BUILD_LOCK`), and a failed build leaves nothing behind
+    that breaks the next.
+
     Returns:
         The loaded model.
 
@@ -115,8 +119,9 @@ def load_model(
             f"`python -m clover_engine.checkpoint --init clover-test --out DIR`); {_supported()}"
         )
     fmt = model_format(directory)
-    # the family's loader, imported only now (clover_engine.backbones.registry: one row per model_type)
-    return loader_for(fmt)(directory, device=device, dtype=_as_float_dtype(dtype))
+    with BUILD_LOCK:  # one build at a time per process (thread-safe: see BUILD_LOCK)
+        # the family's loader, imported only now (clover_engine.backbones.registry: one row per model_type)
+        return loader_for(fmt)(directory, device=device, dtype=_as_float_dtype(dtype))
 
 
 ADAPTER_FORMAT = "hf-block-diffusion"
@@ -213,10 +218,16 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
     Returns:
         A ``tokenizers.Tokenizer``.
 
+    Thread-safe: tokenizers are read one at a time per process (`BUILD_LOCK`), as models are built.
+
     Raises:
         ValueError: if the directory or file is missing or the file cannot be parsed.
     """
-    path = Path(path_or_dir)
+    with BUILD_LOCK:  # an adapter's or drafter's tokenizer comes through transformers (see BUILD_LOCK)
+        return _load_tokenizer(Path(path_or_dir))
+
+
+def _load_tokenizer(path: Path) -> Tokenizer:
     if path.is_dir() and _hf_kind(path / CONFIG_NAME) == "adapter":
         # local: a family's module is imported only for its own checkpoints (clover_engine.backbones.registry's rule)
         from clover_engine.backbones.causal_lm.adapter import load_adapter_tokenizer

@@ -15,8 +15,18 @@ from __future__ import annotations
 
 import importlib
 import json
+import threading
 from pathlib import Path
 from typing import Any, Callable
+
+BUILD_LOCK = threading.RLock()
+"""Held while a model or its tokenizer is built (`clover_engine.checkpoint.load_model` / ``load_tokenizer``):
+one build at a time per process. Building touches process-global state that is not thread-safe --
+transformers' lazy module imports (two threads importing ``AutoModelForCausalLM`` at once: one gets
+``ImportError: cannot import name``), and init contexts that patch ``torch.nn`` or the default device
+for the whole process (meta-device construction: interleaved enter / exit from two threads leaves a
+patch in place, and every later load then fails with ``Cannot copy out of meta tensor``). Re-entrant: a
+loader may load its base through ``load_model``. Decoding does not take it."""
 
 MODEL_TYPES: dict[str, str] = {
     "clover": "clover_engine.backbones.clover.weights:load_clover",
