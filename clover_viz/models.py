@@ -39,6 +39,7 @@ from typing import Any
 from clover_viz import limits
 from clover_viz.limits import inside_roots, outside_roots
 from clover_engine.backbones.base import Capabilities, capabilities_of
+from clover_engine.backbones.registry import BUILD_LOCK
 from clover_engine.checkpoint import DEFAULT_MODEL_DIR, file_as_model_dir  # one place for the default and the message
 from clover_engine.checkpoint import bundled_models_dir
 from clover_engine.backbones.clover.model import random_model
@@ -331,6 +332,10 @@ def load_model_cached(spec: ModelSpec, cancel: threading.Event | None = None,
     Raises:
         LoadCancelled: ``cancel`` was set.
         clover_viz.limits.NotEnoughMemory: with ``check_memory``.
+
+    Thread-safe: builds of different specs run one at a time (the engine's
+    `clover_engine.backbones.registry.BUILD_LOCK`: building is not thread-safe), the others queue
+    (`waiting_for_another_load`); a failed build releases its place and the lock, and poisons nothing.
     """
     with _SLOTS:
         while True:
@@ -360,7 +365,11 @@ def load_model_cached(spec: ModelSpec, cancel: threading.Event | None = None,
             with _SLOTS:
                 limits.check_memory(f"{Path(spec.path).name} ({_shown_path(spec.path)})", need, sum(_BUILDING.values()))
                 _BUILDING[spec] = need
-        loaded = build_model(spec)
+        _acquire_build_lock(cancel)
+        try:
+            loaded = build_model(spec)
+        finally:
+            BUILD_LOCK.release()
     except BaseException:
         with _SLOTS:
             del _BUILDING[spec]
@@ -376,6 +385,37 @@ def load_model_cached(spec: ModelSpec, cancel: threading.Event | None = None,
         _MODEL_CACHE[spec] = loaded
         _SLOTS.notify_all()
     return loaded
+
+
+_QUEUED: set[int] = set()  # idents of the threads waiting for another model's build (`BUILD_LOCK`)
+
+
+def _acquire_build_lock(cancel: threading.Event | None) -> None:
+    """Take the engine's process-wide build lock (models are built one at a time: building is not
+    thread-safe), counted in `_QUEUED` while another build holds it, so a session can say it waits.
+
+    Raises:
+        LoadCancelled: ``cancel`` was set while waiting (nothing was built).
+    """
+    if BUILD_LOCK.acquire(blocking=False):
+        return
+    me = threading.get_ident()
+    with _SLOTS:
+        _QUEUED.add(me)
+    try:
+        while not BUILD_LOCK.acquire(timeout=0.25):
+            if cancel is not None and cancel.is_set():
+                raise LoadCancelled("the load was cancelled while it waited for another model's load")
+    finally:
+        with _SLOTS:
+            _QUEUED.discard(me)
+
+
+def waiting_for_another_load(thread: threading.Thread) -> int:
+    """0 when ``thread`` is not queued behind another model's build; else how many loads are queued
+    (itself included) -- a session shows "waiting for another load" meanwhile."""
+    with _SLOTS:
+        return len(_QUEUED) if thread.ident in _QUEUED else 0
 
 
 def cached_models() -> list[ModelSpec]:
@@ -430,5 +470,6 @@ __all__ = [
     "load_demo_model",
     "load_model_cached",
     "resolve_model",
+    "waiting_for_another_load",
     "runs_dir",
 ]

@@ -119,8 +119,13 @@ class SessionModels:
             return
         if box["thread"].is_alive():
             secs = int(time.monotonic() - box["t0"])
-            status = f"{box['note']}loading {self._model_name()} ... {secs} s"
-            if secs >= 5:
+            queued = models.waiting_for_another_load(box["thread"])
+            if queued:  # models are built one at a time per process (clover_viz.models.load_model_cached)
+                status = (f"{box['note']}waiting for another load to finish before loading {self._model_name()} "
+                          f"({queued} queued) ... {secs} s")
+            else:
+                status = f"{box['note']}loading {self._model_name()} ... {secs} s"
+            if secs >= 5 and not queued:
                 status += " (a first load of a SmolLM2 model dequantises its base: about a minute)"
             if self.status != status and not self.running:
                 self.status = status
