@@ -62,6 +62,7 @@ from clover_viz.limits import (  # noqa: E402
     websocket_limit_bytes,
 )
 from clover_viz.models import DEFAULT_MODEL_DIR, LoadedModel, ModelSpec, bundled_dir, load_model_cached  # noqa: E402
+from clover_viz.panel_connection import watch_connection  # noqa: E402
 from clover_viz.panel_views import ExplorerApp  # noqa: E402
 from clover_viz.serving import exit_promptly_on_signals  # noqa: E402
 from clover_viz.state import ExplorerState  # noqa: E402
@@ -147,6 +148,7 @@ def create_app(model_dir: str | None = None, dev_sharpen_random: bool | None = N
     )
     template.explorer = app  # for tests and scripting
     if served:
+        watch_connection(pn.state.curdoc)  # a lost server: banner, controls off, status says so
         context = pn.state.curdoc.session_context
         seen = {"connected": False, "lost_at": None}
 

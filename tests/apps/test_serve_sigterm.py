@@ -8,6 +8,9 @@ forward sleeps for a minute, standing in for such a forward. A browser presses G
 the forward has begun, the server gets SIGTERM and must be gone within `EXIT_BOUND_S` (a bound
 on a hang, far above the ~2 s a shutdown takes, not a timing benchmark).
 
+Once the server is gone, the page must say so (`clover_viz.panel_connection`): a banner with a reload
+action, the status line no longer "decoding...", Generate / Stop and the prompt disabled.
+
 Run: ``.venv/bin/python -m pytest tests/apps/test_serve_sigterm.py -q``
 """
 
@@ -59,6 +62,25 @@ def _wait_port(port: int, proc: subprocess.Popen, timeout_s: float = 60.0) -> No
     raise AssertionError(f"panel serve did not listen on port {port} within {timeout_s} s")
 
 
+def _the_page_says_it_is_disconnected(pg, tmp_path: Path) -> None:
+    """The server is gone with a decode in flight: the page says so (banner with a reload action), the
+    status line no longer reads "decoding...", and no control can be pressed (clover_viz.panel_connection)."""
+    banner = pg.locator(".clover-disconnected")
+    banner.wait_for(state="visible", timeout=BROWSER_TIMEOUT_MS)
+    assert "Disconnected from the server" in banner.inner_text()
+    assert pg.get_by_role("button", name="Reload page").is_enabled()
+    status = pg.locator(".clover-status").first
+    assert status.get_attribute("data-running") == "0"
+    assert "decoding" not in status.inner_text() and "disconnected" in status.inner_text(), status.inner_text()
+    for name in ("Generate", "Stop"):
+        for button in pg.get_by_role("button", name=re.compile(name)).all():
+            assert button.is_disabled(), f"{name} still enabled after the server is gone"
+    assert pg.locator("textarea").first.is_disabled()
+    pg.screenshot(path=str(tmp_path / "disconnected.png"))
+    if os.environ.get("CLOVER_SCREENSHOTS"):  # keep the picture (closing notes, docs)
+        pg.screenshot(path=os.path.join(os.environ["CLOVER_SCREENSHOTS"], "disconnected.png"))
+
+
 def test_panel_serve_exits_promptly_on_sigterm_with_a_forward_in_flight(tmp_path):
     pytest.importorskip("panel")
     pytest.importorskip("playwright.sync_api")
@@ -99,6 +121,7 @@ def test_panel_serve_exits_promptly_on_sigterm_with_a_forward_in_flight(tmp_path
                     pytest.fail(f"panel serve still running {EXIT_BOUND_S} s after SIGTERM with a forward in flight "
                                 f"(log: {(tmp_path / 'server.log').read_text()[-2000:]})")
                 took = time.monotonic() - t0
+                _the_page_says_it_is_disconnected(pg, tmp_path)
             finally:
                 browser.close()
     finally:
