@@ -83,20 +83,38 @@ def serve(port: int, show: bool, model_roots: Sequence[str], panel_args: Sequenc
     return int(panel_main() or 0)
 
 
-def copy_tutorials(dest: Path) -> list[Path]:
-    """Copy the tutorial notebooks into ``dest`` (made if missing); a notebook already there is kept.
+def copy_tutorials(dest: Path) -> tuple[list[Path], list[Path]]:
+    """Copy the tutorial notebooks into ``dest`` (made if missing); a notebook already there is kept
+    (it may hold the user's edits), never overwritten.
 
     Returns:
-        the notebooks now in ``dest`` that came from the tutorials, in order.
+        (the notebooks copied now, the notebooks that were already there and were kept), each in order.
     """
     dest.mkdir(parents=True, exist_ok=True)
-    out = []
+    copied, kept = [], []
     for nb in sorted(tutorials_dir().glob("*.ipynb")):
         target = dest / nb.name
-        if not target.exists():
+        if target.exists():
+            kept.append(target)
+        else:
             shutil.copyfile(nb, target)
-        out.append(target)
-    return out
+            copied.append(target)
+    return copied, kept
+
+
+def tutorials_message(dest: Path, copied: list[Path], kept: list[Path]) -> str:
+    """What ``clover-explorer tutorials DIR`` prints: what it copied, what it kept, and how to open them."""
+    names = sorted(copied + kept)
+    if not names:
+        return f"no tutorials found in {tutorials_dir()}"
+    lines = []
+    if copied:
+        lines.append(f"copied {len(copied)} tutorials into {dest}/")
+    if kept:
+        lines.append(f"kept {len(kept)} already in {dest}/ (not overwritten, your edits stay): "
+                     f"{', '.join(p.name for p in kept)} -- delete one to get a fresh copy")
+    lines.append(f"start with {names[0].name}: jupyter lab {dest}")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -109,10 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(args.port, args.show, args.model_root, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    copied = copy_tutorials(args.dir)
-    print(f"{len(copied)} tutorials in {args.dir}/ (start with {copied[0].name}): jupyter lab {args.dir}"
-          if copied else f"no tutorials found in {tutorials_dir()}")
-    return 0 if copied else 1
+    copied, kept = copy_tutorials(args.dir)
+    print(tutorials_message(args.dir, copied, kept))
+    return 0 if copied or kept else 1
 
 
 if __name__ == "__main__":

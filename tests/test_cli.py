@@ -57,4 +57,10 @@ def test_tutorials_copies_the_notebooks_and_keeps_an_edited_one(tmp_path, capsys
     assert cli.main(["tutorials", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.glob("*.ipynb")) == sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
     assert mine.read_text() == "my edits"
-    assert "jupyter lab" in capsys.readouterr().out
+    first = capsys.readouterr().out
+    n = len(list((ROOT / "notebooks").glob("*.ipynb")))
+    assert f"copied {n - 1} tutorials" in first and "kept 1 already" in first and "00_quickstart.ipynb" in first
+    assert "jupyter lab" in first
+    assert cli.main(["tutorials", str(tmp_path)]) == 0  # a second run copies nothing and says so
+    second = capsys.readouterr().out
+    assert "copied" not in second and f"kept {n} already" in second, second

@@ -10,8 +10,8 @@ system turn, and copying is learned only when the training names are too many to
 This module harvests those words from the function names (``def verb_noun_...``) of the
 *training* packages of `clover_engine.data.packages` (numpy, torch, transformers, panel, ...):
 the first word of a ``snake_case`` function name is the verb, the other words are nouns.
-This is the real-looking API vocabulary issue 16 asks for (``get_config``, ``merge_lora``,
-``render_schema``).
+This is a real-looking API vocabulary (``get_config``, ``merge_lora``, ``render_schema``), so that
+unseen-tool prompts read like real ones.
 
 The list is shipped (``open_words.json``) so training text is the same on every machine,
 whatever package versions are installed; ``python -m clover_engine.data.open_words`` regenerates it.
