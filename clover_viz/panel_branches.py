@@ -27,6 +27,7 @@ import panel as pn
 import param
 
 from clover_viz import figures as F
+from clover_viz.panel_checks import check_setting, checked
 from clover_viz.session_branches import CURRENT, PICK_LABELS, PREVIOUS, candidate_label
 from clover_viz.session_settings import BLOCK_SIZES
 from clover_viz.state import ExplorerState
@@ -66,6 +67,11 @@ class SlotPanel(pn.viewable.Viewer):
         self.new_block = pn.widgets.Select(label="block size", options=list(BLOCK_SIZES), value=s.block_size,
                                            width=100, visible=False)
         self.message = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["clover-slot-message"])
+        # what the page sends is checked on the server: the sidebar's rules for threshold and block size
+        check_setting(self.new_threshold, s, "threshold")
+        check_setting(self.new_block, s, "block_size")
+        for w in (self.choice, self.entry):
+            checked(w, None, s.report_setting)
         self._at: tuple[Any, int, int] | None = None  # (trace, step, slot) shown
         self.choice.param.watch(self._sync_buttons, "value")
         self.entry.param.watch(self._sync_buttons, "value_input")
@@ -221,6 +227,8 @@ class BranchList(pn.viewable.Viewer):
         self.show.param.watch(self._on_show, "value")
         self.compare_a.param.watch(self._on_compare, "value")
         self.compare_b.param.watch(self._on_compare, "value")
+        for w in (self.show, self.compare_a, self.compare_b):
+            checked(w, None, s.report_setting)  # a label not among the options: refused, not a ValueError
         s.param.watch(self.refresh, ["branch_version", "trace", "running"])
         self.refresh()
 

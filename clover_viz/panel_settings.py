@@ -3,7 +3,8 @@ open / save a trace (`SettingsPanel`).
 
 Wing: front ends (`clover_viz`), one of the Panel views (`clover_viz.panel_views.ExplorerApp`
 puts it in the sidebar). Its widgets are bound to the `clover_viz.state.ExplorerState`
-parameters; sliders set the state on release.
+parameters through `clover_viz.panel_checks` (every value the page sends is checked on the server, a
+refused one is reported and the control shows the value in use again); sliders set the state on release.
 
 Tests: ``.venv/bin/python -m pytest tests/apps/test_explorer_app.py -q``
 """
@@ -20,11 +21,12 @@ import param
 
 from clover_viz.limits import size_text
 from clover_viz.models import bundled_models
+from clover_viz.panel_checks import bind, check_setting, checked, control
 from clover_viz.panel_controls import clear_after_pick
+from clover_viz.session_settings import MAX_PROMPT_CHARS  # the prompt box's limit (the state checks it too)
 from clover_viz.state import ExplorerState
 
 MONO = "JetBrains Mono, Menlo, Consolas, monospace"
-MAX_PROMPT_CHARS = 2_000_000  # the prompt box's limit: > 30x the largest bundled context (see SettingsPanel)
 
 # The bundled-model buttons wrap onto more rows instead of squeezing every name into one: Bokeh's button
 # group is one row that never wraps (``flex-wrap: nowrap``), so four names in the 360 px sidebar overlapped
@@ -81,7 +83,7 @@ class SettingsPanel(pn.viewable.Viewer):
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         s = self.state
-        self.model_dir = pn.widgets.TextInput.from_param(s.param.model_dir, label="Model directory")
+        self.model_dir = control(pn.widgets.TextInput, s, "model_dir", label="Model directory")
         # the bundled models one click away (the text field takes any other directory)
         self.bundled = pn.widgets.RadioButtonGroup(
             label="Bundled models", options=bundled_models(), value=None, color="primary", variant="outline",
@@ -89,39 +91,38 @@ class SettingsPanel(pn.viewable.Viewer):
             stylesheets=[BUNDLED_BUTTONS_CSS])  # full names, on as many rows as they need
         self._sync_bundled()
         self.bundled.param.watch(self._on_bundled, "value")
+        checked(self.bundled, None, s.report_setting)  # a position past its buttons: refused, not an IndexError
         s.param.watch(lambda _e: self._sync_bundled(), "model_dir")
         self.model_label = pn.pane.Markdown(sizing_mode="stretch_width", margin=(0, 10), styles={"font-size": "12px"})
-        self.dev = pn.widgets.Checkbox.from_param(
-            s.param.dev_sharpen_random, label="dev: sharpen random model (weights x15)")
-        self.example = pn.widgets.Select.from_param(s.param.example, label="Example prompt")
+        self.dev = control(pn.widgets.Checkbox, s, "dev_sharpen_random", label="dev: sharpen random model (weights x15)")
+        self.example = control(pn.widgets.Select, s, "example", label="Example prompt")
         # max_length: Panel's default (5,000 characters) cut longer prompts silently in the browser. The
         # limit here is far above any bundled model's context (65,536 tokens for clover-tiny, whose
         # tokens are bytes; 8,192 for SmolLM2), so the model's own check refuses an over-long prompt
         # with the numbers, and nothing a user types within a context is dropped.
-        self.prompt = pn.widgets.TextAreaInput.from_param(
-            s.param.prompt, label="Prompt", height=170, sizing_mode="stretch_width",
+        self.prompt = control(
+            pn.widgets.TextAreaInput, s, "prompt", label="Prompt", height=170, sizing_mode="stretch_width",
             styles={"font-family": MONO}, max_length=MAX_PROMPT_CHARS)
-        self.threshold = pn.widgets.FloatSlider.from_param(
-            s.param.threshold, label="Threshold", step=0.01, throttled=True, sizing_mode="stretch_width",
-            format="0.00")  # "1.00", not "1" 
-        self.block_size = pn.widgets.DiscreteSlider.from_param(
-            s.param.block_size, label="Block size", throttled=True, sizing_mode="stretch_width")
-        self.policy = pn.widgets.Select.from_param(s.param.policy, label="Policy")
-        self.memory_mode = pn.widgets.RadioButtonGroup.from_param(
-            s.param.memory_mode, label="Memory", color="primary", variant="outline", sizing_mode="stretch_width")
+        self.threshold = control(
+            pn.widgets.FloatSlider, s, "threshold", event="value_throttled", label="Threshold", step=0.01,
+            sizing_mode="stretch_width", format="0.00")  # "1.00", not "1"
+        self.block_size = control(pn.widgets.DiscreteSlider, s, "block_size", event="value_throttled",
+                                  label="Block size", sizing_mode="stretch_width")
+        self.policy = control(pn.widgets.Select, s, "policy", label="Policy")
+        self.memory_mode = control(pn.widgets.RadioButtonGroup, s, "memory_mode", label="Memory", color="primary",
+                                   variant="outline", sizing_mode="stretch_width")
         self.memory_note = pn.pane.Markdown("", margin=(0, 10), styles={"font-size": "11px", "color": "#64748b"})
-        # Not bound to the parameter's bounds: the browser would clamp or revert an out-of-range
-        # number silently; the state refuses it and says the valid range instead.
+        # No start / end in the page: the browser would clamp or revert an out-of-range number
+        # silently; the server refuses it and says the valid range instead (as for every control).
         lo, hi = s.param.max_new_tokens.bounds
-        self.max_new_tokens = pn.widgets.IntInput(label=f"Max new tokens ({lo}-{hi})", value=s.max_new_tokens,
-                                                  step=16)
-        self.max_new_tokens.param.watch(self._on_max_new_tokens, "value")
-        s.param.watch(lambda e: setattr(self.max_new_tokens, "value", e.new), "max_new_tokens")
-        self.repetition = pn.widgets.Checkbox.from_param(s.param.repetition_control, label="Repetition control")
-        self.repetition_penalty = pn.widgets.FloatInput.from_param(
-            s.param.repetition_penalty, label="penalty (logit)", step=0.5, width=120)
-        self.eos = pn.widgets.Checkbox.from_param(s.param.eos_bias, label="Progressive EOS bias")
-        self.eos_limit = pn.widgets.IntInput.from_param(s.param.eos_soft_limit, label="soft limit (tokens)", width=120)
+        self.max_new_tokens = bind(pn.widgets.IntInput(label=f"Max new tokens ({lo}-{hi})", value=s.max_new_tokens,
+                                                       step=16), s, "max_new_tokens")
+        check_setting(self.max_new_tokens, s, "max_new_tokens")
+        self.repetition = control(pn.widgets.Checkbox, s, "repetition_control", label="Repetition control")
+        self.repetition_penalty = control(pn.widgets.FloatInput, s, "repetition_penalty", label="penalty (logit)",
+                                          step=0.5, width=120)
+        self.eos = control(pn.widgets.Checkbox, s, "eos_bias", label="Progressive EOS bias")
+        self.eos_limit = control(pn.widgets.IntInput, s, "eos_soft_limit", label="soft limit (tokens)", width=120)
         # Text labels, no icons: icon fonts come from a CDN, which an offline machine cannot reach.
         self.generate = pn.widgets.Button(label="Generate", color="primary", sizing_mode="stretch_width")
         self.stop = pn.widgets.Button(label="Stop", color="danger", disabled=True, sizing_mode="stretch_width")
@@ -149,10 +150,6 @@ class SettingsPanel(pn.viewable.Viewer):
         except ValueError as exc:
             self.state.error = f"Nothing saved: {exc}"
             return None
-
-    def _on_max_new_tokens(self, event: Any) -> None:
-        if event.new != self.state.max_new_tokens and not self.state.set_max_new_tokens(event.new):
-            self.max_new_tokens.value = self.state.max_new_tokens  # shown again, with the error saying why
 
     def _open(self, content: bytes, filename: str) -> None:
         self.state.load_trace(content, name=filename)

@@ -43,6 +43,7 @@ from panel.widgets.slider import _SliderBase
 
 from clover_viz import figures as F
 from clover_viz.panel_branches import BranchList, SlotPanel
+from clover_viz.panel_checks import checked, control
 from clover_viz.panel_controls import keys_within_range
 from clover_viz.panel_figures import FigurePane, FigureSnapshot, _placeholder
 from clover_viz.panel_settings import SettingsPanel
@@ -170,7 +171,8 @@ class PlaybackBar(pn.viewable.Viewer):
                                           sizing_mode="stretch_width", margin=(0, 15, 5, 15))
         keys_within_range(self.scrub)  # its end is the run's step count: Home / End must follow
         self.scrub_text = pn.pane.HTML(scrub_label(0, 0), margin=(0, 15), css_classes=["clover-scrub-label"])
-        self.speed = pn.widgets.FloatSlider.from_param(s.param.speed, label="speed (steps/s)", width=170)
+        self.speed = control(pn.widgets.FloatSlider, s, "speed", label="speed (steps/s)", width=170)
+        checked(self.scrub, None, s.report_setting, label="Playback step")  # within 1 .. the run's steps
         self.first.on_click(lambda _e: s.seek(0) or s.pause())
         self.back.on_click(lambda _e: s.step(-1))
         self.play.on_click(lambda _e: s.toggle_play())
@@ -290,6 +292,7 @@ class TextView(pn.viewable.Viewer):
                                          "border-radius": "6px", "padding": "6px", "background": "white"})
         self.show_prompt = pn.widgets.Checkbox(label="show prompt", value=False, margin=(0, 10))
         self.show_prompt.param.watch(self._refresh, "value")
+        checked(self.show_prompt, None, self.state.report_setting)
         self._last = 0.0
         self.state.param.watch(self._refresh, ["trace", "trace_version", "position", "running"])
         self._refresh()
@@ -365,9 +368,9 @@ class CostView(pn.viewable.Viewer):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        self.device = pn.widgets.Select.from_param(self.state.param.device, label="Project onto device", width=180)
-        self.union = pn.widgets.Select.from_param(self.state.param.union_assumption, label="35B-A3B expert union",
-                                                  width=220)
+        self.device = control(pn.widgets.Select, self.state, "device", label="Project onto device", width=180)
+        self.union = control(pn.widgets.Select, self.state, "union_assumption", label="35B-A3B expert union",
+                             width=220)
         self.headline = pn.pane.HTML("", sizing_mode="stretch_width")
         self.measure = pn.widgets.Button(label="Measure break-even here", width=220,
                                          description="Time this model's autoregressive step and block forward on "
@@ -443,9 +446,16 @@ class FigureTabs(pn.viewable.Viewer):
         self._heat_trace: Any = None
         self._heat_key: tuple | None = None
         self.tabs.param.watch(lambda *_e: self.refresh(), "active")
+        checked(self.tabs, self._tab_problem, s.report_setting, names=("active",))
         s.param.watch(lambda *_e: self.refresh(),
                       ["trace", "trace_version", "position", "running", "device", "union_assumption"])
         self.refresh()
+
+    def _tab_problem(self, tab: Any) -> str | None:
+        if isinstance(tab, int) and not isinstance(tab, bool) and 0 <= tab < len(self.tabs):
+            return None
+        return (f"Figure tab must be one of 0-{len(self.tabs) - 1} ({', '.join(self.TABS)}); got {tab!r:.40}. "
+                f"Kept {self.TABS[self.tabs.active]}.")
 
     def refresh(self, force: bool = False) -> None:
         s = self.state

@@ -8,6 +8,11 @@ Wing: front ends (`clover_viz`), under `clover_viz.state`. The choices and bound
 
 * `decode_config` -- the settings as an `clover_engine.decoding.decoder.DecodeConfig` (refusing a
   memory mode the model cannot run, `_check_memory_mode`);
+* `setting_problem` / `setting_refusal` / `report_setting` -- the rule every value a control sends
+  is checked against (the parameter's range or choices, a model name the server can resolve, a
+  prompt within `MAX_PROMPT_CHARS`) and the one message a refused value gets, ``<Control> must be
+  <rule>; got <value>. Kept <value in use>.`` (`clover_viz.panel_checks` applies them to every
+  control of the Panel app);
 * `set_max_new_tokens` -- user input checked against its range, with an error saying it;
 * `_take_trace_settings` -- every setting of a loaded trace the model can run and a control
   can show (the rule of `ExplorerState.load_trace`), and what was not taken, with why;
@@ -18,9 +23,13 @@ Tests: ``.venv/bin/python -m pytest tests/apps/test_explorer_newcomer.py -q``
 
 from __future__ import annotations
 
+import math
+import textwrap
 from typing import Any
 
-from clover_viz.models import LoadedModel
+import param
+
+from clover_viz.models import LoadedModel, resolve_model
 from clover_viz.runs import prompt_of
 from clover_engine.cost import DEVICES
 from clover_engine.recording.trace import Trace
@@ -30,6 +39,41 @@ BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX = 1, 2048
 MEMORY_MODES = ("state", "state+window")
 DEVICE_CHOICES = tuple(DEVICES) + ("this-machine",)
+MAX_PROMPT_CHARS = 2_000_000  # the prompt box's limit: > 30x the largest bundled context (65,536 tokens)
+# what the page calls each setting (the refusals name the control, not the parameter)
+SETTING_LABELS = {
+    "model_dir": "Model directory", "dev_sharpen_random": "Sharpen random model", "example": "Example prompt",
+    "prompt": "Prompt", "threshold": "Threshold", "block_size": "Block size", "policy": "Policy",
+    "memory_mode": "Memory mode", "max_new_tokens": "Max new tokens", "repetition_control": "Repetition control",
+    "repetition_penalty": "Repetition penalty", "eos_bias": "Progressive EOS bias",
+    "eos_soft_limit": "EOS soft limit", "device": "Project onto device", "union_assumption": "35B-A3B expert union",
+    "speed": "Playback speed",
+}
+
+
+def shown_value(value: Any) -> str:
+    """A value as a refusal quotes it: numbers as they are, text quoted (at most 40 characters), ``on`` /
+    ``off``, ``nothing`` for None; anything else by its type."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (int, float)):
+        text = str(value)
+        return text if len(text) <= 40 else f"a {len(text)}-digit number"
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else repr(value[:40]) + f"... ({len(value):,} characters)"
+    if value is None:
+        return "nothing"
+    return f"a {type(value).__name__} ({textwrap.shorten(repr(value), 40)})"
+
+
+def refusal_text(label: str, rule: str, got: str, kept: str) -> str:
+    """The one message of a refused control value: ``Threshold must be a number from 0.5 to 1; got 5.
+    Kept 0.95.`` (the shape of the max-new-tokens box's message since it existed)."""
+    return f"{label} must be {rule}; got {got}. Kept {kept}."
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check_memory_mode(mode: str, loaded: LoadedModel | None) -> None:
@@ -58,22 +102,92 @@ class SessionSettings:
             eos_bias_soft_limit=int(self.eos_soft_limit) if self.eos_bias else None,
         )
 
+    _refused: str = ""  # the last refusal `report_setting` showed (cleared by the next value taken)
+
+    def setting_rule(self, name: str) -> str:
+        """What setting ``name`` (a parameter of `ExplorerState`) takes, as a refusal says it:
+        ``a number from 0.5 to 1``, ``one of 1, 2, 4, 8, 16, 32, 64``, ``on or off`` ..."""
+        p = self.param[name]
+        if isinstance(p, param.Boolean):
+            return "on or off"
+        if isinstance(p, param.Selector):
+            return "one of " + ", ".join(map(str, p.objects))
+        if isinstance(p, param.Number):
+            lo, hi = p.bounds or (None, None)
+            kind = "a whole number" if isinstance(p, param.Integer) else "a number"
+            if lo is not None and hi is not None:
+                return f"{kind} from {lo:g} to {hi:g}"
+            return kind if lo is None else f"{kind} of at least {lo:g}"
+        if name == "prompt":
+            return f"text of at most {MAX_PROMPT_CHARS:,} characters"
+        return "text"
+
+    def setting_refusal(self, name: str, got: str) -> str:
+        """The message for a value of setting ``name`` that is not one it takes; ``got`` says what came
+        (`shown_value` of it, or ``option 99`` for a choice by position)."""
+        current = getattr(self, name)
+        kept = (f"the prompt as it was ({len(current):,} characters)" if name == "prompt" and len(current) > 40
+                else shown_value(current).strip("'") if isinstance(current, str) and name != "prompt"
+                else shown_value(current))
+        return refusal_text(SETTING_LABELS.get(name, name.replace("_", " ").capitalize()), self.setting_rule(name),
+                            got, kept)
+
+    def setting_problem(self, name: str, value: Any) -> str | None:
+        """None when setting ``name`` takes ``value``; else the message saying why not (`setting_refusal`).
+
+        The rule is the parameter's own (its bounds, its choices, its type), plus what only the server
+        can tell: a memory mode the loaded model runs, a model name this server resolves (inside its model
+        roots; the message of a failed load, ``Model not loaded: ...``), a prompt of at most
+        `MAX_PROMPT_CHARS` characters. Nothing is set and nothing is raised.
+
+        Raises:
+            KeyError: for a name that is no parameter of the state (a programming error).
+        """
+        p = self.param[name]
+        if isinstance(p, param.Boolean):
+            ok = isinstance(value, bool)
+        elif isinstance(p, param.Selector):
+            ok = any(value == o and isinstance(value, bool) == isinstance(o, bool) for o in p.objects)
+            if ok and name == "memory_mode":
+                try:
+                    _check_memory_mode(value, self._loaded)
+                except ValueError as exc:
+                    return f"Memory mode {value} is not available: {exc}. Kept {self.memory_mode}."
+        elif isinstance(p, param.Number):
+            lo, hi = p.bounds or (None, None)
+            ok = (_is_number(value) and (lo is None or value >= lo) and (hi is None or value <= hi)
+                  and (not isinstance(p, param.Integer) or isinstance(value, int)))
+        elif isinstance(p, param.String):
+            ok = isinstance(value, str) and (name != "prompt" or len(value) <= MAX_PROMPT_CHARS)
+            if not ok and name == "prompt" and isinstance(value, str):
+                return self.setting_refusal(name, f"{len(value):,} characters")
+            if ok and name == "model_dir" and value != self.model_dir:
+                try:
+                    resolve_model(value, self.dev_sharpen_random, roots=self._model_roots)
+                except (ValueError, TypeError, OSError) as exc:
+                    return f"Model not loaded: {exc}. Kept {self.model_dir}."
+        else:
+            ok = True
+        return None if ok else self.setting_refusal(name, shown_value(value))
+
+    def report_setting(self, message: str | None) -> None:
+        """Show a refused control value (``message``: set `error`), or say a control's value was taken
+        (None: a refusal still on show is cleared; any other error stays)."""
+        if message:
+            self.error = message
+            self._refused = message
+        elif self._refused and self.error == self._refused:
+            self.error = ""
+            self._refused = ""
+
     def set_max_new_tokens(self, value: Any) -> bool:
         """Set `max_new_tokens` from user input; outside 1..2048 (or not a whole number) set `error`
-        saying the valid range, keep the current value and return False."""
-        lo, hi = MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX
-        try:
-            n = int(value)
-            ok = n == value and lo <= n <= hi
-        except (TypeError, ValueError, OverflowError):
-            ok = False
-        if not ok:
-            self.error = (f"Max new tokens must be a whole number from {lo} to {hi}; got {value}. "
-                          f"Kept {self.max_new_tokens}.")
+        saying the valid range (`setting_problem`), keep the current value and return False."""
+        problem = self.setting_problem("max_new_tokens", value)
+        self.report_setting(problem)
+        if problem is not None:
             return False
-        if self.error.startswith("Max new tokens"):
-            self.error = ""
-        self.max_new_tokens = n
+        self.max_new_tokens = int(value)
         return True
 
     def _take_trace_settings(self, trace: Trace) -> tuple[list[str], list[str]]:
