@@ -8,7 +8,9 @@ used): Clover checkpoints (`clover_engine.backbones.clover.weights.load_clover`,
 directory layout), ``hf-block-diffusion`` adapter directories, plain transformers Llama / Qwen2 /
 Qwen3 directories, Dream / LLaDA and DiffusionGemma. A transformers
 Qwen3.5-MoE directory is refused with the ``python -m clover_engine.convert`` command that turns it
-into a Clover checkpoint.
+into a Clover checkpoint. A model may also be named by its hub id, ``org/name[@revision]``
+(`clover_engine.backbones.hub`): `load_model` and `load_tokenizer` then read its snapshot in the
+huggingface_hub cache, downloading it first; a local path of the same shape wins.
 
 Re-exported here as the public API: `save_model`, `load_weights` (from
 `clover_engine.backbones.clover.weights`), `DEFAULT_MODEL_DIR`, `bundled_models_dir`, `find_model_dir` (a
@@ -42,6 +44,7 @@ from clover_engine.backbones.checkpoint_dir import (
 from clover_engine.backbones.clover.config import CloverConfig
 from clover_engine.backbones.clover.model import CloverModel
 from clover_engine.backbones.clover.weights import load_weights, save_model
+from clover_engine.backbones.hub import model_source
 from clover_engine.backbones.registry import BUILD_LOCK, DESCRIPTIONS, MODEL_TYPES, loader_for
 from clover_engine.threads import add_threads_argument, configure_threads
 from clover_engine.tokenizer import byte_tokenizer
@@ -82,12 +85,14 @@ def load_model(
 
     A transformers Qwen3.5-MoE directory (``qwen3_5_moe``, ``qwen3_5_moe_text``) is refused with
     the command that converts it (`clover_engine.convert`). Weights are read from safetensors only.
-    The model is returned in ``eval()`` mode with ``model.model_id`` set to the directory's name
-    (traces record it).
+    The model is returned in ``eval()`` mode with ``model.model_id`` set to the directory's name, or to
+    the hub id for a hub model (traces record it).
 
     Args:
         path_or_dir: the checkpoint directory, or any file inside it
-            (e.g. its ``config.json``).
+            (e.g. its ``config.json``); or a hub id ``org/name`` / ``org/name@revision``
+            (`clover_engine.backbones.hub`: fetched into the huggingface_hub cache, ``HF_HOME`` and
+            ``HF_HUB_OFFLINE`` honoured) when no local path of that name exists.
         device: where the model ends up (``"cpu"``, ``"cuda"``, ...).
         dtype: None keeps the dtypes the model is built with (stored weights are
             cast into them, as ``load_state_dict`` does); a floating dtype
@@ -108,9 +113,12 @@ def load_model(
         ValueError: the directory or its ``config.json`` is missing or invalid, its
             ``model_type`` is not a supported format (the message lists `FORMATS`, or gives the
             convert command), `dtype` is not one of `MODEL_DTYPES`, or any weights problem
-            listed in `load_weights`.
+            listed in `load_weights`; for a hub id, every case of
+            `clover_engine.backbones.hub.hub_snapshot` (unknown or gated repo, missing revision,
+            offline with nothing cached, no safetensors).
     """
-    directory = _checkpoint_dir(path_or_dir)
+    source, hub_id = model_source(path_or_dir)  # a hub id: its snapshot in the huggingface_hub cache
+    directory = _checkpoint_dir(source)
     config_path = directory / CONFIG_NAME
     if not config_path.is_file():
         raise ValueError(
@@ -121,7 +129,10 @@ def load_model(
     fmt = model_format(directory)
     with BUILD_LOCK:  # one build at a time per process (thread-safe: see BUILD_LOCK)
         # the family's loader, imported only now (clover_engine.backbones.registry: one row per model_type)
-        return loader_for(fmt)(directory, device=device, dtype=_as_float_dtype(dtype))
+        model = loader_for(fmt)(directory, device=device, dtype=_as_float_dtype(dtype))
+    if hub_id is not None:  # traces name the hub model, not its snapshot's commit folder
+        model.model_id = hub_id
+    return model
 
 
 ADAPTER_FORMAT = "hf-block-diffusion"
@@ -213,7 +224,8 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
     """Read ``tokenizer.json`` from a checkpoint directory.
 
     Args:
-        path_or_dir: the checkpoint directory, or the ``tokenizer.json`` file.
+        path_or_dir: the checkpoint directory, or the ``tokenizer.json`` file; or a hub id
+            (``org/name[@revision]``, as in `load_model`).
 
     Returns:
         A ``tokenizers.Tokenizer``.
@@ -221,10 +233,12 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
     Thread-safe: tokenizers are read one at a time per process (`BUILD_LOCK`), as models are built.
 
     Raises:
-        ValueError: if the directory or file is missing or the file cannot be parsed.
+        ValueError: if the directory or file is missing or the file cannot be parsed; for a hub id,
+            every case of `clover_engine.backbones.hub.hub_snapshot`.
     """
+    source, _ = model_source(path_or_dir)  # a hub id: its snapshot (fetched outside the lock)
     with BUILD_LOCK:  # an adapter's or drafter's tokenizer comes through transformers (see BUILD_LOCK)
-        return _load_tokenizer(Path(path_or_dir))
+        return _load_tokenizer(Path(source))
 
 
 def _load_tokenizer(path: Path) -> Tokenizer:

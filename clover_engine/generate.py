@@ -31,6 +31,7 @@ import numpy as np
 
 from clover_engine.backbones.base import capabilities_of
 from clover_engine.backbones.clover.cuda_graphs import enable_cuda_graphs
+from clover_engine.backbones.hub import model_source
 from clover_engine.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_MODEL  # noqa: E402
 from clover_engine.checkpoint import best_memory_mode, file_as_model_dir, find_model_dir, load_model, load_tokenizer
 from clover_engine.decoding import decoder_for
@@ -47,7 +48,8 @@ FAMILY_NAMES = {"diffusion_gemma": "DiffusionGemma"}
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m clover_engine.generate", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=DEFAULT_MODEL, type=find_model_dir, help=f"checkpoint directory (default {DEFAULT_MODEL})")
+    p.add_argument("--model", default=DEFAULT_MODEL, type=find_model_dir, help=f"checkpoint directory, or a Hugging Face hub id org/name[@revision] "
+                                                                    f"(fetched into the huggingface_hub cache; default {DEFAULT_MODEL})")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (a chat model's plain question is wrapped in its chat template; "
                                          "see --raw-prompt)")
@@ -124,13 +126,16 @@ def main(argv: list[str] | None = None) -> int:
         return _main_parallel(args, threads)
 
     try:
+        _resolve_model(args)
         dc = _decode_config(args)
-        _check_model_dir(args.model)
+        _check_model_dir(args.model_dir)
         import torch
 
         if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"--device {args.device}: CUDA is not available on this machine; use --device cpu")
-        model = load_model(args.model, device=args.device, dtype=args.dtype)
+        model = load_model(args.model_dir, device=args.device, dtype=args.dtype)
+        if args.model_id is not None:  # a hub model: traces record its hub id (as load_model does for one)
+            model.model_id = args.model_id
         caps = capabilities_of(model)
         if args.cuda_graphs:
             if not caps.cuda_graphs:
@@ -138,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             enable_cuda_graphs(model)  # ValueError off CUDA
         decoder = decoder_for(model, config=dc)  # the block decoder, or the sampler the model runs itself
         if decoder.tokenizer is None:  # the model brought no tokenizer of its own: the folder's tokenizer.json
-            decoder.tokenizer = load_tokenizer(args.model)
+            decoder.tokenizer = load_tokenizer(args.model_dir)
         given = model_input(args.prompt, model, raw=args.raw_prompt)  # the one rule (chat template or as given)
         if caps.chat_template is not None and not given.wrapped:
             print(f"note: {given.note}", file=sys.stderr)
@@ -213,6 +218,19 @@ def _check_inputs(args) -> None:
                              "create it first or save the trace elsewhere")
 
 
+def _resolve_model(args) -> None:
+    """Set ``args.model_dir``, the checkpoint directory ``--model`` names -- itself, or a hub id's snapshot in
+    the huggingface_hub cache, fetched now (`clover_engine.backbones.hub.model_source`) -- and
+    ``args.model_id``, the hub id traces record (None for a local directory).
+
+    Raises:
+        ValueError: a hub id that cannot be had (unknown, gated, no such revision, offline with nothing
+            cached, no safetensors), with what to do.
+    """
+    model_dir, args.model_id = model_source(args.model)
+    args.model_dir = str(model_dir)
+
+
 def _check_model_dir(model: str) -> None:
     """Raise ValueError unless ``model`` is a directory (saying so for a file or a missing path)."""
 
@@ -227,7 +245,8 @@ def _decode_config(args):
     """The `DecodeConfig` of the command line (raises ValueError / TypeError for bad values)."""
 
     if args.memory_mode is None:  # the model's best measured mode, labelled in the summary line
-        args.memory_mode, args.memory_mode_why = (best_memory_mode(args.model) if Path(args.model).is_dir()
+        model_dir = getattr(args, "model_dir", args.model)  # a hub id's snapshot (`_resolve_model`)
+        args.memory_mode, args.memory_mode_why = (best_memory_mode(model_dir) if Path(model_dir).is_dir()
                                                   else ("state", None))
     return DecodeConfig(block_size=args.block_size, threshold=args.threshold, max_new_tokens=args.max_new_tokens,
                         max_steps=args.max_steps, policy=args.policy, tokens_per_step=args.tokens_per_step,
@@ -283,14 +302,17 @@ def _main_parallel(args, threads: int) -> int:
             if n != world:
                 raise ValueError(f"--parallel {key}={n} needs {n} processes, torchrun started {world} "
                                  f"(torchrun --nproc-per-node {n} ...; ep and tp split over the same ranks)")
+        _resolve_model(args)
         dc = _decode_config(args)
-        _check_model_dir(args.model)
-        model = load_model(args.model, device=device)
+        _check_model_dir(args.model_dir)
+        model = load_model(args.model_dir, device=device)
+        if args.model_id is not None:  # a hub model: traces record its hub id
+            model.model_id = args.model_id
         if split.get("ep", 1) > 1:
             parallel.shard_experts(model)
         if split.get("tp", 1) > 1:
             parallel.shard_heads(model)
-        tokenizer = load_tokenizer(args.model)
+        tokenizer = load_tokenizer(args.model_dir)
         parallel.reset_shards(model)
         result = BlockDecoder(model, tokenizer, dc).generate(args.prompt, record_trace=True)
         per_rank = parallel.rank_bytes_read(model, result) if max(split.values()) > 1 else None

@@ -4,7 +4,7 @@ Wing: the top (`clover_explorer`). Each engine subcommand hands its arguments,
 unchanged, to the ``main`` of the ``python -m clover_engine.<tool>`` command it names (`TOOLS`), so the flags and
 their ``--help`` are that command's; the other two are the explorer and the tutorials::
 
-    clover-explorer serve [--port 5006] [--show] [--model-root DIR]... [panel serve options]
+    clover-explorer serve [--port 5006] [--show] [--model-root DIR]... [--model-id ORG/NAME]... [panel serve options]
     clover-explorer generate --example "agent tool call"      # = python -m clover_engine.generate ...
     clover-explorer eval | sweep | train | convert | cost ...  # = python -m clover_engine.<tool> ...
     clover-explorer tutorials DIR                             # copy the notebooks into DIR
@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-root", action="append", default=[], metavar="DIR",
                        help="a folder visitors may load models from (repeatable; default ./runs and ./models; "
                             "the bundled models always)")
+    serve.add_argument("--model-id", action="append", default=[], metavar="ORG/NAME[@REV]",
+                       help="a Hugging Face hub model visitors may load by its id (repeatable; none by default; "
+                            "fetched into the huggingface_hub cache on first load)")
     for name, (_, what) in TOOLS.items():
         sub.add_parser(name, help=what, add_help=False)  # its own --help: python -m clover_engine.<tool> --help
     tut = sub.add_parser("tutorials", help="copy the tutorial notebooks into a folder (created if missing)")
@@ -68,8 +71,11 @@ def run_tool(name: str, argv: Sequence[str]) -> int:
     return int(getattr(importlib.import_module(module), function)(list(argv)) or 0)
 
 
-def serve(port: int, show: bool, model_roots: Sequence[str], panel_args: Sequence[str]) -> int:
-    """``panel serve`` of the packaged app (`clover_viz.explorer`, run per session), in this process."""
+def serve(port: int, show: bool, model_roots: Sequence[str], panel_args: Sequence[str],
+          model_ids: Sequence[str] = ()) -> int:
+    """``panel serve`` of the packaged app (`clover_viz.explorer`, run per session), in this process;
+    ``model_roots`` and ``model_ids`` (hub ids) reach the app as ``--args --model-root DIR --model-id ID``
+    (`clover_viz.limits.model_roots`)."""
     try:
         import clover_viz.explorer as app  # local: the viz extra (plotly, Panel); the engine commands run without it
         from panel.command import main as panel_main
@@ -77,8 +83,9 @@ def serve(port: int, show: bool, model_roots: Sequence[str], panel_args: Sequenc
         raise SystemExit(f"error: clover-explorer serve needs the viz extra ({exc}); "
                          "install it with: pip install 'clover-explorer[viz]'") from None
     argv = ["panel", "serve", app.__file__, "--port", str(port), *(["--show"] if show else []), *panel_args]
-    if model_roots:
-        argv += ["--args", *(a for root in model_roots for a in ("--model-root", root))]
+    if model_roots or model_ids:
+        argv += ["--args", *(a for root in model_roots for a in ("--model-root", root)),
+                 *(a for hub_id in model_ids for a in ("--model-id", hub_id))]
     sys.argv = argv  # panel's command line reads sys.argv
     return int(panel_main() or 0)
 
@@ -124,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "serve":
-        return serve(args.port, args.show, args.model_root, rest)
+        return serve(args.port, args.show, args.model_root, rest, args.model_id)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     copied, kept = copy_tutorials(args.dir)

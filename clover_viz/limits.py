@@ -8,7 +8,9 @@ app (`clover_viz.explorer`, which `apps/explorer.py` and ``clover-explorer serve
 * **model roots** -- the app resolves model names and paths only inside `model_roots` (the
   bundled ``models/``, plus ``--model-root`` / ``CLOVER_MODEL_ROOTS``, else ``./runs`` and
   ``./models`` of the directory the server started in); anything else gets `OUTSIDE_ROOTS`,
-  one sentence whether or not the path exists (`clover_viz.models.resolve_model`);
+  one sentence whether or not the path exists (`clover_viz.models.resolve_model`); a hub id
+  (``org/name[@revision]``) loads only when the host lists it (``--model-id`` / ``CLOVER_MODEL_IDS``,
+  `ListedHubId`), any other gets that same sentence;
 * **memory** -- `weight_bytes` reads a checkpoint's safetensors headers (and the pinned base an
   adapter names) and `check_memory` refuses a model that would not fit in the memory the server
   has free, with the numbers, before anything is allocated;
@@ -31,6 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from clover_engine.backbones.causal_lm.adapter import _base_cache, base_spec, locate_base
+from clover_engine.backbones.hub import HUB_ID_SHAPE, parse_hub_id
 
 MB = 1024 * 1024
 DEFAULT_MAX_UPLOAD_MB = 12.0
@@ -41,6 +44,7 @@ SOCKET_OVERHEAD_BYTES = 64 * 1024  # a websocket message's JSON around the base6
 LOAD_OVERHEAD = 1.5  # peak bytes per weight byte while a model loads (a converted copy beside the read one)
 MEMORY_RESERVE_BYTES = 512 * MB  # kept free for the server itself and the sessions' decodes
 ROOTS_ENV = "CLOVER_MODEL_ROOTS"
+HUB_IDS_ENV = "CLOVER_MODEL_IDS"
 
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                 "U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "C64": 8}
@@ -52,31 +56,50 @@ class NotEnoughMemory(ValueError):
 
 
 # ----------------------------------------------------------------------------- model roots
+class ListedHubId(str):
+    """A hub model (``org/name`` or ``org/name@revision``, as the host wrote it) the served app loads by id:
+    an entry of `model_roots` beside the folders, so that the roots, wherever they are handed on (a
+    session keeps ``tuple(roots)``), carry it. `folder_roots` and `listed_hub_ids` split them."""
+
+
 def model_roots(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None,
-                start_dir: Path | None = None, bundled: Path | None = None) -> tuple[Path, ...]:
-    """The directories the served app takes models from, resolved (symlinks, ``..``, ``~``).
+                start_dir: Path | None = None, bundled: Path | None = None) -> tuple[Path | ListedHubId, ...]:
+    """The directories the served app takes models from, resolved (symlinks, ``..``, ``~``), then the hub
+    models it loads by id (`ListedHubId`).
 
     Args:
-        argv: the app's arguments (``panel serve apps/explorer.py --args --model-root DIR ...``);
-            ``--model-root`` may repeat; other arguments are left alone.
-        environ: where ``CLOVER_MODEL_ROOTS`` (`os.pathsep`-separated) and ``CLOVER_MODEL_DIR`` are
-            read (default `os.environ`).
+        argv: the app's arguments (``panel serve apps/explorer.py --args --model-root DIR --model-id
+            org/name ...``); ``--model-root`` and ``--model-id`` may repeat; other arguments are left alone.
+        environ: where ``CLOVER_MODEL_ROOTS`` (`os.pathsep`-separated), ``CLOVER_MODEL_IDS`` (hub ids,
+            separated by commas or spaces) and ``CLOVER_MODEL_DIR`` are read (default `os.environ`).
         start_dir: the server's start directory (default the working directory).
         bundled: the bundled models' directory (always a root).
 
     Returns:
         the bundled directory, then the configured roots -- or, with none configured, ``./runs`` and
-        ``./models`` of ``start_dir`` -- then ``CLOVER_MODEL_DIR`` when set (the model the page opens on).
+        ``./models`` of ``start_dir`` -- then ``CLOVER_MODEL_DIR`` when set (the model the page opens on;
+        a hub id there, when no such folder exists, is listed as a hub id instead) -- then the hub ids of
+        ``--model-id`` and ``CLOVER_MODEL_IDS``, in order, each once; none unless configured.
+
+    Raises:
+        ValueError: a ``--model-id`` / ``CLOVER_MODEL_IDS`` entry not shaped ``org/name[@revision]``.
     """
     env = os.environ if environ is None else environ
     start = Path.cwd() if start_dir is None else Path(start_dir)
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--model-root", action="append", default=[])
-    given = list(parser.parse_known_args(list(argv))[0].model_root)
+    parser.add_argument("--model-id", action="append", default=[])
+    known = parser.parse_known_args(list(argv))[0]
+    given = list(known.model_root)
     given += [p for p in (env.get(ROOTS_ENV) or "").split(os.pathsep) if p.strip()]
+    ids = [*known.model_id, *(env.get(HUB_IDS_ENV) or "").replace(",", " ").split()]
     roots = [start / "runs", start / "models"] if not given else [start / Path(p).expanduser() for p in given]
     if env.get("CLOVER_MODEL_DIR"):
-        roots.append(start / Path(env["CLOVER_MODEL_DIR"]).expanduser())
+        opened = env["CLOVER_MODEL_DIR"].strip()
+        if parse_hub_id(opened) is not None and not (start / opened).exists():
+            ids.append(opened)
+        else:
+            roots.append(start / Path(opened).expanduser())
     if bundled is not None:
         roots.insert(0, bundled)
     out: list[Path] = []
@@ -84,20 +107,42 @@ def model_roots(argv: Sequence[str] = (), environ: Mapping[str, str] | None = No
         r = r.resolve()
         if r not in out:
             out.append(r)
-    return tuple(out)
+    bad = [i for i in ids if not HUB_ID_SHAPE.fullmatch(i.strip())]
+    if bad:
+        raise ValueError(f"--model-id / {HUB_IDS_ENV}: {', '.join(map(repr, bad))} is not a hub id "
+                         "(org/name or org/name@revision); list folders with --model-root")
+    return (*out, *(ListedHubId(i) for i in dict.fromkeys(i.strip() for i in ids)))
+
+
+def folder_roots(roots: Iterable[Path | str]) -> tuple[Path, ...]:
+    """The folders of `model_roots`' entries (without the listed hub ids)."""
+    return tuple(r for r in roots if not isinstance(r, ListedHubId))
+
+
+def listed_hub_ids(roots: Iterable[Path | str]) -> tuple[str, ...]:
+    """The hub ids of `model_roots`' entries (`ListedHubId`), as the host wrote them."""
+    return tuple(str(r) for r in roots if isinstance(r, ListedHubId))
+
+
+def listed_hub_id(text: str, roots: Iterable[Path | str]) -> str | None:
+    """``text`` (stripped) when it is a hub id (`clover_engine.backbones.hub.parse_hub_id`: not a local path)
+    the host listed in ``roots`` (compared as written: ``org/name`` and ``org/name@main`` are two entries),
+    else None."""
+    ref = parse_hub_id(text)
+    return str(ref) if ref is not None and str(ref) in listed_hub_ids(roots) else None
 
 
 def inside_roots(path: Path, roots: Iterable[Path]) -> bool:
     """Whether ``path``, resolved (symlinks followed, ``..`` and ``~`` applied), lies in one of ``roots``."""
     real = Path(path).expanduser().resolve()
-    return any(real == r or r in real.parents for r in roots)
+    return any(real == r or r in real.parents for r in folder_roots(roots))
 
 
 def shown_roots(roots: Iterable[Path], start_dir: Path | None = None) -> str:
     """The roots as a visitor reads them: relative to the server's start directory where inside it."""
     start = (Path.cwd() if start_dir is None else start_dir).resolve()
     shown = []
-    for r in roots:
+    for r in folder_roots(roots):
         try:
             shown.append(r.relative_to(start).as_posix() + "/")
         except ValueError:
@@ -106,9 +151,12 @@ def shown_roots(roots: Iterable[Path], start_dir: Path | None = None) -> str:
 
 
 def outside_roots(roots: Sequence[Path], bundled_names: Sequence[str]) -> str:
-    """`OUTSIDE_ROOTS`: the one refusal for a model path outside the roots, existing or not (it names
-    neither the path nor anything about it)."""
-    return OUTSIDE_ROOTS.format(names=", ".join(bundled_names) or "none", roots=shown_roots(roots))
+    """`OUTSIDE_ROOTS`: the one refusal for a model path outside the roots, existing or not, and for a hub
+    id the host did not list (it names neither the path nor anything about it); with hub ids listed
+    (`ListedHubId`) it offers them too."""
+    text = OUTSIDE_ROOTS.format(names=", ".join(bundled_names) or "none", roots=shown_roots(roots))
+    ids = listed_hub_ids(roots)
+    return text + (f", or one of its hub models ({', '.join(ids)})" if ids else "")
 
 
 OUTSIDE_ROOTS = ("this server loads models only from its model folders; pick a bundled model ({names}) or "
@@ -250,8 +298,9 @@ def size_text(n: int) -> str:
 
 
 __all__ = [
-    "DEFAULT_MAX_UPLOAD_MB", "LOAD_OVERHEAD", "MAX_TRACE_UPLOAD_BYTES", "MEMORY_RESERVE_BYTES", "OUTSIDE_ROOTS",
-    "ROOTS_ENV", "NotEnoughMemory", "check_memory", "free_memory_bytes", "inside_roots", "model_roots",
+    "DEFAULT_MAX_UPLOAD_MB", "HUB_IDS_ENV", "LOAD_OVERHEAD", "MAX_TRACE_UPLOAD_BYTES", "MEMORY_RESERVE_BYTES",
+    "OUTSIDE_ROOTS", "ROOTS_ENV", "ListedHubId", "NotEnoughMemory", "check_memory", "folder_roots",
+    "free_memory_bytes", "inside_roots", "listed_hub_id", "listed_hub_ids", "model_roots",
     "outside_roots", "safetensors_bytes", "shown_roots", "size_text", "upload_limit_for_socket",
     "weight_bytes", "websocket_bytes_for", "websocket_limit_bytes",
 ]

@@ -2,7 +2,8 @@
 the notebooks and the benchmarks all load through here (one loader, one cache, one label).
 
 * `resolve_model(text)` turns what a user typed (a checkpoint directory, a bundled
-  model's name, ``"clover-test"``) into a hashable `ModelSpec` without loading anything. The bundled
+  model's name, ``"clover-test"``, a hub id ``org/name[@revision]``) into a hashable `ModelSpec`
+  without loading (nor downloading) anything. The bundled
   models are the checkout's ``models/``, or the installed wheel's copy of it (`bundled_dir`).
 * `build_model(spec)` loads it (slow); `load_model_cached(spec)` does so once per process, holding at
   most `MODEL_CACHE_SIZE` models (the least recently used is unloaded and marked ``evicted``).
@@ -37,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from clover_viz import limits
-from clover_viz.limits import inside_roots, outside_roots
+from clover_viz.limits import inside_roots, listed_hub_id, outside_roots
+from clover_engine.backbones.hub import hub_snapshot, parse_hub_id
 from clover_engine.backbones.base import Capabilities, capabilities_of
 from clover_engine.backbones.registry import BUILD_LOCK
 from clover_engine.checkpoint import DEFAULT_MODEL_DIR, file_as_model_dir  # one place for the default and the message
@@ -60,9 +62,10 @@ class ModelSpec:
     """What `model_dir` resolves to (hashable: the model cache key).
 
     Attributes:
-        kind: ``"checkpoint"`` (a directory on disk), ``"random"`` (seeded clover-test) or
-            ``"in_memory"`` (a model object handed over by a notebook; never cached).
-        path: the resolved directory (``""`` otherwise).
+        kind: ``"checkpoint"`` (a directory on disk), ``"hub"`` (a model on the Hugging Face hub, fetched
+            into the huggingface_hub cache when loaded: `clover_engine.backbones.hub`), ``"random"``
+            (seeded clover-test) or ``"in_memory"`` (a model object handed over by a notebook; never cached).
+        path: the resolved directory; the hub id (``org/name[@revision]``) of a ``"hub"`` spec; else ``""``.
         mtime_ns: modification time of the directory's weights (reloads a re-trained model).
         dev_scale: weight multiplier of a random model (1.0 = none; the dev option).
         fallback: True when the default directory was missing and the random model stands in.
@@ -180,18 +183,23 @@ def resolve_model(model_dir: str, dev_sharpen_random: bool = False,
 
     Relative paths are tried against the working directory, then the repository root (in a checkout); a
     bare name and ``models/<name>`` also as a bundled model (``clover-tiny``, ``smollm2-bd``: `bundled_dir`,
-    so the default works from an installed wheel too).
+    so the default works from an installed wheel too). A text shaped ``org/name[@revision]`` that names no
+    directory is a hub id (`clover_engine.backbones.hub.parse_hub_id`): a ``"hub"`` spec, fetched when
+    loaded (`load_model_cached`), not here.
 
     Args:
         roots: the served app's model roots (`clover_viz.limits.model_roots`): only places inside
             them are looked at (after resolving symlinks, ``..`` and ``~``), and a text naming none
             gets one message whether or not it exists (`clover_viz.limits.OUTSIDE_ROOTS`). A bundled
-            model's name always works. None (notebooks, the command line): any path.
+            model's name always works; a hub id only when the roots list it (``--model-id``,
+            `clover_viz.limits.ListedHubId`), any other gets that same message. None (notebooks, the
+            command line): any path, any hub id.
 
     Raises:
         ValueError: for a directory that does not exist (other than the default one), a file
             (`clover_engine.checkpoint.file_as_model_dir`, the command line's message) or a directory
-            without ``config.json``, saying what to pass instead; with ``roots``, for a path outside them.
+            without ``config.json``, saying what to pass instead; with ``roots``, for a path outside them
+            or a hub id they do not list.
     """
     text = (model_dir or "").strip()
     scale = DEV_WEIGHT_SCALE if dev_sharpen_random else 1.0
@@ -214,6 +222,9 @@ def resolve_model(model_dir: str, dev_sharpen_random: bool = False,
             candidates = [bundled / text]
         candidates = [p for p in candidates if inside_roots(p, roots)]
         if not candidates:
+            hub = listed_hub_id(text, roots)  # a hub model the host listed; any other id: the same refusal
+            if hub is not None:
+                return ModelSpec("hub", hub)
             raise ValueError(outside_roots(roots, bundled_models()))
     found = next((p for p in candidates if p.is_dir()), None)
     if found is None:
@@ -222,6 +233,9 @@ def resolve_model(model_dir: str, dev_sharpen_random: bool = False,
             raise ValueError(file_as_model_dir(text, a_file))
         if text.rstrip("/") == DEFAULT_MODEL_DIR:
             return ModelSpec("random", dev_scale=scale, fallback=True)
+        hub = parse_hub_id(text) if roots is None else listed_hub_id(text, roots)
+        if hub is not None:  # no such folder: a model on the hub (fetched when loaded)
+            return ModelSpec("hub", str(hub))
         raise ValueError(
             f"no model directory at {text!r}; enter a checkpoint directory holding config.json and "
             f"model.safetensors (default {DEFAULT_MODEL_DIR}), or '{RANDOM_MODEL_NAME}' for a random test model"
@@ -254,21 +268,35 @@ def build_model(spec: ModelSpec) -> LoadedModel:
         if spec.dev_scale != 1.0:
             label += f" [dev: weights x{spec.dev_scale:g}]"
         return LoadedModel(spec, model, byte_tokenizer(), label)
-    if spec.kind != "checkpoint":
+    if spec.kind not in ("checkpoint", "hub"):
         raise ValueError(f"a {spec.kind!r} model spec names nothing to load; wrap the model with "
                          "LoadedModel.in_memory(model, tokenizer)")
-    model = load_model(spec.path, device=DEVICE)
+    path = _spec_dir(spec)
+    model = load_model(path, device=DEVICE)
+    if spec.kind == "hub":  # traces name the hub model, not its snapshot's commit folder
+        model.model_id = spec.path
     if capabilities_of(model).sampler != "block":  # DiffusionGemma: its own sampler (clover_engine.decoding.decoder_for)
         return _own_sampler(spec, model)
     try:
-        tokenizer = load_tokenizer(spec.path)
+        tokenizer = load_tokenizer(path)
     except ValueError:
         tok = byte_tokenizer()
         if model.config.vocab_size < tok.get_vocab_size() or model.config.mask_token_id != tok.token_to_id(
                 "<|mask|>"):
             raise
         tokenizer = tok  # a byte-level checkpoint saved without tokenizer.json
-    return LoadedModel(spec, model, tokenizer, f"{Path(spec.path).name} ({_shown_path(spec.path)})")
+    return LoadedModel(spec, model, tokenizer, _spec_name(spec))
+
+
+def _spec_dir(spec: ModelSpec) -> str:
+    """The checkpoint directory of a ``checkpoint`` or ``hub`` spec: a hub model's snapshot in the
+    huggingface_hub cache (`load_model_cached` has fetched it already, outside the build lock)."""
+    return str(hub_snapshot(spec.path)) if spec.kind == "hub" else spec.path
+
+
+def _spec_name(spec: ModelSpec) -> str:
+    """How labels and messages name a loaded model: ``clover-tiny (models/clover-tiny)``, ``org/name (hub)``."""
+    return f"{spec.path} (hub)" if spec.kind == "hub" else f"{Path(spec.path).name} ({_shown_path(spec.path)})"
 
 
 def _own_sampler(spec: ModelSpec, model: Any) -> LoadedModel:
@@ -277,11 +305,10 @@ def _own_sampler(spec: ModelSpec, model: Any) -> LoadedModel:
     fast tokenizer wraps, post-processor and BOS included); without one, the tokenizer its decoder brings
     (`clover_engine.decoding.decoder_for`: the model's own), or token ids."""
     try:
-        tokenizer = load_tokenizer(spec.path)
+        tokenizer = load_tokenizer(_spec_dir(spec))
     except ValueError:
         tokenizer = decoder_for(model).tokenizer
-    return LoadedModel(spec, model, tokenizer,
-                       f"{Path(spec.path).name} ({_shown_path(spec.path)}; DiffusionGemma, revisable)")
+    return LoadedModel(spec, model, tokenizer, _spec_name(spec)[:-1] + "; DiffusionGemma, revisable)")
 
 
 def _shown_path(path: str) -> str:
@@ -329,9 +356,14 @@ def load_model_cached(spec: ModelSpec, cancel: threading.Event | None = None,
         check_memory: refuse a model whose weights would not fit in the free memory
             (`clover_viz.limits.check_memory`; the served app), before anything is allocated.
 
+    A ``hub`` spec's snapshot is fetched into the huggingface_hub cache first (tqdm bars on the server's
+    stderr), outside the build lock: other models build meanwhile.
+
     Raises:
         LoadCancelled: ``cancel`` was set.
         clover_viz.limits.NotEnoughMemory: with ``check_memory``.
+        ValueError: a hub model that cannot be had (`clover_engine.backbones.hub.hub_snapshot`), or a
+            checkpoint that does not load (`build_model`).
 
     Thread-safe: builds of different specs run one at a time (the engine's
     `clover_engine.backbones.registry.BUILD_LOCK`: building is not thread-safe), the others queue
@@ -360,10 +392,11 @@ def load_model_cached(spec: ModelSpec, cancel: threading.Event | None = None,
                 raise LoadCancelled(f"the load of {spec.path or spec.kind} was cancelled: its session closed")
         _BUILDING[spec] = 0
     try:
-        if check_memory and spec.kind == "checkpoint":
-            need = limits.weight_bytes(spec.path)
+        directory = _spec_dir(spec) if spec.kind in ("checkpoint", "hub") else ""  # a download: before the build lock
+        if check_memory and directory:
+            need = limits.weight_bytes(directory)
             with _SLOTS:
-                limits.check_memory(f"{Path(spec.path).name} ({_shown_path(spec.path)})", need, sum(_BUILDING.values()))
+                limits.check_memory(_spec_name(spec), need, sum(_BUILDING.values()))
                 _BUILDING[spec] = need
         _acquire_build_lock(cancel)
         try:

@@ -116,7 +116,8 @@ class Explorer(ExplorerDecoding):
         model_or_trace: an ``clover_engine.recording.trace.Trace``; a path to a saved trace
             (``.parquet`` / ``.arrow``); a ``CloverModel``; a ``BlockDecoder`` (its model,
             tokenizer and config; its registered hooks fire too); or a checkpoint
-            directory (loaded once per process by `clover_viz.models`, as the Panel app does).
+            directory, or a hub id ``org/name[@revision]`` (fetched into the huggingface_hub cache;
+            loaded once per process by `clover_viz.models`, as the Panel app does).
             None (the default): the bundled default model, `clover_viz.models.DEFAULT_MODEL_DIR`,
             which the app opens too (a labelled random clover-test while it holds no checkpoint).
         tokenizer: the model's tokenizer (ignored for a trace; read from a

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from clover_engine.backbones.base import capabilities_of
+from clover_engine.backbones.hub import parse_hub_id
 from clover_engine.checkpoint import load_model, load_tokenizer
 from clover_engine.decoding.decoder import DecodeConfig
 from clover_engine.backbones.clover.model import random_model
@@ -89,7 +90,8 @@ def load_task_set(name: str) -> list[SweepTask]:
 
 
 def load_sweep_model(spec: str):
-    """``(model, tokenizer)`` for a model spec: a checkpoint directory or ``random:PRESET[:SCALE]``.
+    """``(model, tokenizer)`` for a model spec: a checkpoint directory, a hub id ``org/name[@revision]``
+    (`clover_engine.backbones.hub`, through `load_model`) or ``random:PRESET[:SCALE]``.
 
     Raises:
         ValueError: no checkpoint there, an unknown preset, a scale that is not a positive number,
@@ -113,8 +115,9 @@ def load_sweep_model(spec: str):
         model.model_id = spec
         return model, tok
 
-    if not Path(spec).is_dir():
-        raise ValueError(f"model {spec!r}: no checkpoint directory there (or use 'random:clover-test')")
+    if not Path(spec).is_dir() and parse_hub_id(spec) is None:
+        raise ValueError(f"model {spec!r}: no checkpoint directory there (or use 'random:clover-test', or a "
+                         "hub id org/name[@revision])")
     model = load_model(spec)
 
     if capabilities_of(model).revises_commits:
