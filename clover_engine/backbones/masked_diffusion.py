@@ -36,6 +36,14 @@ Formats `load_masked_diffusion` reads (``config.json`` ``model_type``):
   ``model.transformer.blocks.{i}.q_proj`` ... ``ff_out``), renamed onto
   transformers' ``LlamaForCausalLM`` by `LLADA_KEYS`; logit shift off.
 
+Loading is lean (`load_masked_diffusion`, `clover_engine.backbones.safetensors_shards`): the
+transformers model is built on the meta device, then the safetensors shards (those a
+``*.safetensors.index.json`` names, else every ``*.safetensors``) are read one at a time, one tensor
+at a time, straight into their final dtype and device (LLaDA's names renamed on the fly), and the
+rotary buffers are recomputed on the device; peak resident memory is the weights plus the largest
+tensor (<= 1.2x the weights: ``benchmarks/load_memory.py``). The default dtype is the checkpoint's
+own (bf16 stays bf16); logits and confidences are fp32 whatever the dtype.
+
 Safetensors only. Clover-only observables (expert union, state norms, memory
 share) are ``None``; the cost model prices every forward as a full recompute
 (``kv_cache=False``: weights once, all T tokens of FLOPs, no cache traffic).
@@ -49,7 +57,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +66,9 @@ from torch import nn
 
 from clover_engine.backbones.causal_lm.model import HFBlockConfig, TransformersBackbone, count_parameters
 from clover_engine.backbones.base import BlockOutput, Capabilities
+from clover_engine.backbones.safetensors_shards import (
+    checkpoint_dtype, compile_rules, load_shards, materialize_buffers, meta_tensors, read_header, shard_files,
+)
 
 FORMATS = {
     "dream": "a Dream checkpoint (DreamModel, Qwen2 weight names), masked diffusion with logit shift "
@@ -96,6 +106,8 @@ LLAMA_TO_LLADA: tuple[tuple[str, str], ...] = (
     (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", r"model.transformer.blocks.\1.ff_out.weight"),
 )
 """`LLADA_KEYS` the other way round (transformers Llama name -> LLaDA name), for `save_masked_diffusion`."""
+
+_LLADA_RENAME = compile_rules(LLADA_KEYS)  # LLaDA name -> Llama name, applied per tensor while loading
 
 
 @dataclass
@@ -261,49 +273,40 @@ def _llada_config(data: dict, where: Path) -> Any:
                          "mlp_hidden_size, vocab_size)") from e
 
 
-def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        pickles = sorted(p.name for p in directory.glob("*.bin")) + sorted(p.name for p in directory.glob("*.pt"))
-        hint = (f" (it holds {', '.join(pickles)}: pickle files are never loaded -- convert them to safetensors, "
-                "e.g. save_pretrained(..., safe_serialization=True))") if pickles else ""
-        raise ValueError(f"{directory} has no *.safetensors weights{hint}")
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        weights.update(load_file(str(f)))
-    return weights
-
-
 def _rename(weights: dict[str, torch.Tensor], rules: tuple[tuple[str, str], ...]) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, t in weights.items():
-        for pattern, target in rules:
-            if re.fullmatch(pattern, name):
-                name = re.sub(pattern, target, name)
-                break
-        out[name] = t
-    return out
+    rename = compile_rules(rules)
+    return {rename(name): t for name, t in weights.items()}
 
 
 def load_masked_diffusion(path: str | Path, device: str | torch.device = "cpu",
                           dtype: torch.dtype | None = None, canvas_tail: int = 0) -> MaskedDiffusionModel:
-    """Load a Dream or LLaDA checkpoint directory as a `MaskedDiffusionModel`.
+    """Load a Dream or LLaDA checkpoint directory as a `MaskedDiffusionModel`, leanly.
+
+    The transformers model is built on the meta device (no memory, no random init), then the
+    safetensors shards are read one at a time, one tensor at a time, straight into their final
+    dtype on `device` (LLaDA's names renamed on the fly by `LLADA_KEYS`), and rotary buffers are
+    recomputed on `device` (`clover_engine.backbones.safetensors_shards`). Peak resident memory is
+    the weights plus the largest tensor (``benchmarks/load_memory.py``: <= 1.2x the weights).
+    Shards: those a ``*.safetensors.index.json`` names, else every ``*.safetensors``. Callers hold
+    `clover_engine.backbones.registry.BUILD_LOCK` (`clover_engine.checkpoint.load_model` does).
 
     Args:
         path: the directory (``config.json`` + ``*.safetensors``), or a file in it.
-        device: where the model ends up.
-        dtype: None = float32; else the floating dtype of the weights (logits stay fp32).
+        device: where the model ends up (weights are read straight there).
+        dtype: the floating dtype of the weights; None = the checkpoint's own (``config.json``'s
+            ``torch_dtype`` / ``dtype``, else the stored tensors' dtype: a bf16 checkpoint stays
+            bf16, an fp32 one fp32). The logits and confidences are fp32 whatever the dtype.
         canvas_tail: MASK positions after the current block (see the module docstring).
 
     Returns:
-        The model in ``eval()`` mode, ``model_id`` = the directory's name.
+        The model in ``eval()`` mode, ``model_id`` = the directory's name; no tensor on meta.
 
     Raises:
         ValueError: no such directory or config, a ``model_type`` other than Dream / LLaDA,
             an unsupported LLaDA layout, no ``mask_token_id`` in the config, no safetensors
-            weights, or weights that do not match the architecture (missing / unexpected names).
+            weights, a truncated or corrupt shard (the message names the file), a shard an index
+            names that is absent, or weights that do not match the architecture (missing /
+            unexpected names, wrong shapes).
     """
     from transformers import AutoModelForCausalLM
 
@@ -323,20 +326,20 @@ def load_masked_diffusion(path: str | Path, device: str | torch.device = "cpu",
     if mask_id is None:
         raise ValueError(f"{config_path} names no mask_token_id; add the id of the MASK token the model was trained "
                          "with (Dream-7B: 151666, LLaDA-8B: 126336)")
-    weights = _read_weights(directory)
-    if family == "llada":
-        weights = _rename(weights, LLADA_KEYS)
-    lm = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype or torch.float32)
-    missing, unexpected = lm.load_state_dict(weights, strict=False)
-    tied = {"lm_head.weight"} if getattr(hf_cfg, "tie_word_embeddings", False) else set()
-    missing = [k for k in missing if k not in tied]
-    if missing or unexpected:
-        raise ValueError(f"{directory}: the weights do not match a {family} model of this config: "
-                         f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
-                         f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+    shards = [read_header(f) for f in shard_files(directory)]  # headers only: names, dtypes, truncation
+    dtype = dtype or checkpoint_dtype(data, shards)
+    with torch.device("meta"):  # no memory, no random init; safe under BUILD_LOCK (one build per process)
+        lm = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype)
+    tied = frozenset({"lm_head.weight"}) if getattr(hf_cfg, "tie_word_embeddings", False) else frozenset()
+    load_shards(lm, shards, rename=_LLADA_RENAME if family == "llada" else (lambda name: name), device=device,
+                optional=tied, what=f"a {family} model of this config")
     if tied:
         lm.tie_weights()
-    lm = lm.to(device).eval()
+    materialize_buffers(lm, device)
+    left = meta_tensors(lm)
+    if left:
+        raise ValueError(f"{directory}: {len(left)} tensor(s) were left unloaded (on the meta device): {left[:5]}")
+    lm.eval()
     base = HFBlockConfig.from_hf(hf_cfg, directory.name, int(mask_id), num_parameters=count_parameters(lm))
     cfg = MaskedDiffusionConfig(**dataclasses.asdict(base), logit_shift=family == "dream",
                                 canvas_tail=int(canvas_tail), family=family)

@@ -377,11 +377,15 @@ def load_pretrained_backbone(directory: str | Path, device: str | torch.device =
                              dtype: torch.dtype | None = None) -> HFBlockDiffusionModel:
     """Open a transformers Llama / Qwen2 / Qwen3 ``save_pretrained`` directory as a block-diffusion
     model with token shift, no adapter (the registry's ``llama`` / ``qwen2`` / ``qwen3`` rows);
-    ``dtype`` None keeps fp32. Raises what `wrap_pretrained` raises."""
+    ``dtype`` None keeps fp32. Raises what `wrap_pretrained` raises.
+
+    Lean: transformers' ``from_pretrained`` builds on the meta device and reads the shards one
+    by one straight into `dtype` (a bf16 checkpoint asked for in bf16 is never materialised in
+    fp32 first; ``benchmarks/load_memory.py`` measures its peak)."""
     directory = Path(directory)
-    model = wrap_pretrained(str(directory), name=directory.name, device=device)
+    model = wrap_pretrained(str(directory), name=directory.name, device=device, dtype=dtype or torch.float32)
     if dtype is not None:
-        model.to(dtype=dtype)
+        model.to(dtype=dtype)  # the block-diffusion extras (MASK embedding) follow the weights' dtype
     return model.eval()
 
 
