@@ -30,6 +30,10 @@ def decoder_for(model: Any, tokenizer: Any = None, config: Any = None) -> Any:
     or the decoder of the sampler the model runs itself (DiffusionGemma:
     `clover_engine.decoding.diffusion_gemma.DiffusionGemmaDecoder`).
 
+    A config that names its own decoder (a ``DECODER`` class attribute, ``"module:Class"``) picks that
+    one instead: LLaDA's and Dream's official samplers (`clover_engine.decoding.masked_diffusion_samplers.
+    LLaDASampler` / ``DreamSampler``) run on `clover_engine.decoding.masked_diffusion_decoder.MaskedDiffusionDecoder`.
+
     Args:
         model: a loaded model (`clover_engine.checkpoint.load_model`).
         tokenizer: its tokenizer, or None (a model that loads its own, DiffusionGemma, decodes with that).
@@ -40,7 +44,7 @@ def decoder_for(model: Any, tokenizer: Any = None, config: Any = None) -> Any:
         ValueError: for a sampler name with no row in `SAMPLERS`.
     """
     sampler = capabilities_of(model).sampler
-    spec = SAMPLERS.get(sampler)
+    spec = getattr(type(config), "DECODER", None) or SAMPLERS.get(sampler)
     if spec is None:
         raise ValueError(f"{type(model).__name__} declares sampler {sampler!r}, which no decoder serves; known: "
                          f"{', '.join(sorted(SAMPLERS))} (add a row to clover_engine.decoding.samplers.SAMPLERS)")
