@@ -137,6 +137,7 @@ def create_app(model_dir: str | None = None, dev_sharpen_random: bool | None = N
     served = start_callbacks and pn.state.curdoc is not None and pn.state.curdoc.session_context is not None
     if served:
         state.background_loads = True
+        state.paced_decodes = True  # a decode runs at most about one refresh ahead of its page
         state.start_load()
     else:
         state.load_model()

@@ -2,7 +2,7 @@
 
 `exit_promptly_on_signals` makes the server end within `SHUTDOWN_GRACE_S` of SIGTERM or Ctrl-C.
 Bokeh's own handler stops the event loop, and the process then waits for the decode threads
-(`clover_viz.state._cancel_live_decodes`, an exit hook that lets a thread finish the forward it
+(`clover_viz.session_pacing._cancel_live_decodes`, an exit hook that lets a thread finish the forward it
 is in rather than kill it inside a torch op). A decode checks its cancel flag only between
 forwards, so one long forward -- a long prompt's prefill on SmolLM2, a slow machine -- kept a
 stopped server alive for up to 10 s more. Here the signal cancels every decode at once and arms
@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from clover_viz.state import _cancel_live_decodes
+from clover_viz.session_pacing import _cancel_live_decodes
 
 SHUTDOWN_GRACE_S = 2.0
 """Seconds from SIGTERM / SIGINT to the end of the served process, at most (plus a thread switch)."""

@@ -43,13 +43,10 @@ Tests: ``.venv/bin/python -m pytest tests/apps/test_explorer_app.py -q``
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import queue
 import threading
 import time
-import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import param
@@ -65,6 +62,7 @@ from clover_viz.runs import compare, dropped_at_stop, forced_past_answer, genera
 from clover_viz.session_branches import SessionBranches
 from clover_viz.session_cost import SessionCost
 from clover_viz.session_models import SessionModels
+from clover_viz.session_pacing import _LIVE_RUNS, DrawPacer, RunPace, _Run, live_decodes
 from clover_viz.session_settings import (
     BLOCK_SIZES,
     DEVICE_CHOICES,
@@ -95,37 +93,6 @@ def _snapshot(event: Any) -> Any:
     return event
 
 
-@dataclass(eq=False)  # identity equality: hashable, so `_LIVE_RUNS` can hold it
-class _Run:
-    """One decode in a worker thread."""
-
-    run_id: int
-    cancel: threading.Event
-    thread: threading.Thread | None = None
-    superseded: bool = False
-    user_stopped: bool = False
-    kind: str = "decode"  # or "branch" (`clover_viz.session_branches`)
-    restore: tuple = (None, None, 0)  # (trace, previous, position) shown again if it fails before its first event
-    step_times: list = dataclasses.field(default_factory=list)
-
-
-_LIVE_RUNS: "weakref.WeakSet[_Run]" = weakref.WeakSet()  # decode workers of every session in this process
-
-
-@atexit.register
-def _cancel_live_decodes(timeout_s: float = 10.0) -> None:
-    """At interpreter exit: cancel running decodes and let their threads end after the current forward.
-    A daemon thread killed inside a torch op aborts the process ("terminate called without an active
-    exception") -- a script that closes a session without `ExplorerState.wait` would end that way."""
-    runs = [r for r in list(_LIVE_RUNS) if r.thread is not None and r.thread.is_alive()]
-    for r in runs:
-        r.cancel.set()
-    deadline = time.monotonic() + timeout_s
-    for r in runs:
-        r.thread.join(max(0.0, deadline - time.monotonic()))
-
-
-# ----------------------------------------------------------------------------- the state
 def past_training_note(block_size: int | None, trained: int | None) -> str:
     """`` · block 64 is past the model's training (blocks <= 32): expect worse text`` when a run's
     block_size exceeds the largest block the model was trained on (its `Capabilities.largest_trained_block`;
@@ -259,6 +226,9 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         self._pending_load: dict[str, Any] | None = None  # a background load (start_load)
         self._generate_when_loaded = False  # Generate was pressed while it loads
         self.stop_timing: dict[str, Any] = {}
+        self._pacer = DrawPacer()  # when a decoding session next redraws (tick)
+        # the served app: a decode waits for its page (clover_viz.session_pacing); notebooks, scripts drain themselves
+        self.paced_decodes = False
         # the memory mode the state chose itself (None: given to the constructor): see _start_in_best_memory_mode
         self._auto_memory_mode: str | None = None if "memory_mode" in params else self.memory_mode
         # the policy / block size the state chose for a drafter (None: given, or not chosen): _fit_policy_to_model
@@ -362,10 +332,14 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         # one decode per session at a time: a superseded one ends after its current forward, then this one starts
         before = self._run.thread if self._run is not None else None
 
+        run.pace = RunPace(self.paced_decodes, run.cancel)
+
         def hook(ev: Any, _rid: int = run.run_id) -> None:
             if isinstance(ev, StepEvent):
                 run.step_times.append(time.monotonic())  # when each forward ended (stop timing)
             events.put((_rid, "event", _snapshot(ev)))
+            if isinstance(ev, StepEvent):
+                run.pace.forward_ended()  # the served app: waits while the page is behind
 
         def work() -> None:
             try:
@@ -443,11 +417,16 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
             if run is None or run_id != run.run_id or run.superseded:
                 continue  # a superseded run's leftovers
             if kind == "event":
+                if isinstance(payload, DecodeEnd) and run.pace.waited_s:  # waiting for the page: not decode time
+                    waited = min(run.pace.waited_s, payload.observer_s)
+                    payload = dataclasses.replace(payload, wall_s=payload.wall_s - waited,
+                                                  observer_s=payload.observer_s - waited)
                 self.trace(payload)
                 applied += 1
                 if isinstance(payload, StepEvent):
                     self._written += payload.n_written
                     steps += 1
+                    run.pace.forwards_drawn(1)
                 elif isinstance(payload, DecodeEnd):
                     self._finish(payload)
             elif kind == "error":
@@ -528,9 +507,18 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
     # ------------------------------------------------------------------ playback
     def tick(self, dt: float = 0.1) -> None:
         """Periodic work on the UI thread: apply a finished background load, drain events, then
-        advance playback by ``dt`` seconds."""
+        advance playback by ``dt`` seconds.
+
+        While a decode runs, redraws are paced by what they cost (`clover_viz.session_pacing.DrawPacer`):
+        the server's event loop is shared by every session and must stay free to hear a Stop."""
         self._poll_load()
-        self.drain()
+        run = self._run
+        ended = run is None or run.thread is None or not run.thread.is_alive()
+        if not self.running or ended or self._pacer.due():  # a run's end is drawn at once
+            t0 = time.perf_counter()
+            if self.drain() and self.running:
+                self._pacer.drew(time.perf_counter() - t0, live_decodes())  # the watchers' cost: figures...
+                run.pace.window_s = self._pacer.window_s  # the decode may run one refresh ahead of the page
         self._drop_evicted()
         if not self.playing:
             return

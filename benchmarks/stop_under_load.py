@@ -1,0 +1,133 @@
+"""Stop under load: how long a Stop takes, and how many tokens a stopped run keeps beyond what was shown,
+with several browser pages decoding long answers on one served explorer.
+
+The explorer is served in this process (Panel's server in a thread, as the browser tests do) and driven by
+headless Chromium: ``--pages`` pages (default 4) each Generate ``--tokens`` new tokens (default 2048) with
+the random ``clover-test`` model (sharpened: it never ends early, every page decodes to the budget). After
+``--warmup`` seconds one page presses Stop. Printed, per round:
+
+* **click -> stopped** (s): from the click until the page's status line reads "stopped";
+* **click -> server** (s): until the server ran ``stop()`` (the click waited in the server's event loop);
+* **forward** (ms): the median forward of that run, from its trace, and click -> stopped in forwards;
+* **shown / kept**: tokens on the page at the click, tokens the stopped run kept, and the excess in
+  forwards' worth of tokens (the promise: at most one forward's more than shown).
+
+Run: ``.venv/bin/python benchmarks/stop_under_load.py [--pages 4 --tokens 2048 --rounds 3]`` (needs
+``/usr/bin/chromium``). Numbers on a shared machine are noise in absolute terms; the forward counts are not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from helpers import CHROMIUM_ARGS, chromium_executable, free_port  # noqa: E402
+
+
+def serve(settings: dict):
+    """Serve ``apps/explorer.py``'s ``create_app(**settings)`` in a thread; returns (url, sessions, server)."""
+    import panel as pn
+
+    spec = importlib.util.spec_from_file_location("clover_explorer_app_bench", ROOT / "apps" / "explorer.py")
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+    sessions: list = []
+
+    def make():
+        tpl = app.create_app(**settings)
+        sessions.append(tpl.explorer.state)
+        return tpl
+
+    port = free_port()
+    server = pn.serve(make, port=port, address="127.0.0.1", websocket_origin=[f"127.0.0.1:{port}"],
+                      threaded=True, show=False)
+    for _ in range(300):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
+    return f"http://127.0.0.1:{port}/", sessions, server
+
+
+def one_round(browser, url: str, sessions: list, pages: int, warmup_s: float) -> dict:
+    opened = []
+    for _ in range(pages):
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg.set_default_timeout(120_000)
+        pg.goto(url)
+        pg.get_by_text("press Generate to decode a prompt").first.wait_for()
+        opened.append((pg, sessions[-1]))
+    for pg, _ in opened:
+        pg.get_by_role("button", name=re.compile("Generate")).first.click()
+    time.sleep(warmup_s)
+    pg, state = opened[0]
+    shown = int(pg.locator(".clover-tokens").first.inner_text() or 0)
+    t_click = time.monotonic()
+    pg.get_by_role("button", name="Stop").first.click()
+    pg.locator(".clover-status", has_text=re.compile(r"^stopped")).first.wait_for(timeout=600_000)
+    t_stopped = time.monotonic()
+    status = pg.locator(".clover-status").first.inner_text()
+    kept = int(re.search(r"kept (\d+) tokens", status).group(1))
+    timing = state.stop_timing or {}
+    walls = [st.wall_s for st in state.trace.steps if getattr(st, "wall_s", None)]
+    fwd_s = statistics.median(walls) if walls else float("nan")
+    per_forward = kept / max(len(state.trace.steps), 1)
+    for p, s in opened:
+        s.stop()
+    for p, _ in opened:
+        p.close()
+    return dict(click_to_stopped_s=t_stopped - t_click,
+                click_to_server_s=timing.get("requested_at", t_click) - t_click,
+                forward_ms=fwd_s * 1e3, stopped_in_forwards=(t_stopped - t_click) / fwd_s if walls else float("nan"),
+                shown=shown, kept=kept, excess_forwards=(kept - shown) / max(per_forward, 1e-9),
+                forwards_after_request=timing.get("forwards_after_request"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pages", type=int, default=4, help="browser pages decoding at once")
+    ap.add_argument("--tokens", type=int, default=2048, help="max new tokens per page")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds (pages opened, Generate, Stop, closed)")
+    ap.add_argument("--warmup", type=float, default=8.0, help="seconds of decoding before the Stop")
+    args = ap.parse_args(argv)
+    chromium = chromium_executable()
+    if chromium is None:
+        print("no chromium (apt-get install -y chromium)")
+        return 1
+    from playwright.sync_api import sync_playwright
+
+    url, sessions, server = serve(dict(model_dir="clover-test", dev_sharpen_random=True, max_new_tokens=args.tokens))
+    rows = []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+            for r in range(args.rounds):
+                row = one_round(browser, url, sessions, args.pages, args.warmup)
+                rows.append(row)
+                print(f"round {r + 1}: click->stopped {row['click_to_stopped_s']:.2f} s "
+                      f"({row['stopped_in_forwards']:.1f} forwards of {row['forward_ms']:.0f} ms), click->server "
+                      f"{row['click_to_server_s']:.2f} s, forwards after the server's stop: "
+                      f"{row['forwards_after_request']}, shown {row['shown']} kept {row['kept']} "
+                      f"(excess {row['excess_forwards']:.1f} forwards' worth)", flush=True)
+            browser.close()
+    finally:
+        for s in sessions:
+            s.close()
+        server.stop()
+    print(f"median over {len(rows)} rounds, {args.pages} pages x {args.tokens} tokens: click->stopped "
+          f"{statistics.median(r['click_to_stopped_s'] for r in rows):.2f} s, excess "
+          f"{statistics.median(r['excess_forwards'] for r in rows):.1f} forwards' worth of tokens")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
