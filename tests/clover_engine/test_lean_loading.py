@@ -1,4 +1,4 @@
-"""Lean loading of Dream / LLaDA checkpoints (clover_engine.backbones.safetensors_shards, issue 48 item 3).
+"""Lean loading of Dream / LLaDA checkpoints (clover_engine.backbones.safetensors_shards).
 
 Tiny random Qwen2 (Dream) and Llama (LLaDA) models are written by `save_masked_diffusion` and split
 into several shards, with and without the hub's ``model.safetensors.index.json``. Loaded through
