@@ -12,7 +12,10 @@ the random ``clover-test`` model (sharpened: it never ends early, every page dec
 * **shown / kept**: tokens on the page at the click, tokens the stopped run kept, and the excess in
   forwards' worth of tokens (the promise: at most one forward's more than shown).
 
-Run: ``.venv/bin/python benchmarks/stop_under_load.py [--pages 4 --tokens 2048 --rounds 3]`` (needs
+``--compare`` serves the same again without pacing (every session redrawing every tick, decodes never
+waiting for their page: the explorer before `clover_viz.session_pacing`) and prints both side by side.
+
+Run: ``.venv/bin/python benchmarks/stop_under_load.py [--pages 4 --tokens 2048 --rounds 3 --compare]`` (needs
 ``/usr/bin/chromium``). Numbers on a shared machine are noise in absolute terms; the forward counts are not.
 """
 
@@ -33,8 +36,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from helpers import CHROMIUM_ARGS, chromium_executable, free_port  # noqa: E402
 
 
-def serve(settings: dict):
-    """Serve ``apps/explorer.py``'s ``create_app(**settings)`` in a thread; returns (url, sessions, server)."""
+def serve(settings: dict, paced: bool = True):
+    """Serve ``apps/explorer.py``'s ``create_app(**settings)`` in a thread; returns (url, sessions, server).
+    ``paced=False`` serves as the explorer did before pacing (`clover_viz.session_pacing`): every session
+    redraws on every tick and its decode never waits for the page -- the baseline of ``--compare``."""
     import panel as pn
 
     spec = importlib.util.spec_from_file_location("clover_explorer_app_bench", ROOT / "apps" / "explorer.py")
@@ -44,6 +49,9 @@ def serve(settings: dict):
 
     def make():
         tpl = app.create_app(**settings)
+        if not paced:
+            tpl.explorer.state.paced_decodes = False
+            tpl.explorer.state._pacer.drew = lambda cost_s, live_decodes: None  # redraw on every tick
         sessions.append(tpl.explorer.state)
         return tpl
 
@@ -98,14 +106,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=2048, help="max new tokens per page")
     ap.add_argument("--rounds", type=int, default=3, help="rounds (pages opened, Generate, Stop, closed)")
     ap.add_argument("--warmup", type=float, default=8.0, help="seconds of decoding before the Stop")
+    ap.add_argument("--compare", action="store_true",
+                    help="also serve without pacing (the explorer before it) and print both side by side")
     args = ap.parse_args(argv)
+    results = {}
+    for paced in ((True, False) if args.compare else (True,)):
+        label = "paced" if paced else "unpaced (before)"
+        print(f"-- {label}", flush=True)
+        results[label] = run_rounds(args, paced)
+    for label, rows in results.items():
+        print(f"{label}: median over {len(rows)} rounds, {args.pages} pages x {args.tokens} tokens: click->stopped "
+              f"{statistics.median(r['click_to_stopped_s'] for r in rows):.2f} s, click->server "
+              f"{statistics.median(r['click_to_server_s'] for r in rows):.2f} s, kept past shown "
+              f"{statistics.median(r['excess_forwards'] for r in rows):.1f} forwards' worth, tokens decoded "
+              f"before the Stop {statistics.median(r['kept'] for r in rows):.0f}")
+    if len(results) == 2:
+        (a, pa), (b, pb) = results.items()
+        ratio = statistics.median(r["click_to_stopped_s"] for r in pb) / statistics.median(
+            r["click_to_stopped_s"] for r in pa)
+        print(f"click->stopped, {b} / {a}: {ratio:.1f}x")
+    return 0
+
+
+def run_rounds(args, paced: bool) -> list[dict]:
     chromium = chromium_executable()
     if chromium is None:
-        print("no chromium (apt-get install -y chromium)")
-        return 1
+        raise SystemExit("no chromium (apt-get install -y chromium)")
     from playwright.sync_api import sync_playwright
 
-    url, sessions, server = serve(dict(model_dir="clover-test", dev_sharpen_random=True, max_new_tokens=args.tokens))
+    url, sessions, server = serve(dict(model_dir="clover-test", dev_sharpen_random=True, max_new_tokens=args.tokens),
+                                  paced=paced)
     rows = []
     try:
         with sync_playwright() as p:
@@ -123,10 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in sessions:
             s.close()
         server.stop()
-    print(f"median over {len(rows)} rounds, {args.pages} pages x {args.tokens} tokens: click->stopped "
-          f"{statistics.median(r['click_to_stopped_s'] for r in rows):.2f} s, excess "
-          f"{statistics.median(r['excess_forwards'] for r in rows):.1f} forwards' worth of tokens")
-    return 0
+    return rows
 
 
 if __name__ == "__main__":
