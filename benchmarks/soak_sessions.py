@@ -28,6 +28,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from helpers import CHROMIUM_ARGS, chromium_executable  # noqa: E402
 from stop_under_load import serve  # noqa: E402
 
+from clover_engine.threads import add_threads_argument, configure_threads  # noqa: E402
+
 
 def rss_mb() -> float:
     """This process's resident set size now (MB), from /proc/self/status."""
@@ -89,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", type=int, default=3, help="rounds left out of the slope (caches filling)")
     ap.add_argument("--settle", type=float, default=90.0,
                     help="seconds to wait, at most, for the server to end a round's sessions")
+    add_threads_argument(ap)
     args = ap.parse_args(argv)
+    configure_threads(args.threads)
     chromium = chromium_executable()
     if chromium is None:
         print("no chromium (apt-get install -y chromium)")

@@ -35,6 +35,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from helpers import CHROMIUM_ARGS, chromium_executable, free_port  # noqa: E402
 
+from clover_engine.threads import add_threads_argument, configure_threads  # noqa: E402
+
 
 def serve(settings: dict, paced: bool = True):
     """Serve ``apps/explorer.py``'s ``create_app(**settings)`` in a thread; returns (url, sessions, server).
@@ -108,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=8.0, help="seconds of decoding before the Stop")
     ap.add_argument("--compare", action="store_true",
                     help="also serve without pacing (the explorer before it) and print both side by side")
+    add_threads_argument(ap)
     args = ap.parse_args(argv)
+    configure_threads(args.threads)
     results = {}
     for paced in ((True, False) if args.compare else (True,)):
         label = "paced" if paced else "unpaced (before)"

@@ -71,7 +71,7 @@ def parse_hub_id(text: object) -> HubId | None:
     m = HUB_ID_SHAPE.fullmatch(s)
     if m is None or ".." in m["repo"] or "--" in m["repo"] or ".." in (m["revision"] or ""):
         return None
-    if Path(s).expanduser().exists() or find_model_dir(s) != s:
+    if Path(s).expanduser().exists() or Path(s.split("/")[0]).is_dir() or find_model_dir(s) != s:
         return None
     return HubId(m["repo"], m["revision"])
 
