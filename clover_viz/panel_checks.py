@@ -188,8 +188,11 @@ def bind(widget: Any, state: Any, name: str, event: str = "value") -> Any:
     (`check_setting`); this link checks the values a script sets on the widget on the server.
     """
     integer = isinstance(state.param[name], param.Integer)
+    syncing_options = False
 
     def from_widget(ev: Any) -> None:
+        if syncing_options:  # the widget's own reaction to new options; the state decides the value
+            return
         current = getattr(state, name)
         if ev.new is current or (ev.new == current and type(ev.new) is type(current)):
             return
@@ -218,6 +221,24 @@ def bind(widget: Any, state: Any, name: str, event: str = "value") -> Any:
     if event != "value":
         widget.param.watch(while_dragged, "value", precedence=1)
     state.param.watch(from_state, name)
+
+    def options_from_state(ev: Any) -> None:
+        # a choice list the state changes (the example prompts of a newly loaded model) is offered by
+        # the widget; its value is left to the state (Panel's Select would take its first option)
+        nonlocal syncing_options
+        syncing_options = True
+        try:
+            current = getattr(state, name)
+            shown = {"options": list(ev.new)}
+            if current in shown["options"]:
+                shown["value"] = current
+            with param.edit_constant(widget):
+                widget.param.update(**shown)
+        finally:
+            syncing_options = False
+
+    if isinstance(state.param[name], param.Selector) and "options" in widget.param:
+        state.param.watch(options_from_state, name, what="objects")
     return widget
 
 

@@ -381,13 +381,18 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         """Cancel the running decode; it stops after its current forward and keeps what it wrote.
 
         `stop_timing` records when (monotonic seconds) and at which NFE (steps shown) the stop
-        was asked for, and, once the decode has ended, when and at which NFE it ended.
+        was asked for, how far (seconds, ``window_s``) a paced decode could then run ahead of its page
+        (`clover_viz.session_pacing.RunPace`), and, once the decode has ended, when and at which NFE it
+        ended.
         """
         if self._run is not None and self.running:
             self._run.user_stopped = True
             self._run.cancel.set()
+            pace = self._run.pace
             self.stop_timing = {"requested_at": time.monotonic(), "nfe_shown": self.n_steps,
-                                "nfe_recorded": len(self.trace) if self.trace is not None else 0}
+                                "nfe_recorded": len(self.trace) if self.trace is not None else 0,
+                                # how far (s) the decode may run ahead of its page (one refresh)
+                                "window_s": pace.window_s if pace is not None and pace.paced else 0.0}
             self.status = "stopping..."
 
     def wait(self, timeout: float = 30.0) -> bool:

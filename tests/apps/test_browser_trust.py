@@ -58,7 +58,12 @@ def _status(pg):
 
 def _wait_done(pg) -> str:
     loc = pg.locator('.clover-status[data-running="0"]', has_text=re.compile(r"^done")).first
-    loc.wait_for(timeout=TIMEOUT_MS * 4)  # SmolLM2 decodes ~1 token per forward on 2 busy cores
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        loc.wait_for(timeout=TIMEOUT_MS * 4)  # SmolLM2 decodes ~1 token per forward on 2 busy cores
+    except PlaywrightTimeout:  # say what the page shows instead (an error line, a run still going)
+        raise AssertionError(f"no 'done' status; the page shows: {_status(pg).inner_text()!r}") from None
     return loc.inner_text()
 
 

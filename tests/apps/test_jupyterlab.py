@@ -221,11 +221,15 @@ def test_quickstart_explorer_in_jupyterlab(lab):
       w.content.activeCellIndex = i;
       await w.content.scrollToItem(i, 'start');
     }""")
+    # JupyterLab renders only the cells in view, and a scroll issued while the reloaded notebook is
+    # still laying out can land elsewhere: scroll again on every poll until the figures are there.
     page.wait_for_function("""() => {
       const w = window.jupyterapp.shell.currentWidget;
-      const c = w.content.widgets.find(c => c.model.sharedModel.getSource().includes('explorer = Explorer('));
-      return c.node.querySelectorAll('.js-plotly-plot').length > 0;
-    }""", timeout=60_000, polling=500)
+      const i = w.content.widgets.findIndex(c => c.model.sharedModel.getSource().includes('explorer = Explorer('));
+      const found = w.content.widgets[i].node.querySelectorAll('.js-plotly-plot').length > 0;
+      if (!found) { w.content.scrollToItem(i, 'start'); }
+      return found;
+    }""", timeout=120_000, polling=1000)
     page.wait_for_timeout(2000)
     figs = page.evaluate("""() => {
       const w = window.jupyterapp.shell.currentWidget;

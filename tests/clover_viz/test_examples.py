@@ -69,3 +69,26 @@ def test_the_picker_follows_the_prompt_and_brings_a_typed_prompt_back():
     fresh = ExplorerState()
     fresh.example = YOUR_PROMPT  # nothing typed yet: the prompt stays, the picker names its example
     assert fresh.prompt == EXAMPLE_PROMPTS[DEFAULT_EXAMPLE] and fresh.example == DEFAULT_EXAMPLE
+
+
+def test_the_sidebar_picker_offers_the_new_examples_and_keeps_the_prompt():
+    """With the sidebar's widgets linked (`clover_viz.panel_checks.bind`), a model's new example list
+    reaches the picker, the picker shows the state's choice, and a prompt the user typed survives.
+    (Before, the picker kept the old list; Panel's Select then took its first option, the check
+    refused it, and the two sides set each other back until a RecursionError.)"""
+    from clover_viz.panel_settings import SettingsPanel
+
+    s = ExplorerState(prompt=EXAMPLE_PROMPTS["code completion"], example="code completion", auto_redecode=False)
+    panel = SettingsPanel(state=s)
+    s.use_model(_chat_model())
+    assert panel.example.options == [*CHAT_EXAMPLE_PROMPTS, YOUR_PROMPT]
+    assert panel.example.value == s.example == DEFAULT_CHAT_EXAMPLE
+    assert panel.prompt.value == s.prompt == CHAT_EXAMPLE_PROMPTS[DEFAULT_CHAT_EXAMPLE]
+    panel.example.value = "instruction"  # the user picks another one
+    assert s.prompt == CHAT_EXAMPLE_PROMPTS["instruction"]
+
+    typed = ExplorerState(prompt="my own words", auto_redecode=False)
+    typed_panel = SettingsPanel(state=typed)
+    typed.use_model(_chat_model())
+    assert typed_panel.example.options == [*CHAT_EXAMPLE_PROMPTS, YOUR_PROMPT]
+    assert typed_panel.example.value == YOUR_PROMPT and typed.prompt == typed_panel.prompt.value == "my own words"
