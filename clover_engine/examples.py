@@ -5,7 +5,8 @@ the Panel app's picker and the notebook `Explorer` (`clover_viz.examples` re-exp
 in the chat layout it is trained on, and a code completion; `DEFAULT_EXAMPLE` names the one a new
 session starts with (and the README's first decode). `CHAT_EXAMPLE_PROMPTS` are ordinary questions
 and instructions (and one tool call with tools the model never saw) in SmolLM2's ChatML with its
-default system turn, for chat models adapted from a pretrained base (``models/smollm2-bd``).
+default system turn, for chat models adapted from a pretrained base (``models/smollm2-bd``);
+`CHAT_QUESTIONS` are the same questions as plain text, for models with their own chat template.
 `WEATHER_PROMPT` is a short one-tool agent prompt. `example_prompt` looks any of them up by name.
 
 Wing: ``ground``.
@@ -98,11 +99,17 @@ def _chat(user: str) -> str:
             "<|im_start|>assistant\n")
 
 
+CHAT_QUESTIONS: dict[str, str] = {
+    "question": "How many legs does a spider have?",
+    "explanation": "Explain in two sentences why the sky is blue.",
+    "instruction": "Write a short poem about the sea.",
+    "code": "Write a Python function that returns the factorial of n.",
+}
+"""Plain questions, for a model with its own chat template (LLaDA / Dream Instruct): the template is
+applied at decode time (`clover_engine.prompting.model_input`), so the picker shows the user's words."""
+
 CHAT_EXAMPLE_PROMPTS: dict[str, str] = {
-    "question": _chat("How many legs does a spider have?"),
-    "explanation": _chat("Explain in two sentences why the sky is blue."),
-    "instruction": _chat("Write a short poem about the sea."),
-    "code": _chat("Write a Python function that returns the factorial of n."),
+    **{name: _chat(question) for name, question in CHAT_QUESTIONS.items()},
     # an open-vocabulary tool call (clover_engine.data.open_tools, eval vocabulary: never in training)
     "tool call (unseen tool)": (
         "<|im_start|>system\nYou are a helpful assistant with tools:\n"
@@ -144,5 +151,5 @@ def example_prompt(name: str) -> str:
                      f"{', '.join(repr(n) for n in example_names())}")
 
 
-__all__ = ["CHAT_EXAMPLE_PROMPTS", "DEFAULT_CHAT_EXAMPLE", "DEFAULT_EXAMPLE", "EXAMPLE_PROMPTS", "WEATHER_PROMPT",
+__all__ = ["CHAT_EXAMPLE_PROMPTS", "CHAT_QUESTIONS", "DEFAULT_CHAT_EXAMPLE", "DEFAULT_EXAMPLE", "EXAMPLE_PROMPTS", "WEATHER_PROMPT",
            "example_names", "example_prompt"]

@@ -103,12 +103,12 @@ def past_training_note(block_size: int | None, trained: int | None) -> str:
 
 
 def chat_template_note(trace: Trace | None) -> str:
-    """`` · your prompt was decoded in the model's ChatML template ('show prompt' shows it)`` when the run's
+    """`` · your prompt was decoded in the model's ChatML (or own) template ('show prompt' shows it)`` when the run's
     prompt was wrapped by `clover_engine.prompting.model_input` (recorded as ``meta["chat_template"]``), else ``""``."""
     template = ((trace.meta or {}).get("chat_template") if trace is not None else None)
     if not template:
         return ""
-    name = "ChatML" if template == "chatml" else template
+    name = {"chatml": "ChatML", "checkpoint": "own"}.get(template, template)
     return f" · prompt decoded in the model's {name} chat template ('show prompt' shows the exact input)"
 
 

@@ -83,7 +83,8 @@ class Capabilities:
             name of a model's own sampler (``diffusion_gemma``: `clover_engine.decoding.diffusion_gemma.
             DiffusionGemmaDecoder`; such a model implements only ``config``, ``device``, ``dtype`` and
             ``capabilities`` of the protocol). `clover_engine.decoding.decoder_for` picks the decoder by it.
-        chat_template: the chat template a plain prompt is wrapped in (``"chatml"``), or None
+        chat_template: the chat template a plain prompt is wrapped in: ``"checkpoint"`` (the
+            checkpoint's own, which the model carries as ``checkpoint_chat``), ``"chatml"``, or None
             (`clover_engine.prompting`).
         chat_system: the default system turn of that template (None: no system turn).
         largest_trained_block: the largest block_size it was trained on, or None when unknown.

@@ -66,6 +66,7 @@ from torch import nn
 
 from clover_engine.backbones.causal_lm.model import HFBlockConfig, TransformersBackbone, count_parameters
 from clover_engine.backbones.base import BlockOutput, Capabilities
+from clover_engine.prompting import CHECKPOINT, CheckpointChatTemplate
 from clover_engine.backbones.safetensors_shards import (
     checkpoint_dtype, compile_rules, load_shards, materialize_buffers, meta_tensors, read_header, shard_files,
 )
@@ -299,14 +300,16 @@ def load_masked_diffusion(path: str | Path, device: str | torch.device = "cpu",
         canvas_tail: MASK positions after the current block (see the module docstring).
 
     Returns:
-        The model in ``eval()`` mode, ``model_id`` = the directory's name; no tensor on meta.
+        The model in ``eval()`` mode, ``model_id`` = the directory's name; no tensor on meta. Its
+        ``checkpoint_chat`` is the checkpoint's own chat template (None when it ships none).
 
     Raises:
         ValueError: no such directory or config, a ``model_type`` other than Dream / LLaDA,
             an unsupported LLaDA layout, no ``mask_token_id`` in the config, no safetensors
             weights, a truncated or corrupt shard (the message names the file), a shard an index
-            names that is absent, or weights that do not match the architecture (missing /
-            unexpected names, wrong shapes).
+            names that is absent, weights that do not match the architecture (missing /
+            unexpected names, wrong shapes), or a chat template file that cannot be read or rendered
+            (`clover_engine.prompting.CheckpointChatTemplate.from_directory`).
     """
     from transformers import AutoModelForCausalLM
 
@@ -343,7 +346,12 @@ def load_masked_diffusion(path: str | Path, device: str | torch.device = "cpu",
     base = HFBlockConfig.from_hf(hf_cfg, directory.name, int(mask_id), num_parameters=count_parameters(lm))
     cfg = MaskedDiffusionConfig(**dataclasses.asdict(base), logit_shift=family == "dream",
                                 canvas_tail=int(canvas_tail), family=family)
-    return MaskedDiffusionModel(lm, cfg).eval()
+    model = MaskedDiffusionModel(lm, cfg).eval()
+    # the checkpoint's own chat template (LLaDA-8B-Instruct, Dream-v0-Instruct): a plain question is
+    # rendered in it (clover_engine.prompting.model_input); a base checkpoint ships none
+    model.checkpoint_chat = CheckpointChatTemplate.from_directory(directory)
+    model.chat_format = CHECKPOINT if model.checkpoint_chat is not None else None
+    return model
 
 
 def save_masked_diffusion(lm: nn.Module, path: str | Path, family: str, mask_token_id: int) -> Path:

@@ -125,3 +125,153 @@ def test_sweep_and_eval_use_the_same_rule(chat_model, tmp_path):
     assert in_chat_layout(turn.prompt)
     run = decode_task(chat_model, tok, turn, DecodeConfig(block_size=8, max_new_tokens=4))
     assert run.prompt_len == len(tok.encode(turn.prompt).ids)
+
+
+# ----------------------------------------------------------------------------- a checkpoint's own template
+# The Llama-3 layout LLaDA-8B-Instruct's tokenizer renders (BOS <|startoftext|>, header tokens, <|eot_id|>),
+# and a Qwen2-style layout with a default system turn (Dream-v0-Instruct's kind), written here as data.
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+QWEN_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}"
+    "{% endif %}{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+LLAMA3_SPECIALS = ["<|startoftext|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+
+
+def llama3_checkpoint_files(directory):
+    """tokenizer.json (bytes plus LLaMA-3's header tokens) and a tokenizer_config.json holding the template,
+    as a LLaDA-8B-Instruct snapshot holds them; returns the tokenizer."""
+    import json
+
+    tok = byte_tokenizer()
+    tok.add_special_tokens(LLAMA3_SPECIALS)
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    added = {str(tok.token_to_id(t)): {"content": t, "special": True, "lstrip": False, "rstrip": False,
+                                      "normalized": False, "single_word": False} for t in LLAMA3_SPECIALS}
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<|startoftext|>", "eos_token": "<|eot_id|>", "added_tokens_decoder": added,
+        "chat_template": LLAMA3_TEMPLATE, "tokenizer_class": "PreTrainedTokenizerFast"}))
+    return tok
+
+
+def test_a_checkpoints_own_template_renders_as_its_tokenizer_does(tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    from clover_engine.prompting import CheckpointChatTemplate
+
+    d = tmp_path / "llada-like"
+    llama3_checkpoint_files(d)
+    chat = CheckpointChatTemplate.from_directory(d)
+    assert chat is not None and chat.source == "tokenizer_config.json"
+    expected = ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n" + QUESTION
+                + "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert chat.render(QUESTION) == expected
+    # the same text transformers' own tokenizer of that folder renders
+    hf = PreTrainedTokenizerFast.from_pretrained(str(d))
+    msgs = [{"role": "user", "content": QUESTION}]
+    assert hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == expected
+    # a model carrying it: model_input renders, says so, and leaves a conversation in its layout alone
+    model = _Declares(Capabilities(family="masked_diffusion", chat_template="checkpoint"))
+    model.checkpoint_chat = chat
+    given = model_input(QUESTION, model)
+    assert given.wrapped and given.template == "checkpoint" and given.text == expected
+    assert "own chat template (tokenizer_config.json)" in given.note
+    assert model_input(expected + "Sure.", model).text == expected + "Sure."
+    assert "<|startoftext|>" in model_input(expected, model).note
+    no_bos = expected.removeprefix("<|startoftext|>")
+    assert model_input(no_bos, model).text == no_bos and "<|start_header_id|>" in model_input(no_bos, model).note
+    assert model_input("a plain <|im_start|> is no marker here", model).wrapped  # not this template's token
+    assert model_input(QUESTION, model, raw=True).text == QUESTION
+    # a model declaring "checkpoint" but carrying no template decodes as given
+    bare = _Declares(Capabilities(family="masked_diffusion", chat_template="checkpoint"))
+    assert model_input(QUESTION, bare).text == QUESTION
+
+
+def test_template_files_in_transformers_order_and_clear_errors(tmp_path):
+    import json
+
+    from clover_engine.prompting import CheckpointChatTemplate
+
+    d = tmp_path / "dream-like"
+    d.mkdir()
+    assert CheckpointChatTemplate.from_directory(d) is None  # a base checkpoint: no template, decoded as given
+    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<|im_end|>"},
+                                                         "chat_template": [{"name": "default", "template": QWEN_TEMPLATE},
+                                                                           {"name": "tool_use", "template": "x"}]}))
+    chat = CheckpointChatTemplate.from_directory(d)
+    assert chat.render("Hi") == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi"
+                                 "<|im_end|>\n<|im_start|>assistant\n")
+    assert chat.markers == ("<|im_end|>",) and chat.in_layout("<|im_start|>user\nHi<|im_end|>\n")
+    (d / "chat_template.jinja").write_text("{{ bos_token }}Q: {{ messages[0]['content'] }}\nA:")
+    (d / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<s>"}))
+    chat = CheckpointChatTemplate.from_directory(d)  # the .jinja file wins, as in transformers 5
+    assert chat.source == "chat_template.jinja" and chat.render("Hi") == "<s>Q: Hi\nA:"
+    (d / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }")
+    with pytest.raises(ValueError, match="chat_template.jinja: the checkpoint's chat template does not render"):
+        CheckpointChatTemplate.from_directory(d)
+    (d / "chat_template.jinja").unlink()
+    (d / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="tokenizer_config.json is not valid JSON"):
+        CheckpointChatTemplate.from_directory(d)
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": [{"name": "tool_use", "template": "x"}]}))
+    with pytest.raises(ValueError, match="holds no chat template"):
+        CheckpointChatTemplate.from_directory(d)
+
+
+def test_a_llada_checkpoint_with_its_template_is_asked_a_plain_question_everywhere(tmp_path, capsys):
+    """A tiny LLaDA checkpoint in the hub layout with its tokenizer_config.json template: the loader
+    picks the template up, the explorer (app and notebook) and the CLI decode the same rendered text,
+    the trace records it, the done line says so, and the picker offers plain questions."""
+    import torch
+    import transformers
+
+    from clover_engine.backbones.masked_diffusion import save_masked_diffusion
+    from clover_engine.checkpoint import load_model
+    from clover_engine.examples import CHAT_QUESTIONS
+    from clover_engine.generate import main
+    from clover_engine.recording.trace import Trace
+    from clover_viz.state import ExplorerState
+
+    d = tmp_path / "tiny-llada-instruct"
+    tok = llama3_checkpoint_files(d)
+    torch.manual_seed(4)
+    lm = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=tok.token_to_id("<|startoftext|>"), eos_token_id=tok.token_to_id("<|eot_id|>"))).eval()
+    save_masked_diffusion(lm, d, "llada", tok.token_to_id("<|mask|>"))
+    expected = ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n" + QUESTION
+                + "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+
+    model = load_model(d)
+    assert model.capabilities.chat_template == "checkpoint" and model_input(QUESTION, model).text == expected
+
+    s = ExplorerState(model_dir=str(d), prompt=QUESTION, max_new_tokens=8, block_size=8, threshold=0.5,
+                      memory_mode="state", auto_redecode=False)
+    try:
+        assert s.generate(), s.error
+        assert s.wait(60) and s.status.startswith("done"), s.status
+        s.tick(0.02)
+        assert list(s.param.example.objects)[:len(CHAT_QUESTIONS)] == list(CHAT_QUESTIONS)
+        assert s.prompt == QUESTION  # a typed prompt is kept when the picker changes
+        assert s.trace.meta["model_input"] == expected and s.trace.meta["chat_template"] == "checkpoint"
+        assert s.trace.prompt_ids == tok.encode(expected).ids
+        assert "the model's own chat template" in s.status, s.status
+    finally:
+        s.close()
+        s.wait(5)
+
+    out = tmp_path / "cli.parquet"
+    assert main(["--model", str(d), "--prompt", QUESTION, "--block-size", "8", "--max-new-tokens", "8",
+                 "--threads", "1", "--trace", str(out)]) == 0
+    assert Trace.load(out).prompt_ids == tok.encode(expected).ids
+    capsys.readouterr()
+    assert main(["--model", str(d), "--prompt", expected, "--max-new-tokens", "8", "--threads", "1"]) == 0
+    assert "already a conversation" in capsys.readouterr().err  # given in its layout: decoded as given

@@ -194,10 +194,13 @@ class TransformersBackbone(nn.Module):
     and dtype, and a history of one sequence in ``state`` mode (`check_state_args`)."""
 
     lm: nn.Module
-    # set by the loaders that know them (clover_engine.backbones.causal_lm.adapter): the chat template a plain prompt is wrapped
-    # in (clover_engine.prompting), its default system turn, and the largest block_size the adapter trained on
+    # set by the loaders that know them (clover_engine.backbones.causal_lm.adapter, .masked_diffusion): the chat
+    # template a plain prompt is wrapped in (clover_engine.prompting: "chatml", or "checkpoint" with the
+    # checkpoint's own template in checkpoint_chat), its default system turn, and the largest block_size
+    # the adapter trained on
     chat_format: str | None = None
     chat_system: str | None = None
+    checkpoint_chat: object | None = None
     trained_block: int | None = None
 
     @property
