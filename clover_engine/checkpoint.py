@@ -221,7 +221,8 @@ def _refuse_convert_first(directory: Path, model_type: str):
 
 
 def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
-    """Read ``tokenizer.json`` from a checkpoint directory.
+    """Read ``tokenizer.json`` from a checkpoint directory (a Dream checkpoint without one: its
+    ``vocab.json`` + ``merges.txt``, built by transformers' ``Qwen2Tokenizer``).
 
     Args:
         path_or_dir: the checkpoint directory, or the ``tokenizer.json`` file; or a hub id
@@ -252,6 +253,8 @@ def _load_tokenizer(path: Path) -> Tokenizer:
         from clover_engine.backbones.drafter.model import load_drafter_tokenizer
 
         return load_drafter_tokenizer(path)
+    if path.is_dir() and not (path / TOKENIZER_NAME).is_file() and _model_type(path) == "dream":
+        return _qwen2_bpe_tokenizer(path)
     if path.is_dir():
         path = path / TOKENIZER_NAME
     if not path.is_file():
@@ -263,6 +266,28 @@ def _load_tokenizer(path: Path) -> Tokenizer:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # the Rust side raises a bare Exception on bad JSON
         raise ValueError(f"{path} is not a valid tokenizers file: {e}") from e
+
+
+def _qwen2_bpe_tokenizer(directory: Path) -> Tokenizer:
+    """The tokenizer of a Dream checkpoint that ships ``vocab.json`` + ``merges.txt`` and no
+    ``tokenizer.json`` (Dream-v0-*-7B: its ``DreamTokenizer`` is remote code over Qwen2's byte-level BPE).
+    transformers' own ``Qwen2Tokenizer`` builds it from those files (its pre-tokenizer regex, byte-level
+    decoder, the added tokens of ``tokenizer_config.json`` / ``added_tokens.json``), and its backend is
+    the ``tokenizers.Tokenizer`` returned -- the remote code is never run.
+
+    Raises:
+        ValueError: ``vocab.json`` or ``merges.txt`` absent, or files transformers cannot read.
+    """
+    missing = [n for n in ("vocab.json", "merges.txt") if not (directory / n).is_file()]
+    if missing:
+        raise ValueError(f"no tokenizer in {directory}: a Dream checkpoint needs tokenizer.json, or vocab.json and "
+                         f"merges.txt (missing: {', '.join(missing)}); copy them from the model's hub page")
+    from transformers import Qwen2Tokenizer
+
+    try:
+        return Qwen2Tokenizer.from_pretrained(str(directory)).backend_tokenizer
+    except Exception as exc:  # noqa: BLE001  transformers raises OSError / ValueError / json errors
+        raise ValueError(f"{directory}: its vocab.json / merges.txt do not make a Qwen2 tokenizer: {exc}") from None
 
 
 # --------------------------------------------------------------------------- helpers

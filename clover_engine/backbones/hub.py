@@ -26,7 +26,8 @@ from clover_engine.backbones.checkpoint_dir import find_model_dir
 CHECKPOINT_FILES: tuple[str, ...] = (
     "config.json", "generation_config.json",
     "*.safetensors", "*.safetensors.index.json",
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "merges.txt",
     "tokenizer.model",
     "chat_template.jinja", "chat_template.json",
     "*.py",  # the custom modeling code some families ship (Dream, LLaDA): small, harmless to fetch

@@ -217,3 +217,30 @@ def test_generate_cli_takes_each_policys_own_setting(tmp_path, capsys):
     assert "policy=top_k tokens_per_step=4" in out and "NFE=4 " in out and "threshold" not in out
     assert main(common + ["--policy", "margin", "--threshold", "0.9"]) == 0
     assert "policy=margin threshold=0.9" in capsys.readouterr().out
+
+
+def test_a_dream_checkpoint_without_tokenizer_json_uses_its_vocab_and_merges(tmp_path):
+    """Dream-v0-*-7B ship ``vocab.json`` + ``merges.txt`` (their tokenizer class is remote code) and no
+    ``tokenizer.json``: `load_tokenizer` builds the same byte-level BPE with transformers' ``Qwen2Tokenizer``
+    (added tokens from ``tokenizer_config.json``), and the explorer decodes with it."""
+    from clover_engine.checkpoint import load_tokenizer
+    from clover_engine.decoding import decoder_for
+
+    d = _byte_level_dream(tmp_path / "dream-files")
+    ref = load_tokenizer(d)  # from the tokenizer.json the helper wrote
+    (d / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match="needs tokenizer.json, or vocab.json and merges.txt"):
+        load_tokenizer(d)
+    (d / "vocab.json").write_text(json.dumps(ref.get_vocab(with_added_tokens=False)))
+    (d / "merges.txt").write_text("#version: 0.2\n")
+    specials = ["<|endoftext|>", "<|mask|>", "<|im_start|>", "<|im_end|>"]
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "DreamTokenizer", "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
+        "eos_token": "<|endoftext|>", "added_tokens_decoder": {
+            str(ref.token_to_id(t)): {"content": t, "special": True} for t in specials}}))
+    tok = load_tokenizer(d)
+    text = "<|im_start|>user\nHello, wörld<|im_end|>\n"
+    assert tok.encode(text).ids == ref.encode(text).ids and tok.decode(tok.encode(text).ids) == "user\nHello, wörld\n"
+    model = load_model(d)
+    out = decoder_for(model, tok, DecodeConfig(block_size=4, threshold=0.5, max_new_tokens=8)).generate("Hi")
+    assert out.trace is not None and len(out.trace) >= 2
