@@ -17,6 +17,11 @@ split over the same ranks: ``--parallel tp=2`` or ``--parallel ep=2,tp=2``.
 
 Rank 0 prints the text, the summary and the bytes each rank read, and saves the trace.
 
+A LLaDA or Dream checkpoint decodes with its own official sampler instead of the block decoder
+(`clover_engine.decoding.masked_diffusion_samplers`): ``--sampler llada`` (``--max-new-tokens`` is its
+``gen_length``, ``--block-size`` its ``block_length``, ``--steps``, ``--remasking``) or ``--sampler dream``
+(``--steps``, ``--alg``, ``--alg-temp``), with ``--temperature`` and ``--seed``.
+
 Wing: ``entry points``.
 """
 
@@ -36,6 +41,7 @@ from clover_engine.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_MODEL  # noqa:
 from clover_engine.checkpoint import best_memory_mode, file_as_model_dir, find_model_dir, load_model, load_tokenizer
 from clover_engine.decoding import decoder_for
 from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
+from clover_engine.decoding.masked_diffusion_samplers import DREAM_ALGS, LLADA_REMASKING, DreamSampler, LLaDASampler
 from clover_engine.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, example_names, example_prompt
 from clover_engine.prompting import model_input
 from clover_engine.recording.trace_files import trace_format
@@ -58,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                              f"{', '.join(repr(n) for n in example_names())}; clover-tiny's are the first "
                              f"{len(EXAMPLE_PROMPTS)}, e.g. --example {DEFAULT_EXAMPLE!r}")
     p.add_argument("--raw-prompt", action="store_true",
-                   help="chat models: pass --prompt as is instead of wrapping it in a ChatML user turn")
+                   help="chat models: pass --prompt as is instead of wrapping it in the model's chat template")
     p.add_argument("--block-size", type=int, default=32,
                    help="tokens filled in parallel per block, in slots (1 = autoregressive; default %(default)s)")
     p.add_argument("--threshold", type=float, default=0.95,
@@ -79,6 +85,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-per-step", type=int, default=2, help="slots written per step by --policy top_k")
     p.add_argument("--max-entropy", type=float, default=0.5, help="entropy bound (nats) of --policy entropy")
     p.add_argument("--factor", type=float, default=1.0, help="Fast-dLLM factor of --policy factor")
+    p.add_argument("--sampler", default="block", choices=["block", "llada", "dream"],
+                   help="block: the block decoder with --policy (default); llada / dream: a masked diffusion "
+                        "checkpoint's own official sampler over a canvas of --max-new-tokens slots right after the "
+                        "prompt -- llada in blocks of --block-size, --steps forwards in all, --remasking; dream with "
+                        "--steps, --alg, --alg-temp (clover_engine.decoding.masked_diffusion_samplers)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="--sampler llada / dream: forwards over the whole canvas (default: --max-new-tokens, one "
+                        "slot per forward)")
+    p.add_argument("--remasking", default="low_confidence", choices=list(LLADA_REMASKING),
+                   help="--sampler llada: which masked slots a step writes (default %(default)s)")
+    p.add_argument("--alg", default="maskgit_plus", choices=list(DREAM_ALGS),
+                   help="--sampler dream: how slots are ranked (default %(default)s, greedy; Dream's own default "
+                        "is origin, which draws)")
+    p.add_argument("--alg-temp", type=float, default=None, help="--sampler dream: draw slots at this temperature "
+                                                                "(default: the most confident)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="--sampler llada / dream: token sampling temperature (0 = argmax; default %(default)s)")
+    p.add_argument("--seed", type=int, default=None, help="--sampler llada / dream: seeds every draw")
     p.add_argument("--memory-mode", default=None, choices=["state", "state+window"],
                    help="default: the model's best measured mode (clover_engine.checkpoint.best_memory_mode: its "
                         "eval.json, else state+window when it has an attention window); state is Clover's own")
@@ -141,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             if not caps.cuda_graphs:
                 raise ValueError(f"--cuda-graphs covers Clover checkpoints; {args.model} is another format")
             enable_cuda_graphs(model)  # ValueError off CUDA
+        if args.sampler != "block":
+            dc = _official_sampler(args, caps)
         decoder = decoder_for(model, config=dc)  # the block decoder, or the sampler the model runs itself
         if decoder.tokenizer is None:  # the model brought no tokenizer of its own: the folder's tokenizer.json
             decoder.tokenizer = load_tokenizer(args.model_dir)
@@ -159,6 +185,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(result.text)
+    if args.sampler != "block":
+        settings = " ".join(f"{k}={v}" for k, v in dc.to_dict().items() if k not in ("sampler", "top_candidates"))
+        print(f"[{Path(args.model).name}] {args.sampler} sampler {settings} | tokens={len(result.tokens)} "
+              f"NFE={result.nfe} tokens/forward={len(result.tokens) / max(result.nfe, 1):.2f} "
+              f"stop={result.stop_reason} | threads={threads}")
+        if args.trace is not None:
+            print(f"trace saved to {result.trace.save(args.trace)}")
+        return 0
     if caps.sampler != "block":  # a sampler of its own (DiffusionGemma): the block settings do not apply
         family, revisable = FAMILY_NAMES.get(caps.family, caps.family), "revisable; " if caps.revises_commits else ""
         print(f"[{Path(args.model).name}] {family}, canvas {trained} ({revisable}block_size, threshold and policy "
@@ -252,6 +286,24 @@ def _decode_config(args):
                         max_steps=args.max_steps, policy=args.policy, tokens_per_step=args.tokens_per_step,
                         max_entropy=args.max_entropy, factor=args.factor, memory_mode=args.memory_mode,
                         repetition_penalty=args.repetition_penalty, eos_bias_soft_limit=args.eos_bias_soft_limit)
+
+
+def _official_sampler(args, caps) -> LLaDASampler | DreamSampler:
+    """The `LLaDASampler` / `DreamSampler` that ``--sampler`` names, from the command line's settings.
+
+    Raises:
+        ValueError: a model that is not a masked diffusion checkpoint, or values the sampler refuses
+            (LLaDA: ``--max-new-tokens`` a multiple of ``--block-size``, ``--steps`` of the block count).
+    """
+    if caps.family != "masked_diffusion":
+        raise ValueError(f"--sampler {args.sampler} runs on a LLaDA or Dream checkpoint; {args.model} is a "
+                         f"{caps.family} model -- leave --sampler out to use the block decoder")
+    steps = args.steps if args.steps is not None else args.max_new_tokens
+    if args.sampler == "llada":
+        return LLaDASampler(gen_length=args.max_new_tokens, block_length=args.block_size, steps=steps,
+                            temperature=args.temperature, remasking=args.remasking, seed=args.seed)
+    return DreamSampler(max_new_tokens=args.max_new_tokens, steps=steps, alg=args.alg, alg_temp=args.alg_temp,
+                        temperature=args.temperature, seed=args.seed)
 
 
 def forced_past_answer(trace, end_position: int) -> int:

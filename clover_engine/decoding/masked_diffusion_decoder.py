@@ -99,6 +99,7 @@ class MaskedDiffusionDecoder(HookRegistry):
     def encode_prompt(self, prompt: str | Sequence[int] | torch.Tensor) -> list[int]:
         """Validate a prompt and return its ids (`clover_engine.decoding.decoder.BlockDecoder.encode_prompt`'s
         rules and errors)."""
+        self._prompt_check.tokenizer = self.tokenizer  # a tokenizer set after construction counts too
         return self._prompt_check.encode_prompt(prompt)
 
     @torch.inference_mode()

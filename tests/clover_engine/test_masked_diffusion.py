@@ -10,6 +10,7 @@ the block view draws the trace.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -244,3 +245,32 @@ def test_a_dream_checkpoint_without_tokenizer_json_uses_its_vocab_and_merges(tmp
     model = load_model(d)
     out = decoder_for(model, tok, DecodeConfig(block_size=4, threshold=0.5, max_new_tokens=8)).generate("Hi")
     assert out.trace is not None and len(out.trace) >= 2
+
+
+def test_generate_cli_runs_the_official_samplers(tmp_path, capsys):
+    """``--sampler llada`` / ``dream``: the CLI decodes with the checkpoint's own sampler -- the same tokens
+    as `MaskedDiffusionDecoder` with the same settings -- and refuses what the sampler cannot run."""
+    from clover_engine.checkpoint import load_tokenizer
+    from clover_engine.decoding.masked_diffusion_decoder import MaskedDiffusionDecoder
+    from clover_engine.decoding.masked_diffusion_samplers import DreamSampler, LLaDASampler
+    from clover_engine.generate import main
+    from clover_engine.recording.trace import Trace
+
+    d = _byte_level_dream(tmp_path / "tiny-dream")
+    model, tok = load_model(d), load_tokenizer(d)
+    common = ["--model", str(d), "--prompt", "Hello", "--max-new-tokens", "16", "--threads", "1"]
+    for extra, cfg in ((["--sampler", "llada", "--block-size", "8", "--steps", "8"],
+                        LLaDASampler(gen_length=16, block_length=8, steps=8)),
+                       (["--sampler", "dream", "--steps", "8", "--alg", "entropy"],
+                        DreamSampler(max_new_tokens=16, steps=8, alg="entropy"))):
+        out = tmp_path / f"{cfg.sampler}.parquet"
+        assert main(common + extra + ["--trace", str(out)]) == 0
+        printed = capsys.readouterr().out
+        assert f"{cfg.sampler} sampler" in printed and "NFE=8" in printed, printed
+        want = MaskedDiffusionDecoder(model, tok, cfg).generate("Hello")
+        assert Trace.load(out).generated_tokens.tolist() == list(want.tokens)
+    assert main(common + ["--sampler", "llada", "--block-size", "5"]) == 2  # 16 is no multiple of 5
+    assert "multiple of block_length 5" in capsys.readouterr().err
+    clover = Path(__file__).resolve().parents[2] / "models" / "clover-tiny"
+    assert main(["--model", str(clover), "--prompt", "Hi", "--sampler", "dream", "--threads", "1"]) == 2
+    assert "runs on a LLaDA or Dream checkpoint" in capsys.readouterr().err
