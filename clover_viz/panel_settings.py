@@ -185,9 +185,11 @@ class SettingsPanel(pn.viewable.Viewer):
         warn = " ⚠" if "random" in label else ""
         self.model_label.object = f"**Model:** {html.escape(label)}{warn}"
         self.memory_mode.disabled = not (s.window_available and s.model_ok)
-        verify = s.policy == "verify"  # the base decides what is written: no threshold is read
-        self.threshold.disabled = verify
-        self.threshold.name = "Threshold (not used by verify: the base decides)" if verify else "Threshold"
+        # verify: the base decides what is written; llada / dream: their schedule does -- no threshold is read
+        unused = {"verify": "not used by verify: the base decides", "llada": "not used by the llada sampler: "
+                  "its schedule decides", "dream": "not used by the dream sampler: its schedule decides"}.get(s.policy)
+        self.threshold.disabled = unused is not None
+        self.threshold.name = f"Threshold ({unused})" if unused else "Threshold"
         self.memory_note.object = (
             "no model loaded" if not s.model_ok else
             "`state+window`: the last W tokens' K/V beside the state; `state` is Clover's own. "

@@ -247,6 +247,10 @@ class SessionBranches:
         if not 0 <= i < n:
             return self._refuse_branch(f"step {i} is outside this run (steps 0..{n - 1})")
         ev = self.trace.step(i)
+        if self.policy in ("llada", "dream") or (self.trace.decode_config or {}).get("sampler"):
+            name = (self.trace.decode_config or {}).get("sampler") or self.policy
+            return self._refuse_branch(f"a branch re-decodes with the block decoder; the {name} sampler's runs "
+                                       "are not branched -- decode with a slot policy to branch")
         try:
             dc = dataclasses.replace(self.decode_config(), **overrides)
         except (ValueError, TypeError) as exc:

@@ -34,10 +34,14 @@ from clover_viz.runs import prompt_of
 from clover_engine.cost import DEVICES
 from clover_engine.recording.trace import Trace
 from clover_engine.decoding.decoder import DecodeConfig
+from clover_engine.decoding.masked_diffusion_samplers import DreamSampler, LLaDASampler
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX = 1, 2048
 MEMORY_MODES = ("state", "state+window")
+OFFICIAL_SAMPLERS = ("llada", "dream")
+"""Policies that are a masked diffusion family's own official sampler (`official_sampler`), offered beside
+the block decoder's slot policies."""
 DEVICE_CHOICES = tuple(DEVICES) + ("this-machine",)
 MAX_PROMPT_CHARS = 2_000_000  # the prompt box's limit: > 30x the largest bundled context (65,536 tokens)
 # what the page calls each setting (the refusals name the control, not the parameter)
@@ -76,6 +80,31 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def official_sampler(name: str, loaded: LoadedModel | None, max_new_tokens: int,
+                     block_size: int) -> LLaDASampler | DreamSampler:
+    """The explorer's settings as LLaDA's or Dream's official sampler
+    (`clover_engine.decoding.masked_diffusion_samplers`): a canvas of ``max_new_tokens`` slots right after the
+    prompt, one slot per forward (``steps = gen_length``, the originals' chat default); LLaDA in blocks of
+    ``block_size`` with ``low_confidence`` remasking, Dream ranked by ``maskgit_plus`` (greedy). The
+    threshold is not read: the schedule decides how many slots a forward writes.
+
+    Raises:
+        ValueError: a model that is not a LLaDA / Dream checkpoint, or a budget LLaDA cannot split into
+            blocks (``max_new_tokens`` not a multiple of ``block_size``), with what to change.
+    """
+    family = loaded.capabilities.family if loaded is not None else None
+    if family != "masked_diffusion":
+        raise ValueError(f"policy {name!r} is {'LLaDA' if name == 'llada' else 'Dream'}'s official sampler and runs "
+                         f"on a LLaDA or Dream checkpoint; this model is a {family} model -- pick another policy")
+    if name == "llada":
+        if max_new_tokens % block_size:
+            raise ValueError(f"the llada sampler splits its canvas of max_new_tokens={max_new_tokens} slots into "
+                             f"blocks of block_size={block_size}; pick a budget that is a multiple of it (e.g. "
+                             f"{max(block_size, max_new_tokens // block_size * block_size)})")
+        return LLaDASampler(gen_length=max_new_tokens, block_length=block_size, steps=max_new_tokens)
+    return DreamSampler(max_new_tokens=max_new_tokens, steps=max_new_tokens, alg="maskgit_plus")
+
+
 def _check_memory_mode(mode: str, loaded: LoadedModel | None) -> None:
     """Raise ValueError when ``loaded`` cannot run memory ``mode`` (``state+window`` without a window)."""
     if mode == "state+window" and loaded is not None and not loaded.window_available:
@@ -87,13 +116,18 @@ class SessionSettings:
     """The settings half of `ExplorerState` (a mixin; the parameters are declared there)."""
 
     def decode_config(self, loaded: LoadedModel | None = None) -> Any:
-        """The `clover_engine.decoding.decoder.DecodeConfig` of the current settings.
+        """The `clover_engine.decoding.decoder.DecodeConfig` of the current settings, or -- policy
+        ``llada`` / ``dream`` -- the family's official sampler settings (`official_sampler`).
 
         Raises:
-            ValueError: for settings the model cannot run (``state+window`` without a window).
+            ValueError: for settings the model cannot run (``state+window`` without a window; an official
+                sampler on another family).
         """
         # deferred: clover_engine.decoding.decoder loads the model code and its kernels (triton), seconds
 
+        if self.policy in OFFICIAL_SAMPLERS:  # a masked diffusion family's own sampler, not the block decoder
+            return official_sampler(self.policy, loaded or self._loaded, int(self.max_new_tokens),
+                                    int(self.block_size))
         _check_memory_mode(self.memory_mode, loaded or self._loaded)
         return DecodeConfig(
             block_size=int(self.block_size), threshold=float(self.threshold),
@@ -201,7 +235,7 @@ class SessionSettings:
         left: list[str] = []
         quiet, self._quiet = self._quiet, True
         try:
-            bs = dc.get("block_size")
+            bs = dc.get("block_size", dc.get("block_length"))  # an official sampler's run: its block_length
             if bs in BLOCK_SIZES:
                 self.block_size = bs
                 taken.append(f"block size {bs}")
@@ -214,7 +248,7 @@ class SessionSettings:
                 taken.append(f"threshold {thr:g}")
             elif thr is not None:
                 left.append(f"threshold {thr:g} (the slider spans {lo:g}-{hi:g})")
-            pol = dc.get("policy")
+            pol = dc.get("policy", dc.get("sampler"))
             if pol in self.param.policy.objects:
                 self.policy = pol
                 taken.append(f"policy {pol}")
@@ -229,7 +263,7 @@ class SessionSettings:
                     taken.append(f"memory mode {mode}")
             elif mode is not None:
                 left.append(f"memory mode {mode} (not offered here)")
-            n = dc.get("max_new_tokens")
+            n = dc.get("max_new_tokens", dc.get("gen_length"))
             if isinstance(n, int) and MAX_NEW_TOKENS_MIN <= n <= MAX_NEW_TOKENS_MAX:
                 self.max_new_tokens = n
                 taken.append(f"max new tokens {n}")
@@ -280,13 +314,14 @@ class SessionSettings:
         policy, memory mode; values outside their choices are left), without re-decoding."""
         quiet, self._quiet = self._quiet, True
         try:
-            if dc.get("block_size") in BLOCK_SIZES:
-                self.block_size = dc["block_size"]
+            if dc.get("block_size", dc.get("block_length")) in BLOCK_SIZES:
+                self.block_size = dc.get("block_size", dc.get("block_length"))
             thr = dc.get("threshold")
             if isinstance(thr, (int, float)) and 0.5 <= thr <= 1.0:
                 self.threshold = float(thr)
-            for key in ("policy", "memory_mode"):
-                if dc.get(key) in self.param[key].objects:
-                    setattr(self, key, dc[key])
+            if dc.get("policy", dc.get("sampler")) in self.param.policy.objects:
+                self.policy = dc.get("policy", dc.get("sampler"))
+            if dc.get("memory_mode") in self.param.memory_mode.objects:
+                self.memory_mode = dc["memory_mode"]
         finally:
             self._quiet = quiet

@@ -69,6 +69,7 @@ from clover_viz.session_settings import (
     MAX_NEW_TOKENS_MAX,
     MAX_NEW_TOKENS_MIN,
     MEMORY_MODES,
+    OFFICIAL_SAMPLERS,
     SessionSettings,
     _check_memory_mode,
 )
@@ -140,9 +141,12 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         "LowConfidence threshold: a masked slot is written when its confidence >= threshold."))
     block_size = param.Selector(default=32, objects=list(BLOCK_SIZES), doc=(
         "Slots per block, block_size (1 = autoregressive greedy decoding)."))
-    policy = param.Selector(default="low_confidence", objects=list(POLICIES), doc=(
+    policy = param.Selector(default="low_confidence", objects=[*POLICIES, *OFFICIAL_SAMPLERS], doc=(
         "Acceptance policy: which slots a forward writes. 'verify' is for a block drafter over a frozen base "
-        "(smollm2-drafter): the drafter proposes the block and the base keeps what it would write itself."))
+        "(smollm2-drafter): the drafter proposes the block and the base keeps what it would write itself. "
+        "'llada' and 'dream' are those families' own official samplers (LLaDA / Dream checkpoints): a canvas "
+        "of max_new_tokens slots after the prompt, one slot per forward by their schedule (LLaDA in blocks of "
+        "block_size); the threshold is not read."))
     memory_mode = param.Selector(default="state+window", objects=list(MEMORY_MODES), doc=(
         "'state' keeps history only in recurrent state (Clover); 'state+window' also keeps the last W "
         "committed K/V in attention layers (a labelled non-Clover variant; needs attention_window > 0). "
@@ -277,10 +281,12 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
             if config is None:
                 dc = self.decode_config(loaded)
             else:
-                _check_memory_mode(config.memory_mode, loaded)
+                if hasattr(config, "memory_mode"):  # a DecodeConfig (an official sampler's settings have none)
+                    _check_memory_mode(config.memory_mode, loaded)
                 dc = config
             # the block decoder, or the sampler the model runs itself (DiffusionGemma), by its capabilities
-            decoder = loaded.decoder or decoder_for(loaded.model, loaded.tokenizer, dc)
+            own = getattr(type(dc), "DECODER", None) is not None  # an official sampler's settings name their decoder
+            decoder = (None if own else loaded.decoder) or decoder_for(loaded.model, loaded.tokenizer, dc)
             given = model_input(self.prompt, loaded.model)  # the chat template where the model has one
             prompt_ids = decoder.encode_prompt(given.text)
         except (ValueError, TypeError) as exc:
@@ -306,9 +312,13 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         def decode(hook: Any, cancel: threading.Event) -> None:
             decoder.generate(prompt_ids, hooks=[hook], record_trace=False, cancel=cancel, config=dc)
 
-        self._start_run(live, decode, dc.max_new_tokens,
-                        f"decoding with {loaded.label}: block_size {dc.block_size}, threshold {dc.threshold:.2f}"
-                        + (" · prompt " + given.note if given.wrapped else ""))
+        if getattr(dc, "sampler", None) in OFFICIAL_SAMPLERS:  # a family's own sampler: its schedule, no threshold
+            how = (f"the {dc.sampler} sampler, canvas {dc.canvas_length}, {dc.steps} steps"
+                   + (f", blocks of {dc.block_length}" if dc.sampler == "llada" else ""))
+        else:
+            how = f"block_size {dc.block_size}, threshold {dc.threshold:.2f}"
+        self._start_run(live, decode, dc.canvas_length if hasattr(dc, "canvas_length") else dc.max_new_tokens,
+                        f"decoding with {loaded.label}: {how}" + (" · prompt " + given.note if given.wrapped else ""))
         return True
 
     def _start_run(self, live: Trace, decode: Any, budget: int, status: str, previous: Any = None,

@@ -31,6 +31,9 @@ def _settings_line(dc: dict | None) -> str:
     not low_confidence): the settings a run's decode config (``Trace.decode_config``) ran with, for the
     status line -- the memory mode and budget have no widget."""
     dc = dc or {}
+    if dc.get("sampler"):  # a masked diffusion family's own sampler (its settings, not the block decoder's)
+        shown = (k for k in ("gen_length", "max_new_tokens", "block_length", "steps", "remasking", "alg") if k in dc)
+        return " · ".join([f"{dc['sampler']} sampler", *(f"{k} {dc[k]}" for k in shown)])
     parts = [f"block_size {dc.get('block_size')}", f"threshold {float(dc.get('threshold', 0.0)):g}",
              f"memory {dc.get('memory_mode')}", f"max_new_tokens {dc.get('max_new_tokens')}"]
     if dc.get("policy", "low_confidence") != "low_confidence":

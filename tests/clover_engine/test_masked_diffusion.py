@@ -274,3 +274,50 @@ def test_generate_cli_runs_the_official_samplers(tmp_path, capsys):
     clover = Path(__file__).resolve().parents[2] / "models" / "clover-tiny"
     assert main(["--model", str(clover), "--prompt", "Hi", "--sampler", "dream", "--threads", "1"]) == 2
     assert "runs on a LLaDA or Dream checkpoint" in capsys.readouterr().err
+
+
+def test_the_explorer_offers_the_official_samplers_as_policies(tmp_path):
+    """Policy ``llada`` / ``dream`` in the explorer decodes with the family's own sampler (the same tokens as
+    `MaskedDiffusionDecoder`), its run is drawn like any other, the threshold control says it is not read,
+    and what the sampler cannot run is refused with the reason, keeping the run on display."""
+    from clover_engine.checkpoint import load_tokenizer
+    from clover_engine.decoding.masked_diffusion_decoder import MaskedDiffusionDecoder
+    from clover_engine.decoding.masked_diffusion_samplers import DreamSampler, LLaDASampler
+    from clover_viz import figures as F
+    from clover_viz.panel_settings import SettingsPanel
+    from clover_viz.state import ExplorerState
+
+    d = _byte_level_dream(tmp_path / "tiny-dream")
+    model, tok = load_model(d), load_tokenizer(d)
+    s = ExplorerState(model_dir=str(d), prompt="Hello, diffusion", max_new_tokens=16, block_size=8,
+                      memory_mode="state", auto_redecode=False)
+    panel = SettingsPanel(state=s)
+    try:
+        for policy, cfg in (("llada", LLaDASampler(gen_length=16, block_length=8, steps=16)),
+                            ("dream", DreamSampler(max_new_tokens=16, steps=16, alg="maskgit_plus"))):
+            s.policy = policy
+            panel._sync()
+            assert panel.threshold.disabled and "its schedule decides" in panel.threshold.name
+            assert s.generate(), s.error
+            assert s.wait(60) and s.status.startswith("done"), s.status
+            s.tick(0.02)
+            want = MaskedDiffusionDecoder(model, tok, cfg).generate(s.trace.prompt_ids)
+            assert s.trace.decode_config["sampler"] == policy and len(s.trace) == 16
+            assert list(s.trace.generated_tokens) == list(want.tokens)
+            assert len(F.block_figure(s.trace).data) >= 1
+        shown = s.trace
+        s.policy, s.max_new_tokens = "llada", 20  # 20 slots do not split into blocks of 8
+        assert not s.generate()
+        assert "multiple of it" in s.error and s.trace is shown
+        assert not s.branch_settings(0) and "not branched" in s.error
+        s.policy = "low_confidence"
+        panel._sync()
+        assert not panel.threshold.disabled
+    finally:
+        s.close()
+        s.wait(5)
+    clover = ExplorerState(model_dir="clover-test", policy="llada", auto_redecode=False)
+    try:
+        assert not clover.generate() and "runs on a LLaDA or Dream checkpoint" in clover.error
+    finally:
+        clover.close()
