@@ -122,7 +122,8 @@ class RunSummary(pn.viewable.Viewer):
                      "whole decode time)",
                      format_si(st["tokens_per_s"], digits=3), "clover-tps",
                      format_si(p.get("tokens_per_s"), digits=3) if has else None),
-                cell("block · threshold", f"{st['block_size']} · verify" if verify else
+                cell("block · threshold", f"{st['block_size']} · {st['policy']}"
+                     if verify or st.get("policy") in ("llada", "dream") else
                      f"{st['block_size']} · {st['threshold']:.2f}"
                      if st["threshold"] is not None else str(st["block_size"]), "clover-settings",
                      (f"{p.get('block_size')} · {p.get('threshold'):.2f}" if has and p.get("threshold") is not None

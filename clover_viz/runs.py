@@ -182,9 +182,11 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
         "tokens_per_s": n_written / wall if wall > 0 else 0.0,
         "device": (trace.meta or {}).get("device"),
         "stop_reason": s["stop_reason"],
-        "block_size": dc.get("block_size"),
+        # an official sampler's run (clover_engine.decoding.masked_diffusion_samplers): LLaDA's block_length,
+        # Dream's one canvas; its name as the policy
+        "block_size": dc.get("block_size", dc.get("block_length", dc.get("max_new_tokens"))),
         "threshold": dc.get("threshold"),
-        "policy": dc.get("policy"),
+        "policy": dc.get("policy", dc.get("sampler")),
         "memory_mode": dc.get("memory_mode"),
         "text": "".join(trace.token_str(t) for t in ids),
         "n_forced_past_answer": forced_past_answer(trace) if trace.decode_end is not None else 0,
