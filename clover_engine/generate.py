@@ -43,7 +43,7 @@ from clover_engine.decoding import decoder_for
 from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
 from clover_engine.decoding.masked_diffusion_samplers import DREAM_ALGS, LLADA_REMASKING, DreamSampler, LLaDASampler
 from clover_engine.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, example_names, example_prompt
-from clover_engine.prompting import model_input
+from clover_engine.prompting import model_input, trained_context_note
 from clover_engine.recording.trace_files import trace_format
 from clover_engine.threads import add_threads_argument, configure_threads
 
@@ -179,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: block_size {dc.block_size} is larger than any block {Path(args.model).name} was trained "
                   f"on (at most {trained}): expect worse text; --block-size {trained} or less stays in "
                   "distribution", file=sys.stderr)
+        long_prompt = trained_context_note(len(decoder.encode_prompt(args.prompt)), caps)
+        if long_prompt:  # decoded whole all the same: said, never cut
+            print(f"note: {long_prompt}", file=sys.stderr)
         # the trace's events carry the cost model's bytes and FLOPs printed below (saved only with --trace)
         result = decoder.generate(args.prompt, record_trace=True)
     except (ValueError, TypeError, FileNotFoundError) as e:

@@ -144,6 +144,27 @@ class CheckpointChatTemplate:
         return bool(self.head.strip()) and text.lstrip().startswith(self.head.strip())
 
 
+def trained_context_note(prompt_tokens: int, capabilities: Any) -> str:
+    """One sentence when a prompt is longer than the sequences the model was trained on, else ``""``.
+
+    Args:
+        prompt_tokens: the prompt's length in the model's tokens.
+        capabilities: the model's `clover_engine.backbones.base.Capabilities` (its ``trained_context``:
+            tokens per training row, prompt and answer together; None: nothing to say).
+
+    Returns:
+        e.g. ``"the prompt has 1,406 tokens; this model was trained on sequences of at most 256 tokens
+        (prompt and answer): it is decoded whole, but expect worse text"`` -- the front ends print it (CLI:
+        stderr) or append it to the status line; the prompt is never cut. A prompt past the hard context
+        is refused by the decoder instead, with its numbers.
+    """
+    trained = getattr(capabilities, "trained_context", None)
+    if not trained or prompt_tokens <= trained:
+        return ""
+    return (f"the prompt has {prompt_tokens:,} tokens; this model was trained on sequences of at most {trained:,} "
+            "tokens (prompt and answer): it is decoded whole, but expect worse text")
+
+
 def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

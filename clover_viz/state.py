@@ -78,7 +78,7 @@ from clover_engine.cost import DEFAULT_DEVICE, UNION_ASSUMPTIONS
 from clover_engine.recording.events import BlockStart, DecodeEnd, StepEvent
 from clover_engine.decoding import decoder_for  # imports the decoder it picks only when called (kernels: seconds)
 from clover_engine.decoding.policies import POLICIES
-from clover_engine.prompting import model_input
+from clover_engine.prompting import model_input, trained_context_note
 from clover_engine.recording.trace import Trace
 
 
@@ -111,6 +111,14 @@ def chat_template_note(trace: Trace | None) -> str:
         return ""
     name = {"chatml": "ChatML", "checkpoint": "own"}.get(template, template)
     return f" · prompt decoded in the model's {name} chat template ('show prompt' shows the exact input)"
+
+
+def long_prompt_note(trace: Trace | None) -> str:
+    """`` · the prompt has N tokens; this model was trained on sequences of at most M ...`` when the run's
+    prompt was longer than the model's training rows (recorded as ``meta["trained_context_note"]`` from
+    `clover_engine.prompting.trained_context_note`), else ``""``."""
+    note = (trace.meta or {}).get("trained_context_note") if trace is not None else None
+    return f" · {note}" if note else ""
 
 
 class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, SessionBranches, param.Parameterized):
@@ -306,6 +314,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
             meta={"model_label": loaded.label, "model_config": loaded.config.to_dict(),
                   "dev_weight_scale": loaded.spec.dev_scale, "recorded_on": "cpu",
                   "prompt": given.prompt, "model_input": given.text, "chat_template": given.template,
+                  "trained_context_note": trained_context_note(len(prompt_ids), loaded.capabilities),
                   "capabilities": loaded.capabilities.to_dict()},
         )
 
@@ -317,8 +326,10 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
                    + (f", blocks of {dc.block_length}" if dc.sampler == "llada" else ""))
         else:
             how = f"block_size {dc.block_size}, threshold {dc.threshold:.2f}"
+        long_prompt = live.meta["trained_context_note"]
         self._start_run(live, decode, dc.canvas_length if hasattr(dc, "canvas_length") else dc.max_new_tokens,
-                        f"decoding with {loaded.label}: {how}" + (" · prompt " + given.note if given.wrapped else ""))
+                        f"decoding with {loaded.label}: {how}" + (" · prompt " + given.note if given.wrapped else "")
+                        + (f" · {long_prompt}" if long_prompt else ""))
         return True
 
     def _start_run(self, live: Trace, decode: Any, budget: int, status: str, previous: Any = None,
@@ -501,7 +512,8 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
                            f"{'base forwards' if dc.get('policy') == 'verify' else 'forwards'} ({tpf} tokens/forward), "
                            f"{forced}, memory {mode}, stop: {end.stop_reason}"
                            + past_training_note(dc.get("block_size"), self._trained_block)
-                           + chat_template_note(self.trace))
+                           + chat_template_note(self.trace)
+                           + long_prompt_note(self.trace))
         assert run is not None and not run.superseded, run
 
     def _fail(self, exc: BaseException) -> None:

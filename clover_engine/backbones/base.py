@@ -88,6 +88,10 @@ class Capabilities:
             (`clover_engine.prompting`).
         chat_system: the default system turn of that template (None: no system turn).
         largest_trained_block: the largest block_size it was trained on, or None when unknown.
+        trained_context: the longest sequence (prompt + answer, tokens) it was trained on, when that is
+            shorter than the hard context and its files say so (an adapter's recipe ``max_len``); None:
+            unknown, or the whole context. A longer prompt still decodes, with a warning
+            (`clover_engine.prompting.trained_context_note`).
         cuda_graphs: `clover_engine.backbones.clover.cuda_graphs` can capture its forward.
         trains_in_parallel: it has ``forward_train`` (one forward over a whole noisy sequence), which the
             parallel verifier of `clover_engine.decoding.speculative` and `clover_engine.train` use.
@@ -108,6 +112,7 @@ class Capabilities:
     chat_template: str | None = None
     chat_system: str | None = None
     largest_trained_block: int | None = None
+    trained_context: int | None = None
     cuda_graphs: bool = False
     trains_in_parallel: bool = False
     drafts: bool = False

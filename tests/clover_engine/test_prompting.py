@@ -275,3 +275,13 @@ def test_a_llada_checkpoint_with_its_template_is_asked_a_plain_question_everywhe
     capsys.readouterr()
     assert main(["--model", str(d), "--prompt", expected, "--max-new-tokens", "8", "--threads", "1"]) == 0
     assert "already a conversation" in capsys.readouterr().err  # given in its layout: decoded as given
+
+
+def test_the_trained_context_note_gives_both_numbers_only_past_the_training_rows():
+    from clover_engine.prompting import trained_context_note
+
+    caps = Capabilities(family="causal_lm", trained_context=256)
+    assert trained_context_note(256, caps) == "" and trained_context_note(1406, Capabilities(family="clover")) == ""
+    note = trained_context_note(1406, caps)
+    assert "the prompt has 1,406 tokens" in note and "at most 256 tokens" in note and "decoded whole" in note
+    assert Capabilities.from_dict(caps.to_dict()).trained_context == 256  # kept in a trace's capabilities

@@ -173,3 +173,34 @@ def test_open_turns_scored_for_the_base_generate_reference(monkeypatch):
     (row,) = hf_eval._open_job(("base-generate", 0, 0.0, [1], 2, 6))
     assert row["setting"] == "base" and row["n_forced"] == 0 and row["nfe"] == row["n_tokens"] <= 6
     assert row["text"] and isinstance(row["exact_match"], bool)
+
+
+@needs_base
+@pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="models/smollm2-bd not shipped yet")
+def test_a_prompt_past_the_adapters_training_rows_is_decoded_whole_with_a_warning(capsys):
+    """smollm2-bd was trained on rows of 256 tokens (its recipe's max_len): a longer prompt is decoded whole,
+    and the CLI and the explorer say so with both numbers; a short one gets no note."""
+    from clover_engine.checkpoint import load_model
+    from clover_engine.generate import main
+    from clover_viz.state import ExplorerState
+
+    assert load_model(SHIPPED).capabilities.trained_context == 256
+    long_question = "Summarise this list of words: " + " ".join(f"word{i}" for i in range(200))
+    args = ["--model", str(SHIPPED), "--max-new-tokens", "4", "--block-size", "4", "--threads", "1"]
+    assert main(args + ["--prompt", long_question]) == 0
+    err = capsys.readouterr().err
+    assert "this model was trained on sequences of at most 256 tokens" in err and "decoded whole" in err, err
+    assert main(args + ["--prompt", "Hi"]) == 0
+    assert "trained on sequences" not in capsys.readouterr().err
+
+    s = ExplorerState(model_dir=str(SHIPPED), prompt=long_question, max_new_tokens=4, block_size=4,
+                      memory_mode="state", auto_redecode=False)
+    try:
+        assert s.generate(), s.error
+        assert s.wait(120) and s.status.startswith("done"), s.status
+        s.tick(0.02)
+        n = len(s.trace.prompt_ids)
+        assert n > 256 and f"the prompt has {n:,} tokens; this model was trained on sequences of at most 256" in s.status
+    finally:
+        s.close()
+        s.wait(5)

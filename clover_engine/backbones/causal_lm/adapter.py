@@ -351,6 +351,9 @@ def load_adapter_model(directory: str | Path, device: str | torch.device = "cpu"
     model.chat_format = cfg.get("chat_format", "chatml")
     model.chat_system = cfg.get("chat_system", SMOLLM2_SYSTEM)  # the default system turn of clover_engine.prompting
     model.trained_block = largest_trained_block(directory) if adapter else None  # declared in its capabilities
+    # the rows it was trained on (prompt + answer, tokens): a longer prompt gets a warning, not a cut
+    max_len = (cfg.get("recipe") or {}).get("max_len") if adapter else None
+    model.trained_context = int(max_len) if isinstance(max_len, int) and max_len > 0 else None
     return model.eval()
 
 

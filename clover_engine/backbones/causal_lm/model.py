@@ -202,6 +202,7 @@ class TransformersBackbone(nn.Module):
     chat_system: str | None = None
     checkpoint_chat: object | None = None
     trained_block: int | None = None
+    trained_context: int | None = None  # tokens per training row (an adapter's recipe max_len)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -209,7 +210,7 @@ class TransformersBackbone(nn.Module):
         states or memory unit to observe, forwards priced as a KV-cache transformer's."""
         return Capabilities(family="causal_lm", memory_modes=("state",), observables=frozenset(),
                             cost_family="kv_cache", chat_template=self.chat_format, chat_system=self.chat_system,
-                            largest_trained_block=self.trained_block)
+                            largest_trained_block=self.trained_block, trained_context=self.trained_context)
 
     @property
     def device(self) -> torch.device:
