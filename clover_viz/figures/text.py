@@ -195,6 +195,16 @@ def _block_html(trace: Any, idx: SlotIndex, b: int, last: int, color_by: str, sh
     L = len(toks)
     pre = idx.prefilled(b, L)
     written = idx.written_by(b, last)
+    # A block the next one overlaps (verify: the next round starts right after the tokens the base kept,
+    # so a round's rejected draft slots are never written) ends where the next block starts; and an ended
+    # run's last block ends at its last written slot -- neither leaves ░ gaps that are not masks.
+    later = [idx.steps[idx.steps_of[k][0]].position_start for k in idx.steps_of if k > b]
+    shown = L if not later else max(0, min(L, int(min(later)) - int(ev.position_start)))
+    end = getattr(trace, "decode_end", None)
+    if (not later and end is not None and end.stop_reason != "cancelled" and last == len(idx.steps) - 1
+            and (written | pre).any()):
+        shown = min(shown, int(np.flatnonzero(written | pre)[-1]) + 1)
+    toks = toks[:shown]
     w_iter, w_conf, w_kind = _writes_of(idx, b, last)
     n_iter = len(idx.steps_of[b])
     eos = idx.eos_id

@@ -125,3 +125,24 @@ def test_training_recipe_end_to_end(tmp_path):
     r = BlockDecoder(baseline, mtok).generate(ids, config=DecodeConfig(block_size=4, max_new_tokens=10,
                                                                        policy="verify"))
     assert r.tokens == ref
+
+
+@needs_shipped
+def test_a_verify_runs_text_has_no_gaps_at_any_step(drafter):
+    """Each verify round is a block starting right after the tokens the base kept: the round's rejected draft
+    slots are never written. The text view ends a block where the next one starts (and an ended run's last
+    block at its last written slot), so the answer reads without ░ gaps -- it showed
+    'The capital░░░░░░░ of France░░░░░░ ...' -- at every step, and the text equals the decoded answer."""
+    import re
+
+    from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
+    from clover_engine.prompting import model_input
+    from clover_viz.figures.text import text_html
+
+    model, tok = drafter
+    ids = tok.encode(model_input("What is the capital of France?", model).text).ids
+    r = BlockDecoder(model, tok).generate(ids, config=DecodeConfig(block_size=8, max_new_tokens=16, policy="verify"))
+    for i in range(len(r.trace)):
+        assert "░" not in text_html(r.trace, i, show_prompt=False), i
+    shown = re.sub("<[^>]+>", "", text_html(r.trace, show_prompt=False))
+    assert shown.removesuffix("end") == tok.decode(r.tokens), (shown, tok.decode(r.tokens))
