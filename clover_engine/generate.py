@@ -44,6 +44,7 @@ from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
 from clover_engine.decoding.masked_diffusion_samplers import DREAM_ALGS, LLADA_REMASKING, DreamSampler, LLaDASampler
 from clover_engine.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, example_names, example_prompt
 from clover_engine.prompting import model_input, trained_context_note
+from clover_engine.trust import forced_share_note
 from clover_engine.recording.trace_files import trace_format
 from clover_engine.threads import add_threads_argument, configure_threads
 
@@ -222,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     if past:  # forced fills that wrote end-of-text slots after the kept answer: not tokens, but forwards
         print(f"note: {past} of the {result.n_forced} forced fills wrote end-of-text slots at or after the answer's "
               "end; they cost forwards but are not tokens", file=sys.stderr)
+    guessed = "" if dc.policy == "verify" else forced_share_note(len(result.tokens), result.n_forced - past,
+                                                                 Path(args.model_dir).name)
+    if guessed:  # how much to trust the text above
+        print(f"note: {guessed}", file=sys.stderr)
     if result.stop_reason == "context":  # the budget was cut: say by what, not only stop=context
         print(f"note: --max-new-tokens {dc.max_new_tokens} did not fit: the model's context is "
               f"{model.config.max_position_embeddings} positions and the prompt took "

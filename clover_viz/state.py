@@ -79,6 +79,7 @@ from clover_engine.recording.events import BlockStart, DecodeEnd, StepEvent
 from clover_engine.decoding import decoder_for  # imports the decoder it picks only when called (kernels: seconds)
 from clover_engine.decoding.policies import POLICIES
 from clover_engine.prompting import model_input, trained_context_note
+from clover_engine.trust import forced_share_note
 from clover_engine.recording.trace import Trace
 
 
@@ -508,12 +509,15 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
                 forced = (f"the drafter proposed {drafted} tokens in {len(rounds)} rounds and the base accepted "
                           f"{acc} ({acc / max(len(rounds), 1):.2f} per round); the rest it wrote itself -- its own "
                           "greedy answer")
+            guessed = "" if dc.get("policy") == "verify" else forced_share_note(
+                len(end.tokens), end.n_forced - past, self.trace.model_id if self.trace is not None else None)
             self.status = (f"done: {len(end.tokens)} tokens in {end.nfe} "
                            f"{'base forwards' if dc.get('policy') == 'verify' else 'forwards'} ({tpf} tokens/forward), "
                            f"{forced}, memory {mode}, stop: {end.stop_reason}"
                            + past_training_note(dc.get("block_size"), self._trained_block)
                            + chat_template_note(self.trace)
-                           + long_prompt_note(self.trace))
+                           + long_prompt_note(self.trace)
+                           + (f" · {guessed}" if guessed else ""))
         assert run is not None and not run.superseded, run
 
     def _fail(self, exc: BaseException) -> None:
