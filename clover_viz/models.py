@@ -177,6 +177,19 @@ def bundled_models() -> list[str]:
     return sorted(names, key=lambda n: n != default)
 
 
+def bundled_purpose(name: str) -> str:
+    """A bundled model's one-line purpose: the ``**Purpose:** ...`` line of its card
+    (``models/<name>/README.md``), without the label; ``""`` when the card has none."""
+    card = bundled_dir() / name / "README.md"
+    try:
+        for line in card.read_text(encoding="utf-8").splitlines()[:12]:
+            if line.startswith("**Purpose:**"):
+                return line.removeprefix("**Purpose:**").strip()
+    except OSError:
+        pass
+    return ""
+
+
 def resolve_model(model_dir: str, dev_sharpen_random: bool = False,
                   roots: Sequence[Path] | None = None) -> ModelSpec:
     """Turn the model-directory text into a `ModelSpec` (no loading).
@@ -488,6 +501,7 @@ def load_demo_model(model_dir: str | Path = DEFAULT_MODEL_DIR, allow_fallback: b
 __all__ = [
     "bundled_dir",
     "bundled_models",
+    "bundled_purpose",
     "DEFAULT_MODEL_DIR",
     "DEV_WEIGHT_SCALE",
     "MODEL_CACHE_SIZE",

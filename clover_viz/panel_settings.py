@@ -20,7 +20,7 @@ import panel as pn
 import param
 
 from clover_viz.limits import size_text
-from clover_viz.models import bundled_models
+from clover_viz.models import bundled_models, bundled_purpose
 from clover_viz.panel_checks import bind, check_setting, checked, control
 from clover_viz.panel_controls import clear_after_pick
 from clover_viz.session_settings import MAX_PROMPT_CHARS  # the prompt box's limit (the state checks it too)
@@ -93,6 +93,12 @@ class SettingsPanel(pn.viewable.Viewer):
         self.bundled.param.watch(self._on_bundled, "value")
         checked(self.bundled, None, s.report_setting)  # a position past its buttons: refused, not an IndexError
         s.param.watch(lambda _e: self._sync_bundled(), "model_dir")
+        # what each bundled model is for, from its card: which one answers the prompt at hand
+        self.purposes = pn.pane.HTML(
+            "".join(f"<div><b>{html.escape(n)}</b>: {html.escape(bundled_purpose(n))}</div>"
+                    for n in bundled_models() if bundled_purpose(n)),
+            css_classes=["clover-purposes"], sizing_mode="stretch_width", margin=(0, 10),
+            styles={"font-size": "11px", "color": "#475569", "line-height": "1.35"})
         self.model_label = pn.pane.Markdown(sizing_mode="stretch_width", margin=(0, 10), styles={"font-size": "12px"})
         self.dev = control(pn.widgets.Checkbox, s, "dev_sharpen_random", label="dev: sharpen random model (weights x15)")
         self.example = control(pn.widgets.Select, s, "example", label="Example prompt")
@@ -209,7 +215,7 @@ class SettingsPanel(pn.viewable.Viewer):
 
     def __panel__(self) -> Any:
         return pn.Column(
-            self.model_dir, self.bundled, self.model_label, self.dev,
+            self.model_dir, self.bundled, self.purposes, self.model_label, self.dev,
             self.example, self.prompt,
             pn.Row(self.generate, self.stop, sizing_mode="stretch_width"),
             pn.pane.Markdown("#### Decoding", margin=(10, 10, 0, 10)),

@@ -586,3 +586,18 @@ def test_control_help_names_no_internal_identifiers():
                 assert not internal.search(help_text), (type(view).__name__, name, help_text)
     assert seen >= 8
     assert "'(your prompt)'" in app.settings.example.description
+
+
+def test_the_model_picker_says_what_each_bundled_model_is_for():
+    """Each bundled model's one-line purpose comes from its card (``**Purpose:**``) and is listed under the
+    buttons, so a newcomer can tell which model answers a plain question."""
+    from clover_viz.models import bundled_models, bundled_purpose
+    from clover_viz.panel_settings import SettingsPanel
+
+    names = bundled_models()
+    assert names and all(bundled_purpose(n) for n in names), {n: bundled_purpose(n) for n in names}
+    assert "verify" in bundled_purpose("smollm2-drafter") and "plain question" in bundled_purpose("smollm2-drafter")
+    panel = SettingsPanel(state=ExplorerState(model_dir="clover-test", auto_redecode=False))
+    for n in names:
+        assert f"<b>{n}</b>: " in panel.purposes.object
+    assert bundled_purpose("no-such-model") == ""
