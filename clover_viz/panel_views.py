@@ -47,7 +47,7 @@ from clover_viz.panel_checks import checked, control
 from clover_viz.panel_controls import keys_within_range
 from clover_viz.panel_figures import FigurePane, FigureSnapshot, _placeholder
 from clover_viz.panel_settings import SettingsPanel
-from clover_viz.runs import diff_caption, run_stats
+from clover_viz.runs import diff_caption, run_stats, summary_cards_html
 from clover_viz.state import ExplorerState
 from clover_engine.units import format_si
 
@@ -99,45 +99,12 @@ class RunSummary(pn.viewable.Viewer):
         st = run_stats(s.trace)
         prev = run_stats(s.previous)
 
-        def cell(label: str, value: str, cls: str, was: str | None = None) -> str:
-            sub = f'<div class="was">prev {was}</div>' if was is not None else ""
-            return (f'<div class="stat"><div class="lbl">{label}</div>'
-                    f'<div class="val {cls}">{value}</div>{sub}</div>')
-
-        if st is None:
-            cells = '<div class="stat"><div class="lbl">no run yet</div><div class="val">press Generate</div></div>'
-        else:
-            p = prev or {}
-            has = prev is not None
-            verify = st.get("policy") == "verify"  # a drafter's run: NFE counts base forwards, the base writes itself
-            cells = "".join([
-                cell("NFE (base forwards)" if verify else "NFE (forwards)", str(st["nfe"]), "clover-nfe",
-                     str(p.get("nfe")) if has else None),
-                cell("tokens", str(st["n_tokens"]), "clover-tokens", str(p.get("n_tokens")) if has else None),
-                cell("tokens / base forward" if verify else "tokens / forward", f"{st['tokens_per_forward']:.2f}",
-                     "clover-tpf", f"{p.get('tokens_per_forward', 0):.2f}" if has else None),
-                cell("written by the base" if verify else "forced fills", str(st["n_forced"]), "clover-forced",
-                     str(p.get("n_forced")) if has else None),
-                cell(f"tokens/s (measured on {html.escape(st.get('device') or 'this machine')}: tokens ÷ "
-                     "whole decode time)",
-                     format_si(st["tokens_per_s"], digits=3), "clover-tps",
-                     format_si(p.get("tokens_per_s"), digits=3) if has else None),
-                cell("block · threshold", f"{st['block_size']} · {st['policy']}"
-                     if verify or st.get("policy") in ("llada", "dream") else
-                     f"{st['block_size']} · {st['threshold']:.2f}"
-                     if st["threshold"] is not None else str(st["block_size"]), "clover-settings",
-                     (f"{p.get('block_size')} · {p.get('threshold'):.2f}" if has and p.get("threshold") is not None
-                      else None)),
-            ])
+        cells = summary_cards_html(st, prev)  # the notebook Explorer shows the same cards
         status = html.escape(s.status or "ready")
         running = (' data-running="1"' if s.running else ' data-running="0"') + f' data-loading="{int(s.loading)}"'
         self.numbers.object = (
-            "<style>.clover-stats{display:flex;flex-wrap:wrap;gap:8px;font-family:Inter,Helvetica,Arial,sans-serif}"
-            ".clover-stats .stat{background:#f8fafc;border:1px solid #e2e8f0;border-radius:6px;padding:4px 10px;"
-            "min-width:92px}.clover-stats .lbl{font-size:11px;color:#64748b}.clover-stats .val{font-size:20px;"
-            "font-weight:600;color:#0f172a}.clover-stats .was{font-size:11px;color:#94a3b8}"
-            ".clover-status{font-size:13px;color:#334155;margin:2px 0 6px 0}</style>"
-            f'<div class="clover-status"{running}>{status}</div><div class="clover-stats">{cells}</div>'
+            "<style>.clover-status{font-size:13px;color:#334155;margin:2px 0 6px 0}</style>"
+            f'<div class="clover-status"{running}>{status}</div>{cells}'
         )
 
     def __panel__(self) -> Any:

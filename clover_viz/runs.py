@@ -182,6 +182,7 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
         "tokens_per_s": n_written / wall if wall > 0 else 0.0,
         "device": (trace.meta or {}).get("device"),
         "stop_reason": s["stop_reason"],
+        "bytes_read": s.get("bytes_read"),
         # an official sampler's run (clover_engine.decoding.masked_diffusion_samplers): LLaDA's block_length,
         # Dream's one canvas; its name as the policy
         "block_size": dc.get("block_size", dc.get("block_length", dc.get("max_new_tokens"))),
@@ -193,6 +194,70 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
         "model": model_of(trace),
         "prompt": prompt_of(trace),
     }
+
+
+SUMMARY_CSS = (
+    "<style>.clover-stats{display:flex;flex-wrap:wrap;gap:8px;font-family:Inter,Helvetica,Arial,sans-serif}"
+    ".clover-stats .stat{background:#f8fafc;border:1px solid #e2e8f0;border-radius:6px;padding:4px 10px;"
+    "min-width:92px}.clover-stats .lbl{font-size:11px;color:#64748b}.clover-stats .val{font-size:20px;"
+    "font-weight:600;color:#0f172a}.clover-stats .was{font-size:11px;color:#94a3b8}</style>")
+
+
+def summary_cards_html(st: dict[str, Any] | None, prev: dict[str, Any] | None = None) -> str:
+    """The run summary both front ends show -- the Panel app's number cards and the notebook `Explorer`'s
+    -- as one HTML fragment: NFE, tokens, tokens per forward, forced fills, tokens/s, bytes read (cost
+    model), stop reason, block size and threshold (or the policy that replaces the threshold), model; under
+    each, the previous run's value when ``prev`` is given.
+
+    Args:
+        st, prev: `run_stats` of the run shown and of the previous run (None: no run yet / none).
+
+    Each value carries a class (``clover-nfe``, ``clover-tokens``, ``clover-tpf``, ``clover-forced``,
+    ``clover-tps``, ``clover-bytes``, ``clover-stop``, ``clover-settings``, ``clover-model``) so tests and
+    scripts read the same numbers from either front end.
+    """
+    from clover_engine.units import format_si
+
+    def cell(label: str, value: str, cls: str, was: str | None = None) -> str:
+        sub = f'<div class="was">prev {html.escape(was)}</div>' if was is not None else ""
+        return (f'<div class="stat"><div class="lbl">{label}</div>'
+                f'<div class="val {cls}">{html.escape(value)}</div>{sub}</div>')
+
+    if st is None:
+        cells = '<div class="stat"><div class="lbl">no run yet</div><div class="val">press Generate</div></div>'
+        return f'{SUMMARY_CSS}<div class="clover-stats">{cells}</div>'
+    p = prev or {}
+    has = prev is not None
+    verify = st.get("policy") == "verify"  # a drafter's run: NFE counts base forwards, the base writes itself
+
+    def settings(x: dict[str, Any]) -> str:
+        if x.get("policy") in ("verify", "llada", "dream"):  # the threshold is not read
+            return f"{x.get('block_size')} · {x['policy']}"
+        thr = x.get("threshold")
+        return f"{x.get('block_size')} · {thr:.2f}" if thr is not None else str(x.get("block_size"))
+
+    def nbytes(x: dict[str, Any]) -> str:
+        b = x.get("bytes_read")
+        return f"{format_si(b, digits=3)}B" if b else "–"
+
+    cells = "".join([
+        cell("NFE (base forwards)" if verify else "NFE (forwards)", str(st["nfe"]), "clover-nfe",
+             str(p.get("nfe")) if has else None),
+        cell("tokens", str(st["n_tokens"]), "clover-tokens", str(p.get("n_tokens")) if has else None),
+        cell("tokens / base forward" if verify else "tokens / forward", f"{st['tokens_per_forward']:.2f}",
+             "clover-tpf", f"{p.get('tokens_per_forward', 0):.2f}" if has else None),
+        cell("written by the base" if verify else "forced fills", str(st["n_forced"]), "clover-forced",
+             str(p.get("n_forced")) if has else None),
+        cell(f"tokens/s (measured on {html.escape(st.get('device') or 'this machine')}: tokens ÷ "
+             "whole decode time)", format_si(st["tokens_per_s"], digits=3), "clover-tps",
+             format_si(p.get("tokens_per_s"), digits=3) if has else None),
+        cell("bytes read (cost model)", nbytes(st), "clover-bytes", nbytes(p) if has else None),
+        cell("stop", str(st.get("stop_reason") or "running"), "clover-stop",
+             str(p.get("stop_reason")) if has else None),
+        cell("block · threshold", settings(st), "clover-settings", settings(p) if has else None),
+        cell("model", str(st.get("model") or "–"), "clover-model", str(p.get("model")) if has else None),
+    ])
+    return f'{SUMMARY_CSS}<div class="clover-stats">{cells}</div>'
 
 
 def compare(previous: Trace | None, current: Trace | None) -> dict[str, Any] | None:
@@ -229,8 +294,8 @@ def diff_caption(cmp: dict[str, Any]) -> str:
     return ""
 
 
-__all__ = ["RUN_LABELS", "compare", "diff_caption", "dropped_at_stop", "forced_past_answer", "generated_ids",
-           "model_of", "prompt_of", "run_stats"]
+__all__ = ["RUN_LABELS", "SUMMARY_CSS", "compare", "diff_caption", "dropped_at_stop", "forced_past_answer",
+           "generated_ids", "model_of", "prompt_of", "run_stats", "summary_cards_html"]
 
 
 # ------------------------------------------------------------------------ two runs compared

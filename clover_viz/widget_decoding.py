@@ -41,6 +41,15 @@ def _settings_line(dc: dict | None) -> str:
     return " · ".join(parts)
 
 
+def _notes_of(status: str) -> str:
+    """The notes the session state appended to its done line (`clover_viz.state.ExplorerState`: the chat
+    template applied, a prompt past the model's training length, a mostly guessed answer), escaped and
+    each led by `` · `` -- so the notebook says what the app and the CLI say."""
+    if not status.startswith("done") or " · " not in status:
+        return ""
+    return "<br>" + " · ".join(html.escape(n) for n in status.split(" · ")[1:])
+
+
 class ExplorerDecoding:
     """The decoding half of `clover_viz.widgets.Explorer` (a mixin)."""
 
@@ -183,7 +192,8 @@ class ExplorerDecoding:
         self.status.value = ((f"branch #{node} ({html.escape(live.meta['branch'].get('label', ''))}) · "
                               if node is not None else "") + f"NFE {st['nfe']} · {st['n_tokens']} tokens · {st['tokens_per_forward']:.2f} "
                              f"tokens/forward · {forced} · {st['wall_s']:.2f} s · "
-                             f"stop: {st['stop_reason']} · {html.escape(_settings_line(live.decode_config))}")
+                             f"stop: {st['stop_reason']} · {html.escape(_settings_line(live.decode_config))}"
+                             + _notes_of(s.status))
         self._show_comparison()
 
     def stop(self) -> None:
@@ -252,6 +262,7 @@ class ExplorerDecoding:
             self._set_slider_range(n, n - 1)
             self.show_step(n - 1)
             self.status.value = f"<b>decoding…</b> {n} forwards"
+            self._show_summary(live)
 
     def _show_comparison(self) -> None:
         """The previous run against this one: the Panel app's table and the text diff."""

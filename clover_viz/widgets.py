@@ -74,6 +74,7 @@ import plotly.graph_objects as go
 from clover_viz import figures as F
 from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS
 from clover_viz.models import DEFAULT_MODEL_DIR, LoadedModel, resolve_model
+from clover_viz.runs import run_stats, summary_cards_html
 from clover_viz.session_settings import BLOCK_SIZES
 from clover_viz.state import ExplorerState
 from clover_viz.widget_branches import BranchWidgets
@@ -256,6 +257,8 @@ class Explorer(ExplorerDecoding):
                                     tooltip="stop the running decode after its current forward (keeps what it wrote)")
         self.status = W.HTML(value="" if has_model else "<i>replaying a recorded trace (no model: threshold and "
                                                           "block_size show the recorded run)</i>")
+        # the app's number cards, from the same function (`clover_viz.runs.summary_cards_html`)
+        self.summary = W.HTML(value=summary_cards_html(None))
         self.text = W.HTML(layout=W.Layout(max_height="220px", overflow="auto", border="1px solid #e2e8f0",
                                            padding="4px"))
         self.compare = W.HTML(value="<i>decode again (or move threshold / block_size): the previous run is compared "
@@ -307,6 +310,7 @@ class Explorer(ExplorerDecoding):
             W.VBox([self.prompt_box, settings]) if has_model else W.HTML(""),
             controls,
             self.status,
+            self.summary,
             self.block_fig,
             self.branching.slot_panel,
             self.conf_fig,
@@ -314,7 +318,8 @@ class Explorer(ExplorerDecoding):
             tabs,
         ])
         self._widgets = [self.play, self.step_slider, self.speed, self.threshold, self.block_size, self.prompt_box,
-                         self.decode_button, self.stop_button, self.status, self.text, self.compare, *self.figures.values(),
+                         self.decode_button, self.stop_button, self.status, self.summary, self.text, self.compare,
+                         *self.figures.values(),
                          self.break_even_button, self.break_even, self.break_even_button.layout,
                          controls, settings, tabs, *tabs.children, self._layout, *self.branching.widgets]
         if self.trace is not None and len(self.trace):
@@ -382,6 +387,12 @@ class Explorer(ExplorerDecoding):
         self._set_slider_range(n, step)
         self.show_step(step)
         self.branching.refresh()
+        self._show_summary(trace)
+
+    def _show_summary(self, trace: Any) -> None:
+        """The number cards of ``trace`` against the previous run, as the app shows them."""
+        prev = self.state.previous
+        self.summary.value = summary_cards_html(run_stats(trace), run_stats(prev) if prev is not trace else None)
 
     def show_branch(self, node: int) -> Any:
         """Show branch ``node`` of the session's tree (`ExplorerState.show_branch`: its parent becomes the

@@ -601,3 +601,43 @@ def test_the_model_picker_says_what_each_bundled_model_is_for():
     for n in names:
         assert f"<b>{n}</b>: " in panel.purposes.object
     assert bundled_purpose("no-such-model") == ""
+
+
+def test_one_saved_trace_shows_the_same_summary_in_the_app_and_the_notebook(tmp_path):
+    """The run summary is one component (`clover_viz.runs.summary_cards_html`): a trace saved from a decode and
+    opened in the Panel app's session and in the notebook `Explorer` shows the same values in every card."""
+    import re
+
+    from clover_viz.panel_views import RunSummary
+    from clover_viz.widgets import Explorer
+
+    s = ExplorerState(model_dir="clover-test", dev_sharpen_random=True, max_new_tokens=24, block_size=8,
+                      memory_mode="state", auto_redecode=False)
+    try:
+        assert s.generate() and s.wait(60)
+        s.tick(0.02)
+        path = s.trace.save(tmp_path / "run.parquet")
+    finally:
+        s.close()
+        s.wait(5)
+
+    def values(fragment: str) -> dict[str, str]:
+        return dict(re.findall(r'<div class="val (clover-[a-z]+)">([^<]*)</div>', fragment))
+
+    app_state = ExplorerState(model_dir="clover-test", auto_redecode=False)
+    try:
+        summary = RunSummary(state=app_state)
+        assert app_state.load_trace(path), app_state.error
+        summary._refresh()
+        in_app = values(summary.numbers.object)
+    finally:
+        app_state.close()
+    ex = Explorer(str(path))
+    try:
+        in_notebook = values(ex.summary.value)
+    finally:
+        ex.close()
+    expected = {"clover-nfe", "clover-tokens", "clover-tpf", "clover-forced", "clover-tps", "clover-bytes",
+                "clover-stop", "clover-settings", "clover-model"}
+    assert set(in_app) == expected and in_app == in_notebook, (in_app, in_notebook)
+    assert in_app["clover-settings"] == "8 · 0.95" and in_app["clover-stop"] != "running"
