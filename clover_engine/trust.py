@@ -7,7 +7,7 @@ trained on, produces. `forced_share_note` says so with the numbers and names a b
 plain questions; the CLI (`clover_engine.generate`) prints it, the explorer (`clover_viz.state`, app and
 notebook) appends it to the done line.
 
-Wing: ``decoding``.
+Wing: ``entry points``.
 """
 
 from __future__ import annotations

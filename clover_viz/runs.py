@@ -26,6 +26,7 @@ import numpy as np
 
 from clover_viz import colors as C
 from clover_engine.recording.trace import Trace
+from clover_engine.units import format_si
 
 RUN_LABELS = ("previous", "this run")  # how every view names the two runs it compares
 
@@ -196,6 +197,14 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
     }
 
 
+def long_prompt_note(trace: Trace | None) -> str:
+    """`` · the prompt has N tokens; this model was trained on sequences of at most M ...`` when the run's
+    prompt was longer than the model's training rows (recorded as ``meta["trained_context_note"]`` from
+    `clover_engine.prompting.trained_context_note`), else ``""``."""
+    note = (trace.meta or {}).get("trained_context_note") if trace is not None else None
+    return f" · {note}" if note else ""
+
+
 SUMMARY_CSS = (
     "<style>.clover-stats{display:flex;flex-wrap:wrap;gap:8px;font-family:Inter,Helvetica,Arial,sans-serif}"
     ".clover-stats .stat{background:#f8fafc;border:1px solid #e2e8f0;border-radius:6px;padding:4px 10px;"
@@ -216,8 +225,6 @@ def summary_cards_html(st: dict[str, Any] | None, prev: dict[str, Any] | None = 
     ``clover-tps``, ``clover-bytes``, ``clover-stop``, ``clover-settings``, ``clover-model``) so tests and
     scripts read the same numbers from either front end.
     """
-    from clover_engine.units import format_si
-
     def cell(label: str, value: str, cls: str, was: str | None = None) -> str:
         sub = f'<div class="was">prev {html.escape(was)}</div>' if was is not None else ""
         return (f'<div class="stat"><div class="lbl">{label}</div>'
@@ -295,7 +302,7 @@ def diff_caption(cmp: dict[str, Any]) -> str:
 
 
 __all__ = ["RUN_LABELS", "SUMMARY_CSS", "compare", "diff_caption", "dropped_at_stop", "forced_past_answer",
-           "generated_ids", "model_of", "prompt_of", "run_stats", "summary_cards_html"]
+           "generated_ids", "long_prompt_note", "model_of", "prompt_of", "run_stats", "summary_cards_html"]
 
 
 # ------------------------------------------------------------------------ two runs compared

@@ -58,7 +58,7 @@ from clover_viz.models import (
     LoadedModel,
     load_model_cached,
 )
-from clover_viz.runs import compare, dropped_at_stop, forced_past_answer, generated_ids
+from clover_viz.runs import compare, dropped_at_stop, forced_past_answer, generated_ids, long_prompt_note
 from clover_viz.session_branches import SessionBranches
 from clover_viz.session_cost import SessionCost
 from clover_viz.session_models import SessionModels
@@ -112,14 +112,6 @@ def chat_template_note(trace: Trace | None) -> str:
         return ""
     name = {"chatml": "ChatML", "checkpoint": "own"}.get(template, template)
     return f" · prompt decoded in the model's {name} chat template ('show prompt' shows the exact input)"
-
-
-def long_prompt_note(trace: Trace | None) -> str:
-    """`` · the prompt has N tokens; this model was trained on sequences of at most M ...`` when the run's
-    prompt was longer than the model's training rows (recorded as ``meta["trained_context_note"]`` from
-    `clover_engine.prompting.trained_context_note`), else ``""``."""
-    note = (trace.meta or {}).get("trained_context_note") if trace is not None else None
-    return f" · {note}" if note else ""
 
 
 class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, SessionBranches, param.Parameterized):
@@ -403,17 +395,14 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         """Cancel the running decode; it stops after its current forward and keeps what it wrote.
 
         `stop_timing` records when (monotonic seconds) and at which NFE (steps shown) the stop
-        was asked for, how far (seconds, ``window_s``) a paced decode could then run ahead of its page
-        (`clover_viz.session_pacing.RunPace`), and, once the decode has ended, when and at which NFE it
-        ended.
-        """
+        was asked for, how far (s, ``window_s``) a paced decode could run ahead of its page (`RunPace`),
+        and, once the decode has ended, when and at which NFE it ended."""
         if self._run is not None and self.running:
             self._run.user_stopped = True
             self._run.cancel.set()
             pace = self._run.pace
             self.stop_timing = {"requested_at": time.monotonic(), "nfe_shown": self.n_steps,
                                 "nfe_recorded": len(self.trace) if self.trace is not None else 0,
-                                # how far (s) the decode may run ahead of its page (one refresh)
                                 "window_s": pace.window_s if pace is not None and pace.paced else 0.0}
             self.status = "stopping..."
 
