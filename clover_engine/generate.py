@@ -189,19 +189,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(result.text)
+    own_line = None  # the summary of a sampler other than the block decoder's (its settings, not block/threshold)
     if args.sampler != "block":
         settings = " ".join(f"{k}={v}" for k, v in dc.to_dict().items() if k not in ("sampler", "top_candidates"))
-        print(f"[{Path(args.model).name}] {args.sampler} sampler {settings} | tokens={len(result.tokens)} "
-              f"NFE={result.nfe} tokens/forward={len(result.tokens) / max(result.nfe, 1):.2f} "
-              f"stop={result.stop_reason} | threads={threads}")
-        if args.trace is not None:
-            print(f"trace saved to {result.trace.save(args.trace)}")
-        return 0
-    if caps.sampler != "block":  # a sampler of its own (DiffusionGemma): the block settings do not apply
+        own_line = (f"[{Path(args.model).name}] {args.sampler} sampler {settings} | tokens={len(result.tokens)} "
+                    f"NFE={result.nfe} tokens/forward={len(result.tokens) / max(result.nfe, 1):.2f} "
+                    f"stop={result.stop_reason} | threads={threads}")
+    elif caps.sampler != "block":  # a sampler of its own (DiffusionGemma): the block settings do not apply
         family, revisable = FAMILY_NAMES.get(caps.family, caps.family), "revisable; " if caps.revises_commits else ""
-        print(f"[{Path(args.model).name}] {family}, canvas {trained} ({revisable}block_size, threshold and policy "
-              f"do not apply) | tokens={len(result.tokens)} denoising steps={result.nfe} stop={result.stop_reason} | "
-              f"threads={threads}")
+        own_line = (f"[{Path(args.model).name}] {family}, canvas {trained} ({revisable}block_size, threshold and "
+                    f"policy do not apply) | tokens={len(result.tokens)} denoising steps={result.nfe} "
+                    f"stop={result.stop_reason} | threads={threads}")
+    if own_line is not None:
+        print(own_line)
         if args.trace is not None:
             print(f"trace saved to {result.trace.save(args.trace)}")
         return 0

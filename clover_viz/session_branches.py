@@ -37,6 +37,7 @@ import param
 
 from clover_viz import colors as C
 from clover_viz.runs import RUN_LABELS
+from clover_viz.session_settings import OFFICIAL_SAMPLERS
 from clover_engine.decoding import decoder_for  # imports the decoder it picks only when called
 from clover_engine.decoding.branch import Branch, parent_config
 from clover_engine.recording.branches import BranchTree
@@ -247,7 +248,7 @@ class SessionBranches:
         if not 0 <= i < n:
             return self._refuse_branch(f"step {i} is outside this run (steps 0..{n - 1})")
         ev = self.trace.step(i)
-        if self.policy in ("llada", "dream") or (self.trace.decode_config or {}).get("sampler"):
+        if self.policy in OFFICIAL_SAMPLERS or (self.trace.decode_config or {}).get("sampler"):
             name = (self.trace.decode_config or {}).get("sampler") or self.policy
             return self._refuse_branch(f"a branch re-decodes with the block decoder; the {name} sampler's runs "
                                        "are not branched -- decode with a slot policy to branch")

@@ -198,10 +198,10 @@ def _block_html(trace: Any, idx: SlotIndex, b: int, last: int, color_by: str, sh
     # A block the next one overlaps (verify: the next round starts right after the tokens the base kept,
     # so a round's rejected draft slots are never written) ends where the next block starts; and an ended
     # run's last block ends at its last written slot -- neither leaves ░ gaps that are not masks.
-    later = [idx.steps[idx.steps_of[k][0]].position_start for k in idx.steps_of if k > b]
-    shown = L if not later else max(0, min(L, int(min(later)) - int(ev.position_start)))
+    nxt = idx.steps_of.get(b + 1)  # blocks are numbered in order, one after another
+    shown = L if nxt is None else max(0, min(L, int(idx.steps[nxt[0]].position_start) - int(ev.position_start)))
     end = getattr(trace, "decode_end", None)
-    if (not later and end is not None and end.stop_reason != "cancelled" and last == len(idx.steps) - 1
+    if (nxt is None and end is not None and end.stop_reason != "cancelled" and last == len(idx.steps) - 1
             and (written | pre).any()):
         shown = min(shown, int(np.flatnonzero(written | pre)[-1]) + 1)
     toks = toks[:shown]
