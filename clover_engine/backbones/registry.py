@@ -36,6 +36,8 @@ MODEL_TYPES: dict[str, str] = {
     "qwen3": "clover_engine.backbones.causal_lm.model:load_pretrained_backbone",
     "dream": "clover_engine.backbones.masked_diffusion:load_masked_diffusion",
     "llada": "clover_engine.backbones.masked_diffusion:load_masked_diffusion",
+    "fast_dllm_qwen": "clover_engine.backbones.block_causal:load_block_causal",
+    "sdar": "clover_engine.backbones.block_causal:load_block_causal",
     "diffusion_gemma": "clover_engine.backbones.diffusion_gemma.model:load_diffusion_gemma_model",
     "block-drafter": "clover_engine.backbones.drafter.model:load_drafter_model",
 }
@@ -50,6 +52,8 @@ DESCRIPTIONS: dict[str, str] = {
     "qwen3": "a transformers causal LM decoded block-wise with token shift (clover_engine.backbones.causal_lm.model)",
     "dream": "a Dream masked-diffusion checkpoint (clover_engine.backbones.masked_diffusion)",
     "llada": "a LLaDA masked-diffusion checkpoint (clover_engine.backbones.masked_diffusion)",
+    "fast_dllm_qwen": "a Fast-dLLM v2 block-diffusion checkpoint (clover_engine.backbones.block_causal)",
+    "sdar": "an SDAR block-diffusion checkpoint (clover_engine.backbones.block_causal)",
     "diffusion_gemma": "transformers' DiffusionGemma, its own revisable sampler (clover_engine.backbones.diffusion_gemma)",
     "block-drafter": "a block drafter over a frozen pinned causal LM (clover_engine.backbones.drafter)",
 }

@@ -46,9 +46,9 @@ OFFICIAL = {
 }
 
 
-def fetch_official(dest: Path, mirrors: Path | None) -> None:
-    """Put every file of `OFFICIAL` under ``dest`` (packages get an ``__init__.py``)."""
-    for spec in OFFICIAL.values():
+def fetch_official(dest: Path, mirrors: Path | None, official: dict | None = None) -> None:
+    """Put every file of ``official`` (default `OFFICIAL`) under ``dest`` (packages get an ``__init__.py``)."""
+    for spec in (official or OFFICIAL).values():
         for local, remote in spec["files"].items():
             target = dest / local
             target.parent.mkdir(parents=True, exist_ok=True)

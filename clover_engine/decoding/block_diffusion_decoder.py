@@ -1,0 +1,355 @@
+"""The decoder that runs Fast-dLLM v2's and SDAR's official samplers on a block-causal model
+(`clover_engine.backbones.block_causal.BlockCausalModel`) and reports them as the project's events.
+
+`BlockDiffusionDecoder.generate` prefills the prompt's whole blocks into the KV cache (one forward),
+then decodes block after block: denoising forwards over the block against the cache
+(`BlockCausalModel.block_logits`, nothing kept), the family's step
+(`clover_engine.decoding.block_diffusion_samplers`), and one commit forward over the finished block
+(`BlockCausalModel.extend`, its K/V kept). Every forward counts in ``nfe``, the prefill and the commits
+included, as they are real forwards of the originals.
+
+Events: a `BlockStart` / `BlockEnd` pair per block at its absolute position (the prompt's tail, when the
+prompt does not end on a block boundary, is the block's prefilled head), a `StepEvent` per denoising
+forward with the candidates, their probabilities (``confidence``), the slots written (``accepted``) and the
+slots written only by the always-one / quota rule (``forced``). Fast-dLLM v2's autoregressive first slot is
+written by the commit forward; it shows as the next block's prefilled slot 0.
+
+The result's ``tokens`` follow the project's rule (cut before the first EOS / stop token); ``canvas``
+holds the answer exactly as the original returns it after the prompt (Fast-dLLM v2: through the stop
+token; SDAR: every slot of the blocks, MASK ids of blocks never decoded included).
+
+Wing ``decoding``. `clover_engine.decoding.samplers.decoder_for` gives this decoder for a
+`FastDLLMv2Sampler` / `SDARSampler` config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from clover_engine.backbones.base import capabilities_of
+from clover_engine.cost.meter import CostMeter
+from clover_engine.decoding.block_diffusion_samplers import (
+    BlockStep, FastDLLMv2Sampler, SDARSampler, fast_dllm_v2_step, sdar_num_transfer_tokens, sdar_step,
+)
+from clover_engine.decoding.config import DecodeResult
+from clover_engine.decoding.decoder import BlockDecoder
+from clover_engine.decoding.hooks import Hook, HookRegistry
+from clover_engine.recording.events import BlockEnd, BlockStart, StepEvent
+from clover_engine.recording.trace import Trace
+from clover_kernels.confidence import top_candidates
+
+
+@dataclass
+class BlockDiffusionResult(DecodeResult):
+    """What `BlockDiffusionDecoder.generate` returns: a `clover_engine.decoding.config.DecodeResult` plus:
+
+    Attributes:
+        canvas: the answer as the original returns it after the prompt (module docstring).
+        settings: the sampler's settings (``to_dict()``).
+    """
+
+    canvas: list[int] = dataclasses.field(default_factory=list)
+    settings: dict = dataclasses.field(default_factory=dict)
+
+
+class BlockDiffusionDecoder(HookRegistry):
+    """Runs Fast-dLLM v2's or SDAR's official sampler on a block-causal model, with the project's events.
+
+    Args:
+        model: a `clover_engine.backbones.block_causal.BlockCausalModel`.
+        tokenizer: for text prompts and answers, or None (prompts are token ids).
+        config: the default sampler: a `FastDLLMv2Sampler` or an `SDARSampler` (None: the family's own,
+            with the originals' defaults and the checkpoint's trained block size).
+
+    Raises:
+        TypeError: a model that is not block-causal, or a config of another type.
+    """
+
+    def __init__(self, model, tokenizer=None, config: FastDLLMv2Sampler | SDARSampler | None = None):
+        self.capabilities = capabilities_of(model)
+        if self.capabilities.family != "block_causal":
+            raise TypeError(f"BlockDiffusionDecoder runs Fast-dLLM v2's / SDAR's samplers on a block-causal model "
+                            f"(clover_engine.backbones.block_causal), got {type(model).__name__} "
+                            f"(family {self.capabilities.family!r})")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self._prompt_check = BlockDecoder(model, tokenizer)
+        mcfg = model.config
+        self.config = self._own(config) or (
+            FastDLLMv2Sampler(block_size=mcfg.block_size) if mcfg.family == "fast_dllm_v2"
+            else SDARSampler(block_length=mcfg.block_size, denoising_steps=mcfg.block_size))
+        self._hooks: list[Hook] = []
+
+    @staticmethod
+    def _own(config) -> FastDLLMv2Sampler | SDARSampler | None:
+        if config is None or isinstance(config, (FastDLLMv2Sampler, SDARSampler)):
+            return config
+        raise TypeError(f"config must be a FastDLLMv2Sampler or an SDARSampler, got {type(config).__name__} "
+                        "(the block decoder's DecodeConfig runs with clover_engine.decoding.decoder.BlockDecoder)")
+
+    def encode_prompt(self, prompt: str | Sequence[int] | torch.Tensor) -> list[int]:
+        """Validate a prompt and return its ids (`clover_engine.decoding.decoder.BlockDecoder.encode_prompt`'s rules)."""
+        self._prompt_check.tokenizer = self.tokenizer
+        return self._prompt_check.encode_prompt(prompt)
+
+    @torch.inference_mode()
+    def generate(self, prompt: str | Sequence[int] | torch.Tensor, hooks: Iterable[Hook] = (),
+                 record_trace: bool = True, cancel: threading.Event | Callable[[], bool] | None = None,
+                 config: FastDLLMv2Sampler | SDARSampler | None = None) -> BlockDiffusionResult:
+        """Decode a continuation of ``prompt`` with the sampler of ``config`` (default: the decoder's).
+
+        Args:
+            prompt: text (needs a tokenizer) or token ids (P of them).
+            hooks: callables receiving every event of this decode only.
+            record_trace: record a `clover_engine.recording.trace.Trace`.
+            cancel: checked after every forward; when set, decoding stops (the block keeps its MASKs).
+            config: a `FastDLLMv2Sampler` or an `SDARSampler` for this call.
+
+        Returns:
+            `BlockDiffusionResult`; ``nfe`` counts every forward (prefill, denoising, commits).
+
+        Raises:
+            TypeError / ValueError: a bad prompt or config, a sampler of the other family, or a decode
+                that would pass the model's ``max_position_embeddings``.
+        """
+        cfg = self._own(config) or self.config
+        mcfg = self.model.config
+        if cfg.family != mcfg.family:
+            raise ValueError(f"a {cfg.family} sampler cannot drive a {mcfg.family} checkpoint (its attention, shift and "
+                             f"MASK differ); use the {mcfg.family} sampler")
+        ids = self.encode_prompt(prompt)
+        budget = cfg.max_new_tokens + cfg.block_size if isinstance(cfg, FastDLLMv2Sampler) else cfg.gen_length + cfg.block_length
+        if len(ids) + budget > mcfg.max_position_embeddings:
+            raise ValueError(f"the prompt ({len(ids)} tokens) plus up to {budget} answer slots passes the model's "
+                             f"{mcfg.max_position_embeddings} positions (max_position_embeddings); shorten the prompt "
+                             "or the answer budget")
+        is_cancelled = (cancel.is_set if isinstance(cancel, threading.Event) else cancel) or (lambda: False)
+        observers = list(self._hooks) + list(hooks)
+        trace = None
+        if record_trace:
+            tok_text = (lambda i: self.tokenizer.decode([i], skip_special_tokens=False)) if self.tokenizer else None
+            trace = Trace(decode_config=cfg.to_dict(), model_id=getattr(self.model, "model_id", mcfg.name),
+                          token_text=tok_text, prompt_ids=ids,
+                          meta={"model_config": mcfg.to_dict(), "capabilities": self.capabilities.to_dict(),
+                                "sampler": cfg.sampler})
+            observers.append(trace)
+        run = _Run(self, cfg, ids, observers, is_cancelled)
+        t0 = time.perf_counter()
+        canvas, cancelled = run.fast_dllm_v2() if isinstance(cfg, FastDLLMv2Sampler) else run.sdar()
+        wall_s = time.perf_counter() - t0
+        stops = run.stop_ids
+        tokens, stop = [], "max_new_tokens"
+        for t in canvas:
+            if t in stops:
+                stop = "eos"
+                break
+            if t == mcfg.mask_token_id:
+                break
+            tokens.append(t)
+        if cancelled:
+            stop = "cancelled"
+        result = BlockDiffusionResult.finished(
+            tokens, ids, run.nfe, run.n_forced, wall_s, stop, self.tokenizer, trace=trace,
+            bytes_read=None if run.meter is None else run.meter.bytes_read,
+            flops=None if run.meter is None else run.meter.flops, observer_s=run.observer_s,
+            canvas=canvas, settings=cfg.to_dict())
+        if observers:
+            run.emit(result.end_event())
+        return result
+
+
+class _Run:
+    """One decode: the model state, the forwards, the steps and the events."""
+
+    def __init__(self, dec: BlockDiffusionDecoder, cfg, ids: list[int], observers: list, is_cancelled):
+        self.dec, self.cfg, self.observers, self.is_cancelled = dec, cfg, observers, is_cancelled
+        self.model = dec.model
+        mcfg = self.model.config
+        self.mask_id, self.P, self.ids = mcfg.mask_token_id, len(ids), list(ids)
+        if isinstance(cfg, FastDLLMv2Sampler):
+            self.stop_ids = {mcfg.eos_token_id if cfg.stop_token is None else cfg.stop_token}
+            self.bs = cfg.block_size
+        else:
+            self.stop_ids = set((mcfg.eos_token_id,) if cfg.stop_token_ids is None else cfg.stop_token_ids)
+            self.bs = cfg.block_length
+        self.device = self.model.device
+        self.state = self.model.setup_state()
+        self.generator = None if cfg.seed is None else torch.Generator().manual_seed(cfg.seed)
+        self.meter = (CostMeter(mcfg, self.model.dtype.itemsize, "state", 0, self.bs, dec.capabilities)
+                      if observers else None)
+        self.nfe, self.n_forced, self.observer_s, self.n_blocks = 0, 0, 0.0, 0
+
+    def emit(self, ev) -> None:
+        t = time.perf_counter()
+        for fn in self.observers:
+            fn(ev)
+        self.observer_s += time.perf_counter() - t
+
+    # ------------------------------------------------------------------ forwards
+    def commit(self, ids) -> torch.Tensor:
+        """Prefill / commit ``ids`` (block-causal, kept); logits [1, n, V]."""
+        before = self.state.position
+        logits = self.model.extend(self.state, ids, self.bs)
+        self.nfe += 1
+        if self.meter is not None:
+            self.meter.forward(len(ids), 0, None, context_len=before)
+        return logits
+
+    def denoise(self, block: torch.Tensor) -> torch.Tensor:
+        """One denoising forward over ``block`` [1, L]; raw logits [1, L, V]."""
+        logits = self.model.block_logits(self.state, block)
+        self.nfe += 1
+        self._cost = None if self.meter is None else self.meter.forward(0, block.shape[1], None,
+                                                                          context_len=self.state.position)
+        self._last = logits
+        return logits
+
+    # ------------------------------------------------------------------ Fast-dLLM v2
+    def fast_dllm_v2(self) -> tuple[list[int], bool]:
+        """Fast-dLLM v2's ``generate`` loop: (the answer after the prompt, cancelled?)."""
+        cfg, bs, mask_id = self.cfg, self.bs, self.mask_id
+        x = torch.tensor([self.ids], dtype=torch.long, device=self.device)
+        stop = next(iter(self.stop_ids))
+        # the original prefills only a prompt LONGER than one block (``input_ids.shape[1] > block_size``): a prompt
+        # of exactly one block would then be skipped by every forward; it is prefilled here (P >= block_size)
+        if x.shape[1] >= bs:
+            logits = self.commit(x[0, : x.shape[1] // bs * bs])
+            if x.shape[1] % bs == 0:
+                x = torch.cat([x, logits[:, -1:].argmax(dim=-1)], dim=1)
+        n_sub = bs // cfg.small_block_size
+        for block_idx in range(cfg.max_new_tokens // bs):
+            if stop in x[:, self.P:]:
+                break
+            prompt_length = x.shape[1]
+            x_t = torch.cat([x, torch.full((1, bs - prompt_length % bs), mask_id, dtype=torch.long,
+                                           device=self.device)], dim=1)
+            lo = x_t.shape[1] - bs
+            self._block_start(lo, x_t[0, lo:])
+            n_steps = 0
+            while True:
+                if self._stopped(x_t, prompt_length, stop):
+                    break
+                if not (x_t[:, -bs:] == mask_id).any():
+                    logits = self.commit(x_t[0, -bs:])
+                    x_t = torch.cat([x_t, logits[:, -1:].argmax(dim=-1)], dim=1)
+                    break
+                for s in range(n_sub):
+                    a, b = s * cfg.small_block_size, (s + 1) * cfg.small_block_size
+                    while (x_t[:, lo + a: lo + b] == mask_id).any() and not self._stopped(x_t, prompt_length, stop):
+                        t0 = time.perf_counter()
+                        masked_before = x_t[0, lo:lo + bs] == mask_id
+                        logits = self.denoise(x_t[:, lo:lo + bs])
+                        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+                        sub = x_t[:, lo + a: lo + b]
+                        step = fast_dllm_v2_step(sub, logits[:, a:b], mask_id, cfg, self.generator)
+                        x_t[:, lo + a: lo + b] = sub
+                        self._step_event(lo, n_steps, x_t[0, lo:lo + bs], masked_before, step, a, logits[0], t0)
+                        n_steps += 1
+                        if self.is_cancelled():
+                            self._block_end(lo, x_t[0, lo:lo + bs], n_steps)
+                            return x_t[0, self.P:].tolist(), True
+            self._block_end(lo, x_t[0, lo:lo + bs], n_steps)
+            x = x_t
+        out = x[0, self.P:].tolist()
+        if stop in out:
+            out = out[: out.index(stop) + 1]
+        return out, False
+
+    def _stopped(self, x_t: torch.Tensor, prompt_length: int, stop: int) -> bool:
+        """The original's stop test: the stop token written after ``prompt_length`` with no MASK before it."""
+        new = x_t[0, prompt_length:]
+        hits = (new == stop).nonzero()
+        return bool(len(hits)) and not (new[: int(hits[0, 0])] == self.mask_id).any()
+
+    # ------------------------------------------------------------------ SDAR
+    def sdar(self) -> tuple[list[int], bool]:
+        """SDAR's ``block_diffusion_generate`` loop: (the answer after the prompt, cancelled?)."""
+        cfg, bs, mask_id, P = self.cfg, self.bs, self.mask_id, self.P
+        num_blocks = (P + cfg.gen_length + bs - 1) // bs
+        x = torch.full((1, num_blocks * bs), mask_id, dtype=torch.long, device=self.device)
+        x[0, :P] = torch.tensor(self.ids, dtype=torch.long, device=self.device)
+        prefill_blocks = P // bs
+        if prefill_blocks:
+            self.commit(x[0, : prefill_blocks * bs])
+        quotas = sdar_num_transfer_tokens(bs, cfg.denoising_steps)
+        for nb in range(prefill_blocks, num_blocks):
+            lo = nb * bs
+            cur = x[:, lo:lo + bs].clone()
+            self._block_start(lo, cur[0])
+            n_steps = 0
+            for step_i in range(cfg.denoising_steps + 1):
+                if not (cur == mask_id).any():
+                    self.commit(cur[0])
+                    break
+                t0 = time.perf_counter()
+                masked_before = cur[0] == mask_id
+                logits = self.denoise(cur)
+                step = sdar_step(cur, logits, mask_id, int(quotas[step_i]), cfg, self.generator)
+                self._step_event(lo, n_steps, cur[0], masked_before, step, 0, logits[0], t0)
+                n_steps += 1
+                if self.is_cancelled():
+                    x[:, lo:lo + bs] = cur
+                    self._block_end(lo, cur[0], n_steps)
+                    return x[0, P:].tolist(), True
+            x[:, lo:lo + bs] = cur
+            self._block_end(lo, cur[0], n_steps)
+            if any(int(t) in self.stop_ids for t in x[0, P:].tolist()):
+                break
+        return x[0, P:].tolist(), False
+
+    # ------------------------------------------------------------------ events
+    def _block_start(self, lo: int, block: torch.Tensor) -> None:
+        if self.observers:
+            tokens = block.cpu().numpy().copy()
+            self.emit(BlockStart(self.n_blocks, lo, self.bs, len(tokens), tokens != self.mask_id, tokens))
+
+    def _block_end(self, lo: int, block: torch.Tensor, n_steps: int) -> None:
+        if self.observers:
+            tokens = block.cpu().numpy().copy()
+            hit = any(int(t) in self.stop_ids for t in tokens.tolist())
+            self.emit(BlockEnd(self.n_blocks, lo, tokens, n_steps, hit))
+        self.n_blocks += 1
+
+    def _step_event(self, lo: int, i: int, block: torch.Tensor, masked_before: torch.Tensor, step: BlockStep,
+                    offset: int, logits: torch.Tensor, t0: float) -> None:
+        """A `StepEvent` over the whole block; ``step`` covers slots ``offset ..`` (a Fast-dLLM v2 sub-block)."""
+        n = step.transfer.shape[0]
+        self.n_forced += int((step.forced & masked_before[offset:offset + n]).sum())
+        if not self.observers:
+            return
+        L, k = block.shape[0], self.cfg.top_candidates
+        mb = masked_before.cpu().numpy()
+        span = slice(offset, offset + n)
+
+        def full(values, fill, dtype):
+            out = np.full(L, fill, dtype=dtype)
+            out[span] = values
+            return out
+
+        wrote = full(step.transfer.cpu().numpy(), False, bool) & mb
+        forced = full(step.forced.cpu().numpy(), False, bool) & wrote
+        cand = full(step.candidate.cpu().numpy(), -1, np.int64)
+        prob = full(step.prob.float().cpu().numpy(), np.nan, np.float32)
+        probs = torch.softmax(logits.float(), dim=-1)
+        tp, tt = top_candidates(probs, min(k, probs.shape[-1]))
+        tops, topt = tp.float().cpu().numpy(), tt.cpu().numpy().astype(np.int64)
+        cost = self._cost
+        self.emit(StepEvent(
+            block_index=self.n_blocks, step_index=i, position_start=lo, tokens=block.cpu().numpy().copy(),
+            masked_before=mb, confidence=np.where(mb, prob, np.float32(np.nan)).astype(np.float32),
+            candidate=np.where(mb, cand, -1), top_tokens=np.where(mb[:, None], topt, -1),
+            top_probs=np.where(mb[:, None], tops, np.float32(np.nan)).astype(np.float32), accepted=wrote,
+            forced=forced, eos_filled=np.zeros(L, dtype=bool), expert_union=None, state_norm=None,
+            memory_share=None, n_tokens_forward=int(L), wall_s=float(time.perf_counter() - t0), firings=(),
+            bytes_read=float(cost.bytes_read), flops=float(cost.flops),
+            arithmetic_intensity=float(cost.arithmetic_intensity)))
+
+
+__all__ = ["BlockDiffusionDecoder", "BlockDiffusionResult"]
