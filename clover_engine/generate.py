@@ -20,7 +20,11 @@ Rank 0 prints the text, the summary and the bytes each rank read, and saves the 
 A LLaDA or Dream checkpoint decodes with its own official sampler instead of the block decoder
 (`clover_engine.decoding.masked_diffusion_samplers`): ``--sampler llada`` (``--max-new-tokens`` is its
 ``gen_length``, ``--block-size`` its ``block_length``, ``--steps``, ``--remasking``) or ``--sampler dream``
-(``--steps``, ``--alg``, ``--alg-temp``), with ``--temperature`` and ``--seed``.
+(``--steps``, ``--alg``, ``--alg-temp``), with ``--temperature`` and ``--seed``. A Fast-dLLM v2 or SDAR
+checkpoint likewise (`clover_engine.decoding.block_diffusion_samplers`): ``--sampler fast_dllm_v2``
+(``--block-size``, ``--small-block-size``, ``--threshold`` compared with ``>``) or ``--sampler sdar``
+(``--block-size`` its ``block_length``, ``--steps`` its ``denoising_steps``, ``--remasking-strategy``,
+``--threshold`` its ``confidence_threshold``, ``--temperature`` (default 1.0 there), ``--top-k``).
 
 Wing: ``entry points``.
 """
@@ -41,6 +45,7 @@ from clover_engine.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_MODEL  # noqa:
 from clover_engine.checkpoint import best_memory_mode, file_as_model_dir, find_model_dir, load_model, load_tokenizer
 from clover_engine.decoding import decoder_for
 from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
+from clover_engine.decoding.block_diffusion_samplers import SDAR_REMASKING, FastDLLMv2Sampler, SDARSampler
 from clover_engine.decoding.masked_diffusion_samplers import DREAM_ALGS, LLADA_REMASKING, DreamSampler, LLaDASampler
 from clover_engine.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, example_names, example_prompt
 from clover_engine.prompting import model_input, trained_context_note
@@ -86,11 +91,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-per-step", type=int, default=2, help="slots written per step by --policy top_k")
     p.add_argument("--max-entropy", type=float, default=0.5, help="entropy bound (nats) of --policy entropy")
     p.add_argument("--factor", type=float, default=1.0, help="Fast-dLLM factor of --policy factor")
-    p.add_argument("--sampler", default="block", choices=["block", "llada", "dream"],
+    p.add_argument("--sampler", default="block", choices=["block", "llada", "dream", "fast_dllm_v2", "sdar"],
                    help="block: the block decoder with --policy (default); llada / dream: a masked diffusion "
                         "checkpoint's own official sampler over a canvas of --max-new-tokens slots right after the "
                         "prompt -- llada in blocks of --block-size, --steps forwards in all, --remasking; dream with "
                         "--steps, --alg, --alg-temp (clover_engine.decoding.masked_diffusion_samplers)")
+    p.add_argument("--small-block-size", type=int, default=8,
+                   help="--sampler fast_dllm_v2: slots per sub-block (default %(default)s, the original's)")
+    p.add_argument("--remasking-strategy", default="low_confidence_dynamic", choices=list(SDAR_REMASKING),
+                   help="--sampler sdar: which slots a step writes (default %(default)s)")
+    p.add_argument("--top-k", type=int, default=0, help="--sampler sdar: keep the k likeliest tokens per draw "
+                   "(0 = all; 1 = greedy)")
     p.add_argument("--steps", type=int, default=None,
                    help="--sampler llada / dream: forwards over the whole canvas (default: --max-new-tokens, one "
                         "slot per forward)")
@@ -194,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = " ".join(f"{k}={v}" for k, v in dc.to_dict().items() if k not in ("sampler", "top_candidates"))
         own_line = (f"[{Path(args.model).name}] {args.sampler} sampler {settings} | tokens={len(result.tokens)} "
                     f"NFE={result.nfe} tokens/forward={len(result.tokens) / max(result.nfe, 1):.2f} "
-                    f"stop={result.stop_reason} | threads={threads}")
+                    f"forced={result.n_forced} stop={result.stop_reason} | threads={threads}")
     elif caps.sampler != "block":  # a sampler of its own (DiffusionGemma): the block settings do not apply
         family, revisable = FAMILY_NAMES.get(caps.family, caps.family), "revisable; " if caps.revises_commits else ""
         own_line = (f"[{Path(args.model).name}] {family}, canvas {trained} ({revisable}block_size, threshold and "
@@ -296,13 +307,27 @@ def _decode_config(args):
                         repetition_penalty=args.repetition_penalty, eos_bias_soft_limit=args.eos_bias_soft_limit)
 
 
-def _official_sampler(args, caps) -> LLaDASampler | DreamSampler:
-    """The `LLaDASampler` / `DreamSampler` that ``--sampler`` names, from the command line's settings.
+def _official_sampler(args, caps) -> LLaDASampler | DreamSampler | FastDLLMv2Sampler | SDARSampler:
+    """The official sampler that ``--sampler`` names, from the command line's settings.
 
     Raises:
-        ValueError: a model that is not a masked diffusion checkpoint, or values the sampler refuses
-            (LLaDA: ``--max-new-tokens`` a multiple of ``--block-size``, ``--steps`` of the block count).
+        ValueError: a model of another family, or values the sampler refuses (LLaDA: ``--max-new-tokens`` a
+            multiple of ``--block-size``, ``--steps`` of the block count; Fast-dLLM v2: ``--block-size`` a
+            multiple of ``--small-block-size``; SDAR: a temperature of 0).
     """
+    if args.sampler in ("fast_dllm_v2", "sdar"):
+        if caps.family != "block_causal":
+            raise ValueError(f"--sampler {args.sampler} runs on a Fast-dLLM v2 or SDAR checkpoint; {args.model} is a "
+                             f"{caps.family} model -- leave --sampler out to use the block decoder")
+        if args.sampler == "fast_dllm_v2":
+            return FastDLLMv2Sampler(max_new_tokens=args.max_new_tokens, block_size=args.block_size,
+                                     small_block_size=min(args.small_block_size, args.block_size),
+                                     threshold=args.threshold, temperature=args.temperature, seed=args.seed)
+        temperature = args.temperature if args.temperature > 0 else 1.0  # SDAR divides by it: 0 means its default
+        return SDARSampler(gen_length=args.max_new_tokens, block_length=args.block_size,
+                           denoising_steps=args.steps or args.block_size, temperature=temperature, top_k=args.top_k,
+                           remasking_strategy=args.remasking_strategy, confidence_threshold=args.threshold,
+                           seed=args.seed)
     if caps.family != "masked_diffusion":
         raise ValueError(f"--sampler {args.sampler} runs on a LLaDA or Dream checkpoint; {args.model} is a "
                          f"{caps.family} model -- leave --sampler out to use the block decoder")

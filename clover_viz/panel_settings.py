@@ -22,6 +22,7 @@ import param
 from clover_viz.limits import size_text
 from clover_viz.models import bundled_models, bundled_purpose
 from clover_viz.panel_checks import bind, check_setting, checked, control
+from clover_viz.session_settings import THRESHOLD_UNUSED
 from clover_viz.panel_controls import clear_after_pick
 from clover_viz.session_settings import MAX_PROMPT_CHARS  # the prompt box's limit (the state checks it too)
 from clover_viz.state import ExplorerState
@@ -192,8 +193,7 @@ class SettingsPanel(pn.viewable.Viewer):
         self.model_label.object = f"**Model:** {html.escape(label)}{warn}"
         self.memory_mode.disabled = not (s.window_available and s.model_ok)
         # verify: the base decides what is written; llada / dream: their schedule does -- no threshold is read
-        unused = {"verify": "not used by verify: the base decides", "llada": "not used by the llada sampler: "
-                  "its schedule decides", "dream": "not used by the dream sampler: its schedule decides"}.get(s.policy)
+        unused = THRESHOLD_UNUSED.get(s.policy)
         self.threshold.disabled = unused is not None
         self.threshold.name = f"Threshold ({unused})" if unused else "Threshold"
         self.memory_note.object = (

@@ -34,14 +34,22 @@ from clover_viz.runs import prompt_of
 from clover_engine.cost import DEVICES
 from clover_engine.recording.trace import Trace
 from clover_engine.decoding.decoder import DecodeConfig
+from clover_engine.decoding.block_diffusion_samplers import FastDLLMv2Sampler, SDARSampler
 from clover_engine.decoding.masked_diffusion_samplers import DreamSampler, LLaDASampler
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX = 1, 2048
 MEMORY_MODES = ("state", "state+window")
-OFFICIAL_SAMPLERS = ("llada", "dream")
-"""Policies that are a masked diffusion family's own official sampler (`official_sampler`), offered beside
+OFFICIAL_SAMPLERS = ("llada", "dream", "fast_dllm_v2", "sdar")
+"""Policies that are a public diffusion family's own official sampler (`official_sampler`), offered beside
 the block decoder's slot policies."""
+SAMPLER_FAMILIES = {"llada": "masked_diffusion", "dream": "masked_diffusion", "fast_dllm_v2": "block_causal",
+                    "sdar": "block_causal"}
+"""Official sampler -> the `Capabilities.family` of the models it runs on."""
+THRESHOLD_UNUSED = {"verify": "not used by verify: the base decides",
+                    "llada": "not used by the llada sampler: its schedule decides",
+                    "dream": "not used by the dream sampler: its schedule decides"}
+"""Policy -> why the threshold control is off (fast_dllm_v2 and sdar read it: ``> threshold``)."""
 DEVICE_CHOICES = tuple(DEVICES) + ("this-machine",)
 MAX_PROMPT_CHARS = 2_000_000  # the prompt box's limit: > 30x the largest bundled context (65,536 tokens)
 # what the page calls each setting (the refusals name the control, not the parameter)
@@ -80,22 +88,40 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def official_sampler(name: str, loaded: LoadedModel | None, max_new_tokens: int,
-                     block_size: int) -> LLaDASampler | DreamSampler:
-    """The explorer's settings as LLaDA's or Dream's official sampler
-    (`clover_engine.decoding.masked_diffusion_samplers`): a canvas of ``max_new_tokens`` slots right after the
-    prompt, one slot per forward (``steps = gen_length``, the originals' chat default); LLaDA in blocks of
-    ``block_size`` with ``low_confidence`` remasking, Dream ranked by ``maskgit_plus`` (greedy). The
-    threshold is not read: the schedule decides how many slots a forward writes.
+def official_sampler(name: str, loaded: LoadedModel | None, max_new_tokens: int, block_size: int,
+                     threshold: float = 0.9) -> LLaDASampler | DreamSampler | FastDLLMv2Sampler | SDARSampler:
+    """The explorer's settings as a public family's official sampler (`clover_engine.decoding.masked_diffusion_samplers`,
+    `clover_engine.decoding.block_diffusion_samplers`):
+
+    * ``llada`` / ``dream``: a canvas of ``max_new_tokens`` slots right after the prompt, one slot per forward
+      (``steps = gen_length``, the originals' chat default); LLaDA in blocks of ``block_size`` with
+      ``low_confidence`` remasking, Dream ranked by ``maskgit_plus`` (greedy). The threshold is not read.
+    * ``fast_dllm_v2``: blocks of ``block_size`` (the KV-cache granularity), sub-blocks of 8 slots (the
+      original's default; the whole block when 8 does not divide it), ``threshold`` compared with ``>``,
+      greedy tokens.
+    * ``sdar``: blocks of ``block_size``, ``block_size`` denoising steps, ``low_confidence_dynamic`` with
+      ``confidence_threshold = threshold``, the original's draw (temperature 1.0) seeded with 0 so a run
+      can be repeated.
 
     Raises:
-        ValueError: a model that is not a LLaDA / Dream checkpoint, or a budget LLaDA cannot split into
-            blocks (``max_new_tokens`` not a multiple of ``block_size``), with what to change.
+        ValueError: a model of another family, or a budget LLaDA cannot split into blocks, with what to change.
     """
     family = loaded.capabilities.family if loaded is not None else None
-    if family != "masked_diffusion":
-        raise ValueError(f"policy {name!r} is {'LLaDA' if name == 'llada' else 'Dream'}'s official sampler and runs "
-                         f"on a LLaDA or Dream checkpoint; this model is a {family} model -- pick another policy")
+    want = SAMPLER_FAMILIES[name]
+    if family != want:
+        kind = "a LLaDA or Dream" if want == "masked_diffusion" else "a Fast-dLLM v2 or SDAR"
+        raise ValueError(f"policy {name!r} is an official sampler that runs on {kind} checkpoint; this model is a "
+                         f"{family} model -- pick another policy")
+    if want == "block_causal":
+        own = getattr(loaded.config, "family", None)
+        if own != name:
+            raise ValueError(f"policy {name!r} runs on {name} checkpoints; this one is {own} -- pick policy {own!r}")
+        if name == "fast_dllm_v2":
+            sub = 8 if block_size % 8 == 0 else block_size
+            return FastDLLMv2Sampler(max_new_tokens=max_new_tokens, block_size=block_size, small_block_size=sub,
+                                     threshold=threshold)
+        return SDARSampler(gen_length=max_new_tokens, block_length=block_size, denoising_steps=block_size,
+                           confidence_threshold=threshold, seed=0)
     if name == "llada":
         if max_new_tokens % block_size:
             raise ValueError(f"the llada sampler splits its canvas of max_new_tokens={max_new_tokens} slots into "
@@ -103,6 +129,21 @@ def official_sampler(name: str, loaded: LoadedModel | None, max_new_tokens: int,
                              f"{max(block_size, max_new_tokens // block_size * block_size)})")
         return LLaDASampler(gen_length=max_new_tokens, block_length=block_size, steps=max_new_tokens)
     return DreamSampler(max_new_tokens=max_new_tokens, steps=max_new_tokens, alg="maskgit_plus")
+
+
+def sampler_summary(dc: Any) -> str:
+    """One line for the status bar: what a `DecodeConfig` or an official sampler's settings will do."""
+    name = getattr(dc, "sampler", None)
+    if name == "fast_dllm_v2":
+        return (f"the fast_dllm_v2 sampler, blocks of {dc.block_size} in sub-blocks of {dc.small_block_size}, "
+                f"threshold > {dc.threshold:.2f}")
+    if name == "sdar":
+        return (f"the sdar sampler, blocks of {dc.block_length}, {dc.denoising_steps} steps each, "
+                f"{dc.remasking_strategy} > {dc.confidence_threshold:.2f}, temperature {dc.temperature:g}")
+    if name in OFFICIAL_SAMPLERS:  # llada / dream: their schedule, no threshold
+        return (f"the {name} sampler, canvas {dc.canvas_length}, {dc.steps} steps"
+                + (f", blocks of {dc.block_length}" if name == "llada" else ""))
+    return f"block_size {dc.block_size}, threshold {dc.threshold:.2f}"
 
 
 def _check_memory_mode(mode: str, loaded: LoadedModel | None) -> None:
@@ -127,7 +168,7 @@ class SessionSettings:
 
         if self.policy in OFFICIAL_SAMPLERS:  # a masked diffusion family's own sampler, not the block decoder
             return official_sampler(self.policy, loaded or self._loaded, int(self.max_new_tokens),
-                                    int(self.block_size))
+                                    int(self.block_size), float(self.threshold))
         _check_memory_mode(self.memory_mode, loaded or self._loaded)
         return DecodeConfig(
             block_size=int(self.block_size), threshold=float(self.threshold),

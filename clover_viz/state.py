@@ -70,6 +70,7 @@ from clover_viz.session_settings import (
     MAX_NEW_TOKENS_MIN,
     MEMORY_MODES,
     OFFICIAL_SAMPLERS,
+    sampler_summary,
     SessionSettings,
     _check_memory_mode,
 )
@@ -314,11 +315,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         def decode(hook: Any, cancel: threading.Event) -> None:
             decoder.generate(prompt_ids, hooks=[hook], record_trace=False, cancel=cancel, config=dc)
 
-        if getattr(dc, "sampler", None) in OFFICIAL_SAMPLERS:  # a family's own sampler: its schedule, no threshold
-            how = (f"the {dc.sampler} sampler, canvas {dc.canvas_length}, {dc.steps} steps"
-                   + (f", blocks of {dc.block_length}" if dc.sampler == "llada" else ""))
-        else:
-            how = f"block_size {dc.block_size}, threshold {dc.threshold:.2f}"
+        how = sampler_summary(dc)
         long_prompt = live.meta["trained_context_note"]
         self._start_run(live, decode, dc.canvas_length if hasattr(dc, "canvas_length") else dc.max_new_tokens,
                         f"decoding with {loaded.label}: {how}" + (" · prompt " + given.note if given.wrapped else "")

@@ -25,6 +25,10 @@ against the cache, and a finished block committed by one more forward over it.
   drawn token overwrites them). SDAR's ``entropy_bounded`` is refused: in the pinned original it
   raises ``NameError`` (``transfer_index`` is never created in that branch).
 
+One divergence, where the original never returns: Fast-dLLM v2 does not exclude the MASK id from the
+candidates, so at temperature 0 a step whose every written slot takes the MASK id repeats for ever (the
+same input gives the same forward); here that slot takes its best token other than MASK (a forced fill).
+
 Draws come from a ``torch.Generator`` seeded with ``seed``, in the order the originals draw from torch's
 global generator, so ``torch.manual_seed(seed)`` before the original gives the same tokens.
 
@@ -51,10 +55,12 @@ class FastDLLMv2Sampler:
     """Fast-dLLM v2's sampler (``Fast_dLLM_QwenForCausalLM.generate``), its parameters and defaults.
 
     Attributes:
-        max_new_tokens: answer budget; ``max_new_tokens // block_size`` blocks are decoded (default 2048).
+        max_new_tokens: answer budget; ``max_new_tokens // block_size`` blocks are decoded (the original has no
+            default; 2048 here).
         block_size: slots per block, the KV-cache granularity (default 32, the trained block).
         small_block_size: slots per sub-block, a divisor of ``block_size`` (default 8).
-        threshold: a masked slot is written when its probability is ``> threshold`` (default 0.9).
+        threshold: a masked slot is written when its probability is ``> threshold`` (the original's default 1.0:
+            one slot per forward; its README uses 0.9).
         top_p, temperature: token sampling (temperature 0, the default, is the argmax).
         stop_token: the id that ends the answer (None: the model's EOS).
         seed: seeds the draws at temperature > 0 (None: torch's global generator).
@@ -70,7 +76,7 @@ class FastDLLMv2Sampler:
     max_new_tokens: int = 2048
     block_size: int = 32
     small_block_size: int = 8
-    threshold: float = 0.9
+    threshold: float = 1.0
     top_p: float = 0.95
     temperature: float = 0.0
     stop_token: int | None = None
@@ -93,6 +99,11 @@ class FastDLLMv2Sampler:
         for name in ("stop_token", "seed"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _int(name, getattr(self, name), 0))
+
+    @property
+    def canvas_length(self) -> int:
+        """The answer budget (``max_new_tokens``; the commit of the last block may add one more token)."""
+        return self.max_new_tokens
 
     def to_dict(self) -> dict:
         return {"sampler": self.sampler, **asdict(self)}
@@ -153,6 +164,11 @@ class SDARSampler:
             object.__setattr__(self, "stop_token_ids", tuple(_int("stop_token_ids", t, 0) for t in ids))
         if self.seed is not None:
             object.__setattr__(self, "seed", _int("seed", self.seed, 0))
+
+    @property
+    def canvas_length(self) -> int:
+        """The answer budget (``gen_length``; the last block may run past it to its end)."""
+        return self.gen_length
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -220,7 +236,17 @@ def fast_dllm_v2_step(sub: torch.Tensor, logits: torch.Tensor, mask_id: int, cfg
     unmask_idx[torch.arange(x_1.shape[0]), max_prob_idx] = True
     unmask_idx = unmask_idx & mask_idx
     sub[unmask_idx] = x_1[unmask_idx]
-    return BlockStep(x_1[0], prob[0], unmask_idx[0], (unmask_idx & ~passed)[0])
+    forced = unmask_idx & ~passed
+    if cfg.temperature <= 0 and not (unmask_idx & (x_1 != mask_id)).any():
+        # every slot written took the MASK id itself: the original, deterministic at temperature 0, would repeat
+        # this forward for ever; the most probable slot takes its best token other than MASK instead
+        j = int(max_prob_idx[0])
+        best = p_1t[0, j].clone()
+        best[mask_id] = -1.0
+        sub[0, j] = x_1[0, j] = int(best.argmax())
+        prob[0, j] = best.max()
+        unmask_idx[0, j] = forced[0, j] = True
+    return BlockStep(x_1[0], prob[0], unmask_idx[0], forced[0])
 
 
 # ------------------------------------------------------------------------------------- SDAR

@@ -38,8 +38,17 @@ OFFICIAL = {
         "sdar_hub/fused_linear_diffusion_cross_entropy.py":
             "training/model/SDAR-4B-Chat/fused_linear_diffusion_cross_entropy.py",
     }),
+    # Fast-dLLM v2: the hub files of Efficient-Large-Model/Fast_dLLM_v2_7B (modeling.py, configuration.py) are not on
+    # GitHub in NVlabs' repository; this copy (committed 2025-10-16) differs from the hub's modeling.py only in
+    # its import line of the config module (which the path below satisfies); two more copies (Satgoy152/
+    # DualDiffusion 189fa7a, PunchlineAAAA/Fast-dLLM 54b8ad4) agree with it but for their own one-line edits
+    "fast_dllm_v2": dict(repo="Gertlek/Fast-dLLM", commit="a8a787864e7aa2f80c984c616970c2eab072eece", files={
+        "transformers_modelling/qwen_2_5_modelling.py": "blockfast/transformers_modelling/qwen_2_5_modelling.py",
+        "transformers_modelling/fast_dllm_qwen_2_5_config.py":
+            "blockfast/transformers_modelling/fast_dllm_qwen_2_5_config.py",
+    }),
 }
-FAMILIES = {"sdar": "sdar"}
+FAMILIES = {"fast_dllm_v2": "fast_dllm_v2", "sdar": "sdar"}
 """The families whose official code this script runs (the key of `OFFICIAL` that holds it)."""
 
 
@@ -69,7 +78,8 @@ def main() -> None:
         about="Answers of Fast-dLLM v2's and SDAR's official code on tiny random checkpoints in their hub layouts; "
               "written by tests/fidelity/make_block_diffusion_expected.py. SDAR ran on CPU with flash_attn's "
               "rms_norm_fn and flash_attn_func replaced by the same operations in plain torch "
-              "(tests/fidelity/run_official_block_diffusion.py CPU_FLASH_ATTN).",
+              "(tests/fidelity/run_official_block_diffusion.py CPU_FLASH_ATTN). Fast-dLLM v2 ran its hub model's own "
+              "generate (greedy, temperature 0, or seeded top-p draws).",
         official={k: dict(repo=OFFICIAL[v]["repo"], commit=OFFICIAL[v]["commit"],
                           files=sorted(OFFICIAL[v]["files"].values())) for k, v in FAMILIES.items()},
         official_env=dict(torch=versions[0], transformers=versions[1]),

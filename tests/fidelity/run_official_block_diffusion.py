@@ -4,7 +4,7 @@ transformers 4.53; it imports nothing of this project).
 
 Usage: ``python run_official_block_diffusion.py OFFICIAL_DIR JOB_JSON OUT_JSON``. ``OFFICIAL_DIR`` holds the
 fetched official files: ``sdar_hub/`` (SDAR's modeling / configuration files), ``sdar_generate.py`` (SDAR's
-``generate.py``), ``fast_dllm_hub/`` (the Fast-dLLM v2 hub modeling / configuration files). Every case's
+``generate.py``), ``transformers_modelling/`` (the Fast-dLLM v2 hub modeling / configuration files). Every case's
 answer (the tokens after the prompt, as the original returns them) is written to ``OUT_JSON``, with the
 logits of one cached block step (the first denoising forward after the prompt's prefill) for the logits check.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import sys
 from pathlib import Path
 
@@ -86,8 +87,8 @@ def load_sdar(directory: Path):
 
 
 def load_fast_dllm(directory: Path):
-    from fast_dllm_hub.configuration import Fast_dLLM_QwenConfig
-    from fast_dllm_hub.modeling import Fast_dLLM_QwenForCausalLM
+    from transformers_modelling.fast_dllm_qwen_2_5_config import Fast_dLLM_QwenConfig
+    from transformers_modelling.qwen_2_5_modelling import Fast_dLLM_QwenForCausalLM
     from safetensors.torch import load_file
 
     data = _config_data(directory)
@@ -120,6 +121,33 @@ def _first_block_logits_sdar(model, prompt: torch.Tensor, block: int, mask_id: i
                  use_cache=True, store_kv=False).logits[0]
 
 
+def _first_block_logits_fast_dllm(model, prompt: torch.Tensor, block: int, mask_id: int) -> torch.Tensor:
+    """The raw logits (before generate's shift) of a denoising forward of the block after the prompt's prefill."""
+    P = prompt.shape[1]
+    pre = P // block * block
+    cache = None
+    if pre:
+        cache = model(input_ids=prompt[:, :pre], use_cache=True, update_past_key_values=True,
+                      block_size=block).past_key_values
+    cur = torch.full((1, block), mask_id)
+    cur[0, : P - pre] = prompt[0, pre:]
+    return model(input_ids=cur, use_cache=True, past_key_values=cache, update_past_key_values=False,
+                 block_size=block).logits[0]
+
+
+HANG_S = 60
+"""A case the official code has not finished after this many seconds is recorded as ``hangs`` (Fast-dLLM v2's
+generate repeats a forward for ever when every slot it writes takes the MASK id)."""
+
+
+class _Hang(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Hang()
+
+
 def main(official_dir: str, job_path: str, out_path: str) -> None:
     official = Path(official_dir)
     _write_shim(official)
@@ -141,28 +169,38 @@ def main(official_dir: str, job_path: str, out_path: str) -> None:
         seed = s.pop("seed", None)
         if seed is not None:
             torch.manual_seed(seed)
-        with torch.no_grad():
-            if family == "sdar":
-                import sdar_generate
-
-                stop = s.pop("stop_token_ids")
-                x = sdar_generate.block_diffusion_generate(model, {"input_ids": prompt}, job["mask_id"],
-                                                           stopping_criteria_idx=stop, **s)
-                answer = x[0, prompt.shape[1]:].tolist()
-                logits = _first_block_logits_sdar(model, prompt, s["block_length"], job["mask_id"])
-            else:
-                stop = s.pop("stop_token")
-                x = model.generate(prompt, mask_id=job["mask_id"], stop_token=stop, **s)
-                answer = x[0, prompt.shape[1]:].tolist()
-                logits = None
-        rec = dict(canvas=answer)
-        if logits is not None:
-            rec["step_logits"] = [[round(float(v), 6) for v in row] for row in logits[:, :64]]
-            rec["step_logits_max_abs"] = round(float(logits.abs().max()), 6)
-            assert math.isfinite(rec["step_logits_max_abs"])
+        signal.signal(signal.SIGALRM, _alarm)
+        signal.alarm(HANG_S)
+        try:
+            rec = _run_case(model, family, prompt, s, job["mask_id"])
+        except _Hang:
+            rec = dict(canvas=None, hangs=True)
+        finally:
+            signal.alarm(0)
         results[case["id"]] = rec
-        print(case["id"], "done", flush=True)
+        print(case["id"], "hangs" if rec.get("hangs") else "done", flush=True)
     Path(out_path).write_text(json.dumps(results))
+
+
+def _run_case(model, family: str, prompt: torch.Tensor, s: dict, mask_id: int) -> dict:
+    """One case through the official sampler: its answer and the logits of a cached block step."""
+    with torch.no_grad():
+        if family == "sdar":
+            import sdar_generate
+
+            stop = s.pop("stop_token_ids")
+            x = sdar_generate.block_diffusion_generate(model, {"input_ids": prompt}, mask_id,
+                                                       stopping_criteria_idx=stop, **s)
+            logits = _first_block_logits_sdar(model, prompt, s["block_length"], mask_id)
+        else:
+            stop = s.pop("stop_token")
+            x = model.generate(prompt, mask_id=mask_id, stop_token=stop, **s)
+            logits = _first_block_logits_fast_dllm(model, prompt, s["block_size"], mask_id)
+    rec = dict(canvas=x[0, prompt.shape[1]:].tolist())
+    rec["step_logits"] = [[round(float(v), 6) for v in row] for row in logits[:, :64]]
+    rec["step_logits_max_abs"] = round(float(logits.abs().max()), 6)
+    assert math.isfinite(rec["step_logits_max_abs"])
+    return rec
 
 
 if __name__ == "__main__":
