@@ -187,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: {given.note}", file=sys.stderr)
         args.prompt = given.text
         trained = caps.largest_trained_block
-        if caps.sampler == "block" and trained is not None and dc.block_size > trained:
-            print(f"note: block_size {dc.block_size} is larger than any block {Path(args.model).name} was trained "
+        block = getattr(dc, "block_size", None) or getattr(dc, "block_length", None)
+        if trained is not None and block is not None and caps.sampler == "block" and block > trained:
+            print(f"note: block_size {block} is larger than any block {Path(args.model).name} was trained "
                   f"on (at most {trained}): expect worse text; --block-size {trained} or less stays in "
                   "distribution", file=sys.stderr)
         long_prompt = trained_context_note(len(decoder.encode_prompt(args.prompt)), caps)

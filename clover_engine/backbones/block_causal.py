@@ -442,5 +442,59 @@ def save_block_causal(lm: nn.Module, path: str | Path, model_type: str, mask_tok
     return out
 
 
+CHATML_TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+                   "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+"""Qwen's ChatML chat template (the shape of Fast-dLLM v2's and SDAR's), for `write_tiny_block_causal`."""
+
+
+def write_tiny_block_causal(directory: str | Path, model_type: str, seed: int = 0, sharpen: float = 12.0,
+                            block_size: int = 8) -> Path:
+    """Write a tiny random checkpoint of a block-causal family in its hub layout, tokenizer and chat template
+    included, to try the engine, the explorer and the tutorials without a download.
+
+    Two layers, hidden 64, a byte-level tokenizer (`clover_engine.tokenizer.byte_tokenizer`, ChatML special
+    tokens) plus the family's MASK token -- named in ``added_tokens.json`` as the hub checkpoints do (no
+    ``mask_token_id`` in ``config.json``) -- ``generation_config.json`` with ``<|im_end|>`` as the end of a
+    turn, and the output layer multiplied by ``sharpen`` so confidences spread over (0, 1).
+
+    Raises:
+        ValueError: an unknown ``model_type``.
+    """
+    import transformers  # local: transformers is heavy
+
+    from clover_engine.tokenizer import byte_tokenizer  # local: only this writer needs it
+
+    family = family_of(model_type)
+    if family is None:
+        raise ValueError(f"model_type must be one of {', '.join(f.model_type for f in FAMILIES.values())}, "
+                         f"got {model_type!r}")
+    out = Path(directory)
+    tok = byte_tokenizer()
+    tok.add_special_tokens([family.mask_token])
+    mask_id, eos, pad = tok.token_to_id(family.mask_token), tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
+    dims = dict(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                eos_token_id=pad, bos_token_id=pad, pad_token_id=pad, rope_theta=10000.0, rms_norm_eps=1e-6,
+                tie_word_embeddings=False)
+    cls, cfg_cls = ((transformers.Qwen2ForCausalLM, transformers.Qwen2Config) if family.architecture == "qwen2"
+                    else (transformers.Qwen3ForCausalLM, transformers.Qwen3Config))
+    torch.manual_seed(seed)
+    lm = cls(cfg_cls(**dims)).eval()
+    with torch.no_grad():
+        lm.lm_head.weight.mul_(sharpen)
+    save_block_causal(lm, out, model_type, mask_id, block_size)
+    data = json.loads((out / "config.json").read_text())
+    data.pop("mask_token_id")  # as published: the MASK id comes from the tokenizer's added tokens
+    (out / "config.json").write_text(json.dumps(data, indent=2))
+    tok.save(str(out / "tokenizer.json"))
+    (out / "added_tokens.json").write_text(json.dumps({family.mask_token: mask_id}))
+    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                                                           "mask_token": family.mask_token,
+                                                           "chat_template": CHATML_TEMPLATE}))
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, pad], "pad_token_id": pad}))
+    return out
+
+
 __all__ = ["FAMILIES", "FORMATS", "BlockCausalConfig", "BlockCausalModel", "BlockCausalState", "Family",
-           "block_causal_mask", "family_of", "load_block_causal", "mask_token_id_of", "save_block_causal"]
+           "block_causal_mask", "family_of", "load_block_causal", "mask_token_id_of", "save_block_causal",
+           "write_tiny_block_causal"]
