@@ -447,7 +447,7 @@ CHATML_TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n'
 """Qwen's ChatML chat template (the shape of Fast-dLLM v2's and SDAR's), for `write_tiny_block_causal`."""
 
 
-def write_tiny_block_causal(directory: str | Path, model_type: str, seed: int = 0, sharpen: float = 12.0,
+def write_tiny_block_causal(directory: str | Path, model_type: str, seed: int = 0, sharpen: float = 100.0,
                             block_size: int = 8) -> Path:
     """Write a tiny random checkpoint of a block-causal family in its hub layout, tokenizer and chat template
     included, to try the engine, the explorer and the tutorials without a download.
@@ -455,7 +455,8 @@ def write_tiny_block_causal(directory: str | Path, model_type: str, seed: int = 
     Two layers, hidden 64, a byte-level tokenizer (`clover_engine.tokenizer.byte_tokenizer`, ChatML special
     tokens) plus the family's MASK token -- named in ``added_tokens.json`` as the hub checkpoints do (no
     ``mask_token_id`` in ``config.json``) -- ``generation_config.json`` with ``<|im_end|>`` as the end of a
-    turn, and the output layer multiplied by ``sharpen`` so confidences spread over (0, 1).
+    turn, and the output layer multiplied by ``sharpen`` (default 100: some slots confident, so a forward can
+    write several; at 12 nearly every slot is a forced fill).
 
     Raises:
         ValueError: an unknown ``model_type``.
