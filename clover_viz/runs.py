@@ -184,10 +184,10 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
         "device": (trace.meta or {}).get("device"),
         "stop_reason": s["stop_reason"],
         "bytes_read": s.get("bytes_read"),
-        # an official sampler's run (clover_engine.decoding.masked_diffusion_samplers): LLaDA's block_length,
-        # Dream's one canvas; its name as the policy
+        # an official sampler's run (clover_engine.decoding.masked_diffusion_samplers / block_diffusion_samplers):
+        # LLaDA's / SDAR's block_length, Dream's one canvas, SDAR's confidence_threshold; its name as the policy
         "block_size": dc.get("block_size", dc.get("block_length", dc.get("max_new_tokens"))),
-        "threshold": dc.get("threshold"),
+        "threshold": dc.get("threshold", dc.get("confidence_threshold")),
         "policy": dc.get("policy", dc.get("sampler")),
         "memory_mode": dc.get("memory_mode"),
         "text": "".join(trace.token_str(t) for t in ids),
