@@ -23,6 +23,8 @@ Tests: ``.venv/bin/python -m pytest tests/apps/test_explorer_newcomer.py -q``
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import textwrap
 from typing import Any
@@ -129,6 +131,36 @@ def official_sampler(name: str, loaded: LoadedModel | None, max_new_tokens: int,
                              f"{max(block_size, max_new_tokens // block_size * block_size)})")
         return LLaDASampler(gen_length=max_new_tokens, block_length=block_size, steps=max_new_tokens)
     return DreamSampler(max_new_tokens=max_new_tokens, steps=max_new_tokens, alg="maskgit_plus")
+
+
+def controls_of(dc: Any) -> tuple[int, float | None]:
+    """(block size, threshold) that the block size and threshold controls show for a `DecodeConfig` or an
+    official sampler's settings; the threshold is None where the sampler reads none (LLaDA, Dream, verify)."""
+    name = getattr(dc, "sampler", None)
+    if name == "sdar":
+        return int(dc.block_length), float(dc.confidence_threshold)
+    if name == "llada":
+        return int(dc.block_length), None
+    if name == "dream":
+        return int(dc.max_new_tokens), None
+    return int(dc.block_size), (None if getattr(dc, "policy", "") == "verify" else float(dc.threshold))
+
+
+def with_controls(dc: Any, block_size: int, threshold: float) -> Any:
+    """``dc`` with the block size and threshold controls' values put into the sampler's own parameters
+    (Fast-dLLM v2: ``block_size`` / ``threshold``, its sub-block kept when it divides the block, else the whole
+    block; SDAR: ``block_length`` / ``confidence_threshold``; LLaDA: ``block_length``; Dream: unchanged)."""
+    name = getattr(dc, "sampler", None)
+    if name == "sdar":
+        return dataclasses.replace(dc, block_length=block_size, confidence_threshold=threshold)
+    if name == "fast_dllm_v2":
+        sub = dc.small_block_size if block_size % dc.small_block_size == 0 else block_size
+        return dataclasses.replace(dc, block_size=block_size, small_block_size=sub, threshold=threshold)
+    if name == "llada":
+        return dataclasses.replace(dc, block_length=block_size)
+    if name == "dream":
+        return dc
+    return dataclasses.replace(dc, threshold=threshold, block_size=block_size)
 
 
 def sampler_summary(dc: Any) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from clover_viz import figures as F
 from clover_viz.runs import diff_caption, forced_past_answer
+from clover_viz.session_settings import with_controls
 
 _LIVE_MIN_INTERVAL_S = 0.05  # redraw at most ~20 times a second while decoding
 _POLL_S = 0.005  # wait between drains when the decode has queued nothing new
@@ -55,10 +56,10 @@ class ExplorerDecoding:
 
     # ------------------------------------------------------------------ decoding
     def decode_config(self) -> Any:
-        """The `DecodeConfig` the next decode uses: `config`, with the threshold and block_size widgets'
-        values (they show `config` unless the user has just moved them)."""
-        return dataclasses.replace(self.config, threshold=float(self.threshold.value),
-                                   block_size=int(self.block_size.value))
+        """The `DecodeConfig` (or official sampler's settings) the next decode uses: `config`, with the
+        threshold and block_size widgets' values in the sampler's own parameters
+        (`clover_viz.session_settings.with_controls`; they show `config` unless the user has just moved them)."""
+        return with_controls(self.config, int(self.block_size.value), float(self.threshold.value))
 
     def start_decode(self, prompt: str | None = None, **overrides: Any) -> bool:
         """Start decoding in the background and return at once (the Decode button and the sliders).

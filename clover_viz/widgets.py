@@ -75,7 +75,7 @@ from clover_viz import figures as F
 from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS
 from clover_viz.models import DEFAULT_MODEL_DIR, LoadedModel, resolve_model
 from clover_viz.runs import run_stats, summary_cards_html
-from clover_viz.session_settings import BLOCK_SIZES
+from clover_viz.session_settings import BLOCK_SIZES, controls_of
 from clover_viz.state import ExplorerState
 from clover_viz.widget_branches import BranchWidgets
 from clover_viz.widget_bundle import _CarrierFigure, _StubFigure, _live_widgets, _register
@@ -241,12 +241,11 @@ class Explorer(ExplorerDecoding):
         self._link = W.jslink((self.play, "value"), (self.step_slider, "value"))
         self.speed = W.IntSlider(value=10, min=1, max=60, description="fps", continuous_update=False,
                                  layout=W.Layout(width="220px"))
-        thr = float(get("threshold", 0.95))
+        bs, read = controls_of(dc) if has_model else (int(get("block_size", 32)), get("threshold", 0.95))
+        thr = 0.95 if read is None else float(read)  # None: the sampler reads no threshold (verify, LLaDA, Dream)
         self.threshold = W.FloatSlider(value=thr, min=min(THRESHOLD_MIN, thr), max=THRESHOLD_MAX, step=0.01,
                                        description="threshold", continuous_update=False,
-                                       readout_format=_threshold_format(thr),
-                                       disabled=not has_model or get("policy", "") == "verify")  # the base decides
-        bs = int(get("block_size", 32))
+                                       readout_format=_threshold_format(thr), disabled=not has_model or read is None)
         self.block_size = W.Dropdown(options=_block_size_options(bs), value=bs, description="block_size",
                                      disabled=not has_model, layout=W.Layout(width="200px"))
         self.prompt_box = W.Textarea(value=self.prompt, description="prompt", rows=3,
@@ -508,7 +507,8 @@ class Explorer(ExplorerDecoding):
         range widens it (the readout shows as many decimals as the value needs)."""
         quiet, self._quiet = self._quiet, True
         try:
-            bs, thr = int(dc.block_size), float(dc.threshold)
+            bs, read = controls_of(dc)  # an official sampler's own parameters; None: no threshold is read
+            thr = float(self.threshold.value) if read is None else read
             options = _block_size_options(bs)
             if list(self.block_size.options) != options:
                 self.block_size.options = options  # resets the value: set it again below
@@ -516,8 +516,8 @@ class Explorer(ExplorerDecoding):
             self.threshold.min = min(THRESHOLD_MIN, thr)
             self.threshold.readout_format = _threshold_format(thr)
             self.threshold.value = thr
-            # verify writes what the base would write: no threshold is read, so none can be set
-            self.threshold.disabled = self.config is None or getattr(dc, "policy", "") == "verify"
+            # verify writes what the base would write, LLaDA / Dream follow their schedule: no threshold is read
+            self.threshold.disabled = self.config is None or read is None
         finally:
             self._quiet = quiet
 

@@ -126,3 +126,22 @@ def test_cli_sampler_flags_and_hub_ids_from_a_filled_cache(tiny, tmp_path):
     wrong = subprocess.run([sys.executable, "-m", "clover_engine.generate", "--model", HUB_IDS["sdar"], "--prompt", "Hi",
                             "--sampler", "llada"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert wrong.returncode == 2 and "runs on a LLaDA or Dream checkpoint" in wrong.stderr
+
+
+def test_the_notebook_explorer_decodes_both_families_and_its_sliders_set_their_parameters(tiny):
+    from clover_viz.widgets import Explorer
+
+    for mt, cfg in (("sdar", SDARSampler(gen_length=16, block_length=8, denoising_steps=8, seed=0)),
+                    ("Fast_dLLM_Qwen", FastDLLMv2Sampler(max_new_tokens=16, block_size=8, threshold=0.9))):
+        ex = Explorer(str(tiny[mt]), decode_config=cfg, prompt="Hello there")
+        try:
+            assert ex.start_decode() and ex.wait(60)
+            assert ex.trace.decode_config["sampler"] == cfg.sampler and len(ex.trace) > 0
+            assert not ex.threshold.disabled and ex.block_size.value == 8
+            ex.threshold.value = 0.5  # a slider move re-decodes with the family's own parameter set
+            assert ex.wait(60)
+            dc = ex.trace.decode_config
+            assert dc.get("confidence_threshold", dc.get("threshold")) == 0.5
+            ex.show_step(1)
+        finally:
+            ex.close()
