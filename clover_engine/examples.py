@@ -2,17 +2,26 @@
 the Panel app's picker and the notebook `Explorer` (`clover_viz.examples` re-exports them).
 
 `EXAMPLE_PROMPTS` maps a name to prompt text for the bundled clover-tiny -- two agent conversations
-in the chat layout it is trained on, and a code completion; `DEFAULT_EXAMPLE` names the one a new
-session starts with (and the README's first decode). `CHAT_EXAMPLE_PROMPTS` are ordinary questions
-and instructions (and one tool call with tools the model never saw) in SmolLM2's ChatML with its
-default system turn, for chat models adapted from a pretrained base (``models/smollm2-bd``);
+in the chat layout it is trained on; `DEFAULT_EXAMPLE` names the one a new session starts with (and
+the README's first decode). `CHAT_EXAMPLE_PROMPTS` are ordinary questions and instructions in
+SmolLM2's ChatML with its default system turn, for chat models adapted from a pretrained base
+(``models/smollm2-bd``, ``models/smollm2-drafter``);
 `CHAT_QUESTIONS` are the same questions as plain text, for models with their own chat template.
 `WEATHER_PROMPT` is a short one-tool agent prompt. `example_prompt` looks any of them up by name.
+
+`EXAMPLE_CLAIMS` says what each example shows, on which bundled model and settings, with the numbers a
+decode must reach (tokens per forward, forced share): the picker shows `example_note`, and
+``tests/clover_engine/test_example_claims.py`` decodes every example and checks them. Two examples were
+dropped because they showed nothing but noise: a code completion (clover-tiny: 128 of 128 tokens forced)
+and a tool call with an unseen tool (smollm2-bd: "Sure, I can. that."; smollm2-bd-tools: a call missing
+one argument, 0.96 tokens per forward).
 
 Wing: ``ground``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 # The agent prompts are in the chat layout the bundled model is trained on (clover_engine.data.agent); each
 # ends at "<|im_start|>assistant\n", where the tool call starts. "agent tool call" is the held-out
@@ -41,13 +50,6 @@ EXAMPLE_PROMPTS: dict[str, str] = {
         '"required": ["customer_id", "city", "confirm_customer_id"]}}<|im_end|>\n'
         '<|im_start|>user\nHey. Please update an address (customer_id="USR-38475", city="Naples").<|im_end|>\n'
         "<|im_start|>assistant\n"
-    ),
-    "code completion": (
-        "def _splitext(p, sep, altsep, extsep):\n"
-        '    """Split the extension from a pathname.\n\n'
-        "    Extension is everything from the last dot to the end, ignoring\n"
-        '    leading dots.  Returns "(root, ext)"; ext may be empty."""\n'
-        "    sepIndex = p.rfind(sep)\n"
     ),
     "long tool chain": (
         "<|im_start|>system\nYou are a helpful assistant with tools:\n"
@@ -110,16 +112,6 @@ applied at decode time (`clover_engine.prompting.model_input`), so the picker sh
 
 CHAT_EXAMPLE_PROMPTS: dict[str, str] = {
     **{name: _chat(question) for name, question in CHAT_QUESTIONS.items()},
-    # an open-vocabulary tool call (clover_engine.data.open_tools, eval vocabulary: never in training)
-    "tool call (unseen tool)": (
-        "<|im_start|>system\nYou are a helpful assistant with tools:\n"
-        '{"name": "quarantineKiosk", "description": "Quarantine a kiosk.", "parameters": {"type": "object", '
-        '"properties": {"lane": {"type": "integer"}, "interimHumidity": {"type": "number"}, "gauge": '
-        '{"type": "number"}, "spareTier": {"type": "string", "enum": ["north", "south", "east", "west"]}}, '
-        '"required": ["lane", "interimHumidity", "gauge", "spareTier"]}}<|im_end|>\n'
-        "<|im_start|>user\nQuick one: can you quarantine a kiosk lane of 80447, a interim humidity of 925.3, "
-        "a gauge of 957.57 and spare tier west?<|im_end|>\n<|im_start|>assistant\n"
-    ),
 }
 DEFAULT_CHAT_EXAMPLE = "question"
 
@@ -137,6 +129,63 @@ def example_names() -> list[str]:
     return [*EXAMPLE_PROMPTS, *CHAT_EXAMPLE_PROMPTS]
 
 
+@dataclass(frozen=True)
+class ExampleClaim:
+    """What an example shows, measured: decoded by ``model`` (a bundled model's name) with ``settings``
+    (`clover_engine.decoding.config.DecodeConfig` fields), it reaches at least ``tokens_per_forward``
+    (tokens per base forward for policy ``verify``) with at most ``forced_share`` of its tokens forced fills
+    (None: not a claim -- under verify the base writes every token itself). ``shows`` is the point in words;
+    ``contains`` text the answer must hold. Numbers measured on this repository's CPU decode (greedy,
+    deterministic) with a little room below."""
+
+    model: str
+    settings: dict = field(default_factory=dict)
+    tokens_per_forward: float = 1.0
+    forced_share: float | None = None
+    shows: str = ""
+    contains: tuple[str, ...] = ()
+
+    def note(self) -> str:
+        """One line for the picker: the point, the model and settings, the numbers."""
+        s = self.settings
+        how = (f"policy verify, blocks of {s.get('block_size')}" if s.get("policy") == "verify"
+               else f"block {s.get('block_size')} / threshold {s.get('threshold')}")
+        unit = "tokens per base forward" if s.get("policy") == "verify" else "tokens per forward"
+        forced = "" if self.forced_share is None else f", at most {self.forced_share:.0%} forced"
+        return f"{self.shows} -- {self.model}, {how}: at least {self.tokens_per_forward:g} {unit}{forced}"
+
+
+_TINY = dict(block_size=32, threshold=0.95, memory_mode="state+window", max_new_tokens=128)
+_VERIFY = dict(block_size=8, policy="verify", max_new_tokens=64)
+EXAMPLE_CLAIMS: dict[str, ExampleClaim] = {
+    # measured: 51 tokens in 8 forwards, 0 forced, the call exact
+    "agent tool call": ExampleClaim("clover-tiny", _TINY, 6.0, 0.0, "the held-out tool call, written exactly, a "
+                                    "block at a time", ('"customer_id": "USR-38475", "city": "Naples"',)),
+    # measured: 53 tokens in 27 forwards, 11 forced; the sixth call repeats the first refund
+    "long tool chain": ExampleClaim("clover-tiny", _TINY, 1.8, 0.25, "where a 6 M model fails: deep in a chain "
+                                    "its sixth call repeats an earlier one (wrong on purpose)",
+                                    ('"name": "refund_order"',)),
+    # smollm2-bd answers it right (measured: 13 tokens in 14 forwards, 10 forced, "A spider has 8 legs."); the
+    # drafter's base, SmolLM2-135M itself, answers it wrong ("two pairs of legs")
+    "question": ExampleClaim("smollm2-bd", dict(block_size=32, threshold=0.95, max_new_tokens=64), 0.9, 0.8,
+                             "a plain question answered right by the adapter -- mostly forced fills: it is unsure",
+                             ("8 legs",)),
+    # smollm2-drafter, verify: the base's own greedy answer; measured 1.10 / 1.45 / 2.21 tokens per base forward
+    "explanation": ExampleClaim("smollm2-drafter", _VERIFY, 1.05, None, "the base's own explanation, drafted ahead",
+                                ("Rayleigh scattering",)),
+    "instruction": ExampleClaim("smollm2-drafter", _VERIFY, 1.35, None, "the base's own poem, drafted ahead"),
+    "code": ExampleClaim("smollm2-drafter", _VERIFY, 2.0, None, "code drafts well: the base accepts long runs",
+                         ("def factorial(n):",)),
+}
+"""Example name -> `ExampleClaim` (every example of `EXAMPLE_PROMPTS` and `CHAT_EXAMPLE_PROMPTS` has one)."""
+
+
+def example_note(name: str) -> str:
+    """The picker's line for an example (`ExampleClaim.note`), or "" for a name with no claim."""
+    claim = EXAMPLE_CLAIMS.get(name)
+    return claim.note() if claim is not None else ""
+
+
 def example_prompt(name: str) -> str:
     """The prompt text of the example called ``name`` (from `EXAMPLE_PROMPTS` or `CHAT_EXAMPLE_PROMPTS`).
 
@@ -151,5 +200,5 @@ def example_prompt(name: str) -> str:
                      f"{', '.join(repr(n) for n in example_names())}")
 
 
-__all__ = ["CHAT_EXAMPLE_PROMPTS", "CHAT_QUESTIONS", "DEFAULT_CHAT_EXAMPLE", "DEFAULT_EXAMPLE", "EXAMPLE_PROMPTS", "WEATHER_PROMPT",
-           "example_names", "example_prompt"]
+__all__ = ["CHAT_EXAMPLE_PROMPTS", "CHAT_QUESTIONS", "DEFAULT_CHAT_EXAMPLE", "DEFAULT_EXAMPLE", "EXAMPLE_CLAIMS",
+           "EXAMPLE_PROMPTS", "ExampleClaim", "WEATHER_PROMPT", "example_names", "example_note", "example_prompt"]

@@ -23,6 +23,7 @@ from clover_viz.limits import size_text
 from clover_viz.models import bundled_models, bundled_purpose
 from clover_viz.panel_checks import bind, check_setting, checked, control
 from clover_viz.session_settings import THRESHOLD_UNUSED
+from clover_engine.examples import example_note
 from clover_viz.panel_controls import clear_after_pick
 from clover_viz.session_settings import MAX_PROMPT_CHARS  # the prompt box's limit (the state checks it too)
 from clover_viz.state import ExplorerState
@@ -103,6 +104,9 @@ class SettingsPanel(pn.viewable.Viewer):
         self.model_label = pn.pane.Markdown(sizing_mode="stretch_width", margin=(0, 10), styles={"font-size": "12px"})
         self.dev = control(pn.widgets.Checkbox, s, "dev_sharpen_random", label="dev: sharpen random model (weights x15)")
         self.example = control(pn.widgets.Select, s, "example", label="Example prompt")
+        # what the picked example shows, on which model, with the numbers a test holds it to
+        self.example_note = pn.pane.HTML("", styles={"font-size": "11px", "color": "#555"}, margin=(0, 10),
+                                         sizing_mode="stretch_width")
         # max_length: Panel's default (5,000 characters) cut longer prompts silently in the browser. The
         # limit here is far above any bundled model's context (65,536 tokens for clover-tiny, whose
         # tokens are bytes; 8,192 for SmolLM2), so the model's own check refuses an over-long prompt
@@ -148,7 +152,7 @@ class SettingsPanel(pn.viewable.Viewer):
         self.open_note = pn.pane.Markdown(self._open_note(), margin=(0, 10), styles={"font-size": "12px"})
         s.param.watch(lambda _e: setattr(self.open_note, "object", self._open_note()), "max_upload_bytes")
         s.param.watch(self._sync, ["running", "model_label", "model_ok", "window_available", "memory_advice", "trace",
-                                   "n_steps", "policy"])
+                                   "n_steps", "policy", "example"])
         self._sync()
 
     def _save(self) -> Any:
@@ -185,6 +189,7 @@ class SettingsPanel(pn.viewable.Viewer):
 
     def _sync(self, *_: Any) -> None:
         s = self.state
+        self.example_note.object = html.escape(example_note(s.example))
         self.stop.disabled = not s.running
         self.save.disabled = s.trace is None or len(s.trace) == 0
         self.generate.label = "Generate (restart)" if s.running else "Generate"
@@ -216,7 +221,7 @@ class SettingsPanel(pn.viewable.Viewer):
     def __panel__(self) -> Any:
         return pn.Column(
             self.model_dir, self.bundled, self.purposes, self.model_label, self.dev,
-            self.example, self.prompt,
+            self.example, self.example_note, self.prompt,
             pn.Row(self.generate, self.stop, sizing_mode="stretch_width"),
             pn.pane.Markdown("#### Decoding", margin=(10, 10, 0, 10)),
             self.threshold, self.block_size, self.policy,

@@ -71,7 +71,7 @@ def test_app_module_imports_without_serving_and_builds_a_session():
     assert isinstance(tpl, pn.template.FastListTemplate)
     app = tpl.explorer
     assert app.state.model_label == "random clover-test"
-    assert set(EXAMPLE_PROMPTS) == {"agent tool call", "code completion", "long tool chain"}
+    assert set(EXAMPLE_PROMPTS) == {"agent tool call", "long tool chain"}
     for name in ("agent tool call", "long tool chain"):  # the chat layout of the bundled model
         assert EXAMPLE_PROMPTS[name].startswith("<|im_start|>system\n")
         assert EXAMPLE_PROMPTS[name].endswith("<|im_start|>assistant\n")

@@ -37,7 +37,7 @@ def test_chat_models_get_chatml_questions():
 
 
 def test_switching_to_a_chat_model_switches_examples_but_keeps_a_typed_prompt():
-    s = ExplorerState(prompt=EXAMPLE_PROMPTS["code completion"], example="code completion")
+    s = ExplorerState(prompt=EXAMPLE_PROMPTS["long tool chain"], example="long tool chain")
     s.use_model(_chat_model())
     assert s.param.example.objects == [*CHAT_EXAMPLE_PROMPTS, YOUR_PROMPT]
     assert s.example == DEFAULT_CHAT_EXAMPLE and s.prompt == CHAT_EXAMPLE_PROMPTS[DEFAULT_CHAT_EXAMPLE]
@@ -55,15 +55,15 @@ def test_the_picker_follows_the_prompt_and_brings_a_typed_prompt_back():
     assert s.example == DEFAULT_EXAMPLE and s.prompt == EXAMPLE_PROMPTS[DEFAULT_EXAMPLE]
     s.prompt = "def fib(n):\n"
     assert s.example == YOUR_PROMPT and s.prompt == "def fib(n):\n"  # typing does not reset the text
-    s.example = "code completion"
-    assert s.prompt == EXAMPLE_PROMPTS["code completion"]
+    s.example = "long tool chain"
+    assert s.prompt == EXAMPLE_PROMPTS["long tool chain"]
     s.example = YOUR_PROMPT  # back to what the user wrote
     assert s.prompt == "def fib(n):\n"
     s.prompt = EXAMPLE_PROMPTS[DEFAULT_EXAMPLE]  # pasting an example's text names that example
     assert s.example == DEFAULT_EXAMPLE
     given = ExplorerState(prompt="my own words")  # a prompt given at construction
     assert given.example == YOUR_PROMPT
-    given.example = "code completion"
+    given.example = "long tool chain"
     given.example = YOUR_PROMPT
     assert given.prompt == "my own words"
     fresh = ExplorerState()
@@ -78,7 +78,7 @@ def test_the_sidebar_picker_offers_the_new_examples_and_keeps_the_prompt():
     refused it, and the two sides set each other back until a RecursionError.)"""
     from clover_viz.panel_settings import SettingsPanel
 
-    s = ExplorerState(prompt=EXAMPLE_PROMPTS["code completion"], example="code completion", auto_redecode=False)
+    s = ExplorerState(prompt=EXAMPLE_PROMPTS["long tool chain"], example="long tool chain", auto_redecode=False)
     panel = SettingsPanel(state=s)
     s.use_model(_chat_model())
     assert panel.example.options == [*CHAT_EXAMPLE_PROMPTS, YOUR_PROMPT]
