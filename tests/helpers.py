@@ -94,3 +94,14 @@ def free_port() -> int:
 
 BROWSER_TIMEOUT_MS = 45_000
 """Per-wait timeout of the browser tests (each test is bounded by its waits)."""
+
+
+def smollm2_base_installed() -> bool:
+    """Whether the pinned SmolLM2 base the smollm2-* adapters need is installed (`.ci/install` installs it)."""
+    try:
+        from clover_engine.backbones.causal_lm.adapter import locate_base
+
+        locate_base("smollm2-135m-instruct")
+        return True
+    except Exception:  # noqa: BLE001  (MissingBaseError, or the package absent)
+        return False

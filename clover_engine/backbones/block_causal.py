@@ -49,7 +49,9 @@ import torch
 from torch import nn
 
 from clover_engine.backbones.base import BlockOutput, Capabilities
-from clover_engine.backbones.causal_lm.model import HFBlockConfig, TransformersBackbone, _cache_kwarg, count_parameters
+from clover_engine.backbones.causal_lm.model import (
+    HFBlockConfig, TransformersBackbone, _cache_kwarg, count_parameters, kv_cache_nbytes,
+)
 from clover_engine.backbones.safetensors_shards import (
     checkpoint_dtype, load_shards, materialize_buffers, meta_tensors, read_header, shard_files,
 )
@@ -148,12 +150,7 @@ class BlockCausalState:
 
     def nbytes(self) -> int:
         """Bytes held by the KV cache."""
-        total = 0
-        for layer in getattr(self.cache, "layers", []):
-            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                if isinstance(t, torch.Tensor):
-                    total += t.numel() * t.element_size()
-        return total
+        return kv_cache_nbytes(self.cache)
 
 
 def block_causal_mask(start: int, n: int, block_size: int, dtype: torch.dtype,

@@ -33,16 +33,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from clover_engine.backbones.base import capabilities_of
 from clover_engine.cost.meter import CostMeter
 from clover_engine.decoding.block_diffusion_samplers import (
     BlockStep, FastDLLMv2Sampler, SDARSampler, fast_dllm_v2_step, sdar_num_transfer_tokens, sdar_step,
 )
 from clover_engine.decoding.config import DecodeResult
-from clover_engine.decoding.decoder import BlockDecoder
-from clover_engine.decoding.hooks import Hook, HookRegistry
+from clover_engine.decoding.hooks import Hook
+from clover_engine.decoding.official_sampler import OfficialSamplerDecoder, SamplerRun
 from clover_engine.recording.events import BlockEnd, BlockStart, StepEvent
-from clover_engine.recording.trace import Trace
 from clover_kernels.confidence import top_candidates
 
 
@@ -59,7 +57,7 @@ class BlockDiffusionResult(DecodeResult):
     settings: dict = dataclasses.field(default_factory=dict)
 
 
-class BlockDiffusionDecoder(HookRegistry):
+class BlockDiffusionDecoder(OfficialSamplerDecoder):
     """Runs Fast-dLLM v2's or SDAR's official sampler on a block-causal model, with the project's events.
 
     Args:
@@ -72,32 +70,16 @@ class BlockDiffusionDecoder(HookRegistry):
         TypeError: a model that is not block-causal, or a config of another type.
     """
 
+    family = "block_causal"
+    configs = (FastDLLMv2Sampler, SDARSampler)
+    runs = "Fast-dLLM v2's / SDAR's samplers"
+
     def __init__(self, model, tokenizer=None, config: FastDLLMv2Sampler | SDARSampler | None = None):
-        self.capabilities = capabilities_of(model)
-        if self.capabilities.family != "block_causal":
-            raise TypeError(f"BlockDiffusionDecoder runs Fast-dLLM v2's / SDAR's samplers on a block-causal model "
-                            f"(clover_engine.backbones.block_causal), got {type(model).__name__} "
-                            f"(family {self.capabilities.family!r})")
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        self._prompt_check = BlockDecoder(model, tokenizer)
+        super().__init__(model, tokenizer)
         mcfg = model.config
         self.config = self._own(config) or (
             FastDLLMv2Sampler(block_size=mcfg.block_size) if mcfg.family == "fast_dllm_v2"
             else SDARSampler(block_length=mcfg.block_size, denoising_steps=mcfg.block_size))
-        self._hooks: list[Hook] = []
-
-    @staticmethod
-    def _own(config) -> FastDLLMv2Sampler | SDARSampler | None:
-        if config is None or isinstance(config, (FastDLLMv2Sampler, SDARSampler)):
-            return config
-        raise TypeError(f"config must be a FastDLLMv2Sampler or an SDARSampler, got {type(config).__name__} "
-                        "(the block decoder's DecodeConfig runs with clover_engine.decoding.decoder.BlockDecoder)")
-
-    def encode_prompt(self, prompt: str | Sequence[int] | torch.Tensor) -> list[int]:
-        """Validate a prompt and return its ids (`clover_engine.decoding.decoder.BlockDecoder.encode_prompt`'s rules)."""
-        self._prompt_check.tokenizer = self.tokenizer
-        return self._prompt_check.encode_prompt(prompt)
 
     @torch.inference_mode()
     def generate(self, prompt: str | Sequence[int] | torch.Tensor, hooks: Iterable[Hook] = (),
@@ -130,16 +112,7 @@ class BlockDiffusionDecoder(HookRegistry):
             raise ValueError(f"the prompt ({len(ids)} tokens) plus up to {budget} answer slots passes the model's "
                              f"{mcfg.max_position_embeddings} positions (max_position_embeddings); shorten the prompt "
                              "or the answer budget")
-        is_cancelled = (cancel.is_set if isinstance(cancel, threading.Event) else cancel) or (lambda: False)
-        observers = list(self._hooks) + list(hooks)
-        trace = None
-        if record_trace:
-            tok_text = (lambda i: self.tokenizer.decode([i], skip_special_tokens=False)) if self.tokenizer else None
-            trace = Trace(decode_config=cfg.to_dict(), model_id=getattr(self.model, "model_id", mcfg.name),
-                          token_text=tok_text, prompt_ids=ids,
-                          meta={"model_config": mcfg.to_dict(), "capabilities": self.capabilities.to_dict(),
-                                "sampler": cfg.sampler})
-            observers.append(trace)
+        observers, trace, is_cancelled = self._observers(cfg, ids, hooks, record_trace, cancel)
         run = _Run(self, cfg, ids, observers, is_cancelled)
         t0 = time.perf_counter()
         canvas, cancelled = run.fast_dllm_v2() if isinstance(cfg, FastDLLMv2Sampler) else run.sdar()
@@ -165,11 +138,12 @@ class BlockDiffusionDecoder(HookRegistry):
         return result
 
 
-class _Run:
+class _Run(SamplerRun):
     """One decode: the model state, the forwards, the steps and the events."""
 
     def __init__(self, dec: BlockDiffusionDecoder, cfg, ids: list[int], observers: list, is_cancelled):
-        self.dec, self.cfg, self.observers, self.is_cancelled = dec, cfg, observers, is_cancelled
+        super().__init__(observers, is_cancelled)
+        self.dec, self.cfg = dec, cfg
         self.model = dec.model
         mcfg = self.model.config
         self.mask_id, self.P, self.ids = mcfg.mask_token_id, len(ids), list(ids)
@@ -184,13 +158,7 @@ class _Run:
         self.generator = None if cfg.seed is None else torch.Generator().manual_seed(cfg.seed)
         self.meter = (CostMeter(mcfg, self.model.dtype.itemsize, "state", 0, self.bs, dec.capabilities)
                       if observers else None)
-        self.nfe, self.n_forced, self.observer_s, self.n_blocks = 0, 0, 0.0, 0
-
-    def emit(self, ev) -> None:
-        t = time.perf_counter()
-        for fn in self.observers:
-            fn(ev)
-        self.observer_s += time.perf_counter() - t
+        self.n_forced, self.n_blocks = 0, 0
 
     # ------------------------------------------------------------------ forwards
     def commit(self, ids) -> torch.Tensor:

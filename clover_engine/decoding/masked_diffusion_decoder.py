@@ -31,16 +31,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from clover_engine.backbones.base import capabilities_of
 from clover_engine.cost.meter import CostMeter
 from clover_engine.decoding.config import DecodeResult
-from clover_engine.decoding.decoder import BlockDecoder
-from clover_engine.decoding.hooks import Hook, HookRegistry
+from clover_engine.decoding.hooks import Hook
+from clover_engine.decoding.official_sampler import OfficialSamplerDecoder, SamplerRun
 from clover_engine.decoding.masked_diffusion_samplers import (
     DreamSampler, LLaDASampler, SamplerStep, dream_step, dream_timesteps, llada_num_transfer_tokens, llada_step,
 )
 from clover_engine.recording.events import BlockEnd, BlockStart, StepEvent
-from clover_engine.recording.trace import Trace
 from clover_kernels.confidence import top_candidates
 
 
@@ -59,7 +57,7 @@ class MaskedDiffusionResult(DecodeResult):
     settings: dict = dataclasses.field(default_factory=dict)
 
 
-class MaskedDiffusionDecoder(HookRegistry):
+class MaskedDiffusionDecoder(OfficialSamplerDecoder):
     """Runs LLaDA's or Dream's official sampler on a masked diffusion model, with the project's events.
 
     Args:
@@ -72,35 +70,18 @@ class MaskedDiffusionDecoder(HookRegistry):
         TypeError: a model that is not a masked diffusion backbone, or a config of another type.
     """
 
+    family = "masked_diffusion"
+    configs = (LLaDASampler, DreamSampler)
+    runs = "LLaDA's / Dream's samplers"
+
     def __init__(self, model, tokenizer=None, config: LLaDASampler | DreamSampler | None = None):
-        self.capabilities = capabilities_of(model)
-        if self.capabilities.family != "masked_diffusion":
-            raise TypeError(f"MaskedDiffusionDecoder runs LLaDA's / Dream's samplers on a masked diffusion model "
-                            f"(clover_engine.backbones.masked_diffusion), got {type(model).__name__} "
-                            f"(family {self.capabilities.family!r})")
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        self._prompt_check = BlockDecoder(model, tokenizer)  # the block decoder's prompt rules (encode_prompt)
+        super().__init__(model, tokenizer)
         self.config = self._own(config) or (DreamSampler() if model.config.logit_shift else LLaDASampler())
-        self._hooks: list[Hook] = []
         # the sampler's canvas is the whole answer: a forward adds no canvas tail of its own
         self._lm = model
         if getattr(model.config, "canvas_tail", 0):
             self._lm = copy.copy(model)  # shares the weights; only the config differs
             self._lm.config = dataclasses.replace(model.config, canvas_tail=0)
-
-    @staticmethod
-    def _own(config) -> LLaDASampler | DreamSampler | None:
-        if config is None or isinstance(config, (LLaDASampler, DreamSampler)):
-            return config
-        raise TypeError(f"config must be an LLaDASampler or a DreamSampler, got {type(config).__name__} "
-                        "(the block decoder's DecodeConfig runs with clover_engine.decoding.decoder.BlockDecoder)")
-
-    def encode_prompt(self, prompt: str | Sequence[int] | torch.Tensor) -> list[int]:
-        """Validate a prompt and return its ids (`clover_engine.decoding.decoder.BlockDecoder.encode_prompt`'s
-        rules and errors)."""
-        self._prompt_check.tokenizer = self.tokenizer  # a tokenizer set after construction counts too
-        return self._prompt_check.encode_prompt(prompt)
 
     @torch.inference_mode()
     def generate(self, prompt: str | Sequence[int] | torch.Tensor, hooks: Iterable[Hook] = (),
@@ -130,16 +111,7 @@ class MaskedDiffusionDecoder(HookRegistry):
             raise ValueError(f"the prompt ({P} tokens) plus the canvas of {G} slots needs {P + G} positions, more than "
                              f"the model's {mcfg.max_position_embeddings} (max_position_embeddings); shorten the "
                              "prompt or the canvas")
-        is_cancelled = (cancel.is_set if isinstance(cancel, threading.Event) else cancel) or (lambda: False)
-        observers = list(self._hooks) + list(hooks)
-        trace = None
-        if record_trace:
-            tok_text = (lambda i: self.tokenizer.decode([i], skip_special_tokens=False)) if self.tokenizer else None
-            trace = Trace(decode_config=cfg.to_dict(), model_id=getattr(self.model, "model_id", mcfg.name),
-                          token_text=tok_text, prompt_ids=ids,
-                          meta={"model_config": mcfg.to_dict(), "capabilities": self.capabilities.to_dict(),
-                                "sampler": cfg.sampler})
-            observers.append(trace)
+        observers, trace, is_cancelled = self._observers(cfg, ids, hooks, record_trace, cancel)
         run = _Run(self, cfg, ids, observers, is_cancelled)
         t0 = time.perf_counter()
         cancelled = run.llada() if isinstance(cfg, LLaDASampler) else run.dream()
@@ -162,11 +134,12 @@ class MaskedDiffusionDecoder(HookRegistry):
         return result
 
 
-class _Run:
+class _Run(SamplerRun):
     """One decode: the canvas ``x`` [1, P + G], the forwards, the steps and the events."""
 
     def __init__(self, dec: MaskedDiffusionDecoder, cfg, ids: list[int], observers: list, is_cancelled):
-        self.dec, self.cfg, self.observers, self.is_cancelled = dec, cfg, observers, is_cancelled
+        super().__init__(observers, is_cancelled)
+        self.dec, self.cfg = dec, cfg
         mcfg = dec.model.config
         self.mask_id, self.eos_id, self.P = mcfg.mask_token_id, mcfg.eos_token_id, len(ids)
         device = dec.model.device
@@ -177,13 +150,6 @@ class _Run:
         block = cfg.block_length if isinstance(cfg, LLaDASampler) else cfg.canvas_length
         self.meter = (CostMeter(mcfg, dec.model.dtype.itemsize, "state", 0, block, dec.capabilities)
                       if observers else None)
-        self.nfe, self.observer_s = 0, 0.0
-
-    def emit(self, ev) -> None:
-        t = time.perf_counter()
-        for fn in self.observers:
-            fn(ev)
-        self.observer_s += time.perf_counter() - t
 
     def logits(self) -> torch.Tensor:
         """[1, T, V] fp32 over the whole of ``x``: the model's forward with the prompt as history and the

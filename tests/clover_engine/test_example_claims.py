@@ -12,22 +12,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import smollm2_base_installed
 
 from clover_engine.checkpoint import load_model, load_tokenizer
 from clover_engine.decoding.decoder import DecodeConfig
 from clover_engine.decoding.samplers import decoder_for
 from clover_engine.examples import CHAT_EXAMPLE_PROMPTS, EXAMPLE_CLAIMS, EXAMPLE_PROMPTS, example_note, example_prompt
 from clover_viz.models import resolve_model
-
-
-def _base_installed() -> bool:
-    try:
-        from clover_engine.backbones.causal_lm.adapter import locate_base
-
-        locate_base("smollm2-135m-instruct")
-        return True
-    except Exception:  # noqa: BLE001  (MissingBaseError, or the package absent)
-        return False
 
 
 _MODELS: dict = {}
@@ -51,7 +42,7 @@ def test_every_example_has_a_claim_and_its_note_states_the_numbers():
 @pytest.mark.parametrize("name", list(EXAMPLE_CLAIMS))
 def test_the_example_decodes_as_its_description_says(name):
     claim = EXAMPLE_CLAIMS[name]
-    if claim.model.startswith("smollm2") and not _base_installed():
+    if claim.model.startswith("smollm2") and not smollm2_base_installed():
         pytest.skip("SmolLM2 base not installed (bash .ci/install installs it)")
     torch.set_num_threads(1)
     model, tok = _model(claim.model)

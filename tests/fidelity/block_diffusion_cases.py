@@ -15,6 +15,11 @@ from pathlib import Path
 
 import torch
 
+try:  # imported from the tests (package ``fidelity``) or by the make script from this folder
+    from .masked_diffusion_cases import fill_random
+except ImportError:
+    from masked_diffusion_cases import fill_random
+
 SEEDS = (0, 1, 2)
 VOCAB, MASK_ID, EOS_ID, BOS_ID, PAD_ID = 1000, 999, 2, 1, 0
 SHARPEN = 12.0
@@ -37,19 +42,7 @@ def build_checkpoint(family: str, seed: int, directory: Path) -> Path:
         lm = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**TINY))
     else:
         lm = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**TINY))
-    g = torch.Generator().manual_seed(2000 + seed)
-    state = {}
-    for name, t in sorted(lm.state_dict().items()):
-        noise = torch.randn(t.shape, generator=g, dtype=torch.float32)
-        if "norm" in name:
-            state[name] = 1.0 + 0.1 * noise
-        elif name.endswith(".bias"):
-            state[name] = 0.02 * noise
-        elif name == "lm_head.weight":
-            state[name] = SHARPEN * 0.05 * noise
-        else:
-            state[name] = 0.05 * noise
-    lm.load_state_dict(state, strict=True)
+    fill_random(lm, 2000 + seed, SHARPEN)
     return save_block_causal(lm.eval(), directory, MODEL_TYPES[family], MASK_ID, block_size=8)
 
 

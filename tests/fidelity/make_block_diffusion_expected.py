@@ -25,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from block_diffusion_cases import MASK_ID, SHARPEN, TINY, build_checkpoint, cases  # noqa: E402
-from make_masked_diffusion_expected import fetch_official  # noqa: E402
+from make_masked_diffusion_expected import fetch_official, write_data  # noqa: E402
 
 OUT = HERE.parent / "data" / "block_diffusion_fidelity.json"
 
@@ -85,10 +85,7 @@ def main() -> None:
         official_env=dict(torch=versions[0], transformers=versions[1]),
         model=dict(TINY, mask_token_id=MASK_ID, sharpen=SHARPEN),
         cases=[dict(c, **results[c["id"]]) for c in all_cases])
-    cases_text = ",\n  ".join(json.dumps(c) for c in data.pop("cases"))
-    head = json.dumps(data, indent=1)[:-2]
-    args.out.write_text(f'{head},\n "cases": [\n  {cases_text}\n ]\n}}\n')
-    print(f"wrote {len(all_cases)} cases to {args.out}")
+    write_data(args.out, data)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,15 @@ def fetch_official(dest: Path, mirrors: Path | None, official: dict | None = Non
                 (target.parent / "__init__.py").touch()
 
 
+def write_data(path: Path, data: dict) -> None:
+    """Write ``data`` as JSON with one line per entry of its ``cases`` (diffs stay readable)."""
+    n = len(data["cases"])
+    cases_text = ",\n  ".join(json.dumps(c) for c in data.pop("cases"))
+    head = json.dumps(data, indent=1)[:-2]
+    path.write_text(f'{head},\n "cases": [\n  {cases_text}\n ]\n}}\n')
+    print(f"wrote {n} cases to {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--official-python", required=True, help="python of the virtualenv with transformers 4.53")
@@ -95,10 +104,7 @@ def main() -> None:
         official_env=dict(torch=versions[0], transformers=versions[1]),
         model=dict(TINY, mask_token_id=MASK_ID, sharpen=SHARPEN),
         cases=[dict(c, **results[c["id"]]) for c in all_cases])
-    cases_text = ",\n  ".join(json.dumps(c) for c in data.pop("cases"))  # one line per case
-    head = json.dumps(data, indent=1)[:-2]
-    args.out.write_text(f'{head},\n "cases": [\n  {cases_text}\n ]\n}}\n')
-    print(f"wrote {len(all_cases)} cases to {args.out}")
+    write_data(args.out, data)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
+from run_official_masked_diffusion import hub_config_data  # this folder's other runner (no project import)
 
 CPU_FLASH_ATTN = {
     "flash_attn/__init__.py": '''
@@ -63,22 +64,12 @@ def _write_shim(official_dir: Path) -> None:
     sys.path.insert(0, str(official_dir / "cpu_shims"))
 
 
-def _config_data(directory: Path) -> dict:
-    data = json.loads((directory / "config.json").read_text())
-    rope = data.pop("rope_parameters", None) or {}
-    data.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
-    for key in ("architectures", "model_type", "auto_map", "transformers_version", "torch_dtype", "dtype",
-                "layer_types"):
-        data.pop(key, None)
-    return data
-
-
 def load_sdar(directory: Path):
     from safetensors.torch import load_file
     from sdar_hub.configuration_sdar import SDARConfig
     from sdar_hub.modeling_sdar import SDARForCausalLM
 
-    cfg = SDARConfig(**_config_data(directory))
+    cfg = SDARConfig(**hub_config_data(directory))
     cfg._attn_implementation = "sdpa"
     model = SDARForCausalLM(cfg)
     missing, unexpected = model.load_state_dict(load_file(str(directory / "model.safetensors")), strict=False)
@@ -91,7 +82,7 @@ def load_fast_dllm(directory: Path):
     from transformers_modelling.qwen_2_5_modelling import Fast_dLLM_QwenForCausalLM
     from safetensors.torch import load_file
 
-    data = _config_data(directory)
+    data = hub_config_data(directory)
     cfg = Fast_dLLM_QwenConfig(**data)
     cfg._attn_implementation = "sdpa"
     model = Fast_dLLM_QwenForCausalLM(cfg)

@@ -39,17 +39,24 @@ def load_llada(directory: Path):
     return model.float().eval()
 
 
+def hub_config_data(directory: Path) -> dict:
+    """``directory/config.json`` as a 4.x-era config class takes it: ``rope_theta`` at the top level (transformers
+    5 writes ``rope_parameters``), without the keys that name the class or the library."""
+    data = json.loads((directory / "config.json").read_text())
+    rope = data.pop("rope_parameters", None) or {}
+    data.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+    for key in ("architectures", "model_type", "auto_map", "transformers_version", "torch_dtype", "dtype",
+                "layer_types"):
+        data.pop(key, None)
+    return data
+
+
 def load_dream(directory: Path):
     from dream_hub.configuration_dream import DreamConfig
     from dream_hub.modeling_dream import DreamModel
     from safetensors.torch import load_file
 
-    data = json.loads((directory / "config.json").read_text())
-    rope = data.pop("rope_parameters", None) or {}
-    for key in ("architectures", "model_type", "auto_map", "transformers_version", "torch_dtype", "dtype", "layer_types"):
-        data.pop(key, None)
-    data.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
-    cfg = DreamConfig(**data)
+    cfg = DreamConfig(**hub_config_data(directory))
     cfg._attn_implementation = "sdpa"
     model = DreamModel(cfg)
     missing, unexpected = model.load_state_dict(load_file(str(directory / "model.safetensors")), strict=False)

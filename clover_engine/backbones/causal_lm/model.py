@@ -161,12 +161,17 @@ class HFBlockState:
 
     def nbytes(self) -> int:
         """Bytes held by the KV cache."""
-        total = 0
-        for layer in getattr(self.cache, "layers", []):
-            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                if isinstance(t, torch.Tensor):
-                    total += t.numel() * t.element_size()
-        return total
+        return kv_cache_nbytes(self.cache)
+
+
+def kv_cache_nbytes(cache: Any) -> int:
+    """Bytes of the keys and values a transformers ``DynamicCache`` holds (0 for an empty one)."""
+    total = 0
+    for layer in getattr(cache, "layers", []):
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
 
 
 def block_window_mask(n_prefix: int, n_causal: int, n_window: int, dtype: torch.dtype,
