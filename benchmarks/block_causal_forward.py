@@ -18,7 +18,7 @@ with the family's sampler and prints its measured tokens per forward, and projec
 H200 from the cost model's bytes and FLOPs (`clover_engine.cost.dense_forward_cost`, roofline: a projection,
 not a measurement).
 
-    .venv/bin/python benchmarks/block_causal_forward.py [--block 32] [--history 512] [--repeats 5]
+    .venv/bin/python benchmarks/block_causal_forward.py [--block 32] [--history 512] [--repeats 5] [--threads 2]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from clover_engine.checkpoint import load_model, load_tokenizer
 from clover_engine.cost import dense_forward_cost, roofline_time_s
 from clover_engine.decoding.block_diffusion_decoder import BlockDiffusionDecoder
 from clover_engine.decoding.block_diffusion_samplers import FastDLLMv2Sampler
+from clover_engine.threads import add_threads_argument, configure_threads
 
 QWEN25_15B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                   num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
@@ -94,7 +95,9 @@ def main() -> None:
     ap.add_argument("--history", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    add_threads_argument(ap)
     args = ap.parse_args()
+    configure_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     model = real_size_model(dtype)
     L = args.block
