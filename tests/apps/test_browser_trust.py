@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from helpers import BROWSER_TIMEOUT_MS as TIMEOUT_MS
-from helpers import CHROMIUM_ARGS
+from helpers import CHROMIUM_ARGS, smollm2_base_installed
 
 ROOT = Path(__file__).resolve().parents[2]
 LOAD_DELAY_S = 4.0
@@ -42,14 +42,6 @@ def app_settings() -> dict:
     return dict(model_dir="clover-test", dev_sharpen_random=True, max_new_tokens=32, loader=_slow_smollm2_loader)
 
 
-def _base_installed() -> bool:
-    try:
-        from clover_engine.backbones.causal_lm.adapter import locate_base
-
-        locate_base("smollm2-135m-instruct")
-        return True
-    except Exception:  # noqa: BLE001  (MissingBaseError, or the package absent)
-        return False
 
 
 def _status(pg):
@@ -67,7 +59,7 @@ def _wait_done(pg) -> str:
     return loc.inner_text()
 
 
-@pytest.mark.skipif(not _base_installed(), reason="SmolLM2 base not installed (bash .ci/install installs it)")
+@pytest.mark.skipif(not smollm2_base_installed(), reason="SmolLM2 base not installed (bash .ci/install installs it)")
 def test_a_load_shows_progress_stalls_no_other_tab_and_a_plain_question_is_answered(served_app):
     from playwright.sync_api import sync_playwright
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 from helpers import BROWSER_TIMEOUT_MS as TIMEOUT_MS
-from helpers import CHROMIUM_ARGS
+from helpers import CHROMIUM_ARGS, smollm2_base_installed
 
 from clover_engine.backbones.registry import BUILD_LOCK
 from clover_viz import models
@@ -27,14 +27,6 @@ from clover_viz import models
 MODELS = ("smollm2-bd", "smollm2-bd-tools", "smollm2-drafter")
 
 
-def _base_installed() -> bool:
-    try:
-        from clover_engine.backbones.causal_lm.adapter import locate_base
-
-        locate_base("smollm2-135m-instruct")
-        return True
-    except Exception:  # noqa: BLE001  (MissingBaseError, or the package absent)
-        return False
 
 
 def _uncache_smollm2() -> None:
@@ -43,7 +35,7 @@ def _uncache_smollm2() -> None:
             models._MODEL_CACHE.pop(spec).evicted = True
 
 
-@pytest.mark.skipif(not _base_installed(), reason="SmolLM2 base not installed (bash .ci/install installs it)")
+@pytest.mark.skipif(not smollm2_base_installed(), reason="SmolLM2 base not installed (bash .ci/install installs it)")
 def test_eight_threads_and_two_pages_load_three_smollm2_models_at_once_and_nothing_is_poisoned(served_app):
     from playwright.sync_api import sync_playwright
 
