@@ -50,6 +50,62 @@ def dense_param_counts(config: Any) -> dict[str, int]:
     }
 
 
+def moe_mlp_cost(config: Any, n_tokens: int, expert_union: Any = None,
+                 weight_bytes: float = 2) -> tuple[float, float, float]:
+    """Bytes and FLOPs of the feed-forwards of a MoE transformer's forward over ``n_tokens`` tokens,
+    priced by the expert union (the MoE diffusion backbones, `clover_engine.backbones.llada_moe`).
+
+    Per MoE layer (``moe_layer_flags``): the router ``E * H`` and the shared expert ``3 * H * I_s`` are
+    read once; the routed experts' weights are read for the **union** only, ``union_l * 3 * H * I``
+    (Clover's argument, `clover_engine.cost.formulas`); every token computes its k experts,
+    ``2 * T * (E * H + 3 * H * I_s + k * 3 * H * I)`` FLOPs. A dense layer is ``3 * H * intermediate_size``.
+
+    Args:
+        config: a config with ``num_experts`` > 0, ``num_experts_per_tok``, ``moe_intermediate_size``,
+            ``shared_expert_intermediate_size``, ``moe_layer_flags``, ``hidden_size``, ``intermediate_size``.
+        n_tokens: T.
+        expert_union: the measured distinct experts per MoE layer (a sequence), one number for all,
+            or None: the expectation under independent uniform routing,
+            ``E * (1 - (1 - k/E)^T)`` (`clover_engine.cost.formulas.expected_union`; real routing is
+            correlated, so measured unions are lower).
+        weight_bytes: bytes per weight.
+
+    Returns:
+        (bytes, flops, mean union over the MoE layers).
+
+    Raises:
+        ValueError: a union with another number of entries than MoE layers, or outside ``[0, min(E, T * k)]``.
+    """
+    g = _field_getter(config)
+    H, E, k = g("hidden_size"), g("num_experts"), g("num_experts_per_tok")
+    I, Is, dense_i = g("moe_intermediate_size"), g("shared_expert_intermediate_size") or 0, g("intermediate_size")
+    flags = [bool(f) for f in g("moe_layer_flags")]
+    n_moe, T = sum(flags), int(n_tokens)
+    if expert_union is None:
+        union = [E * (1.0 - (1.0 - k / E) ** T)] * n_moe
+    elif isinstance(expert_union, (int, float)):
+        union = [float(expert_union)] * n_moe
+    else:
+        union = [float(u) for u in expert_union]
+    if len(union) != n_moe:
+        raise ValueError(f"expert_union has {len(union)} entries for {n_moe} MoE layers; give one per MoE layer")
+    hi = min(E, T * k)
+    for i, u in enumerate(union):
+        if not 0 <= u <= hi:
+            raise ValueError(f"expert_union[{i}] = {u:g} is outside [0, {hi}] (num_experts={E}, {T} tokens x top-{k})")
+    expert, shared, router = 3 * H * I, 3 * H * Is, E * H
+    wb = float(weight_bytes)
+    nbytes = (n_moe * (router + shared) + sum(union) * expert + (len(flags) - n_moe) * 3 * H * dense_i) * wb
+    flops = 2.0 * T * (n_moe * (router + shared + k * expert) + (len(flags) - n_moe) * 3 * H * dense_i)
+    return float(nbytes), float(flops), float(sum(union) / n_moe) if n_moe else 0.0
+
+
+def is_moe(config: Any) -> bool:
+    """True for a config with routed experts (``num_experts`` > 0): `moe_mlp_cost` prices its feed-forwards."""
+    n = config.get("num_experts") if isinstance(config, Mapping) else getattr(config, "num_experts", None)
+    return bool(n)
+
+
 def dense_forward_cost(
     config: Any,
     n_tokens: int,
@@ -61,6 +117,7 @@ def dense_forward_cost(
     act_bytes: float = 2,
     include_kv: bool = True,
     kv_write_tokens: int | None = None,
+    expert_union: Any = None,
 ) -> ForwardCost:
     """Bytes read and FLOPs of one forward of a dense transformer with a KV cache.
 
@@ -103,8 +160,12 @@ def dense_forward_cost(
     b["embedding"] = T * H * wb
     b["attention_mixers"] = N * c["attention"] * wb
     f["attention_mixers"] = N * T * 2 * c["attention"]
-    b["mlp"] = N * c["mlp"] * wb
-    f["mlp"] = N * T * 2 * c["mlp"]
+    union = 0.0
+    if is_moe(config):  # routed experts: read the union, compute k per token (moe_mlp_cost)
+        b["mlp"], f["mlp"], union = moe_mlp_cost(config, T, expert_union, wb)
+    else:
+        b["mlp"] = N * c["mlp"] * wb
+        f["mlp"] = N * T * 2 * c["mlp"]
     b["norms"] = c["norms"] * wb
     f["norms"] = NORM_FLOPS_PER_ELEMENT * H * (2 * N * T + L)
     b["lm_head"] = c["lm_head"] * wb if L else 0.0
@@ -119,7 +180,7 @@ def dense_forward_cost(
         bytes_read=total_b, flops=total_f, arithmetic_intensity=total_f / total_b,
         bytes_by_component={k: float(v) for k, v in b.items()},
         flops_by_component={k: float(v) for k, v in f.items()},
-        n_tokens=T, n_commit_tokens=C, block_len=L, mean_expert_union=0.0,
+        n_tokens=T, n_commit_tokens=C, block_len=L, mean_expert_union=union,
     )
 
 
@@ -133,13 +194,15 @@ def recompute_forward_cost(
     context_len: int = 0,
     canvas_tail: int = 0,
     act_bytes: float = 2,
+    expert_union: Any = None,
 ) -> ForwardCost:
     """One forward of a masked diffusion model without a cache (Dream / LLaDA, `clover_engine.backbones.masked_diffusion`).
 
     Every forward recomputes the whole sequence: the ``context_len`` tokens of
     history, the C newly committed ones, the L block slots and ``canvas_tail``
     MASK positions after the block all pass through every layer, with every
-    position attending to every other. Priced by `dense_forward_cost` over
+    position attending to every other (a MoE model's feed-forwards priced by
+    ``expert_union``, `moe_mlp_cost`). Priced by `dense_forward_cost` over
     ``T' = context_len + C + L + canvas_tail`` tokens of which only the L slots
     get logits, with no KV cache read or written.
 
@@ -151,4 +214,4 @@ def recompute_forward_cost(
         raise ValueError(f"context_len and canvas_tail must be >= 0, got {context_len}, {canvas_tail}")
     total = context_len + T + canvas_tail
     return dense_forward_cost(config, total, weight_bytes, total - L, L, context_len=0, act_bytes=act_bytes,
-                              include_kv=False)
+                              include_kv=False, expert_union=expert_union)

@@ -325,7 +325,8 @@ def forward_cost(
     if family == "recompute":  # masked diffusion (clover_engine.backbones.masked_diffusion): no cache, full recompute
         tail = config.get("canvas_tail", 0) if isinstance(config, Mapping) else getattr(config, "canvas_tail", 0)
         return recompute_forward_cost(config, n_tokens, weight_bytes, n_commit_tokens, block_len,
-                                      context_len=context_len, canvas_tail=int(tail or 0), act_bytes=act_bytes)
+                                      context_len=context_len, canvas_tail=int(tail or 0), act_bytes=act_bytes,
+                                      expert_union=expert_union)
     cfg = _as_config(config)
     T, C, L = check_token_counts(n_tokens, n_commit_tokens, block_len)
     if weight_bytes <= 0 or act_bytes <= 0 or state_bytes <= 0:

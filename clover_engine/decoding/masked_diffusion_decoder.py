@@ -156,6 +156,7 @@ class _Run(SamplerRun):
         canvas as the block (the logit shift, if any, already applied); prompt rows are zeros."""
         out = self.dec._lm(self.x[:, self.P:], self.dec._lm.setup_state(1, "state"), commit_ids=self.prompt)
         canvas_logits = out.logits.float()
+        self._last_union = out.expert_union  # [N] distinct experts of this forward (MoE backbones), else None
         head = canvas_logits.new_zeros(1, self.P, canvas_logits.shape[-1])
         self.nfe += 1
         self._last_logits = torch.cat([head, canvas_logits], 1)
@@ -223,14 +224,20 @@ class _Run(SamplerRun):
         cand = step.candidate[0, lo:hi].cpu().numpy().astype(np.int64)
         prob = step.prob[0, lo:hi].float().cpu().numpy()
         tops, topt = self._tops(lo, hi, k)
-        cost = self.meter.forward(self.P, self.x.shape[1] - self.P, None, context_len=0)
+        union = getattr(self, "_last_union", None)
+        routing = getattr(self.dec._lm, "last_routing", None)  # LLaDA-MoE: block / history unions, counts
+        cost = self.meter.forward(self.P, self.x.shape[1] - self.P, None if union is None else union.tolist(),
+                                  context_len=0)
         self.emit(StepEvent(
             block_index=b, step_index=i, position_start=lo, tokens=self.x[0, lo:hi].cpu().numpy().copy(),
             masked_before=mb, confidence=np.where(mb, prob, np.float32(np.nan)).astype(np.float32),
             candidate=np.where(mb, cand, -1), top_tokens=np.where(mb[:, None], topt, -1),
             top_probs=np.where(mb[:, None], tops, np.float32(np.nan)).astype(np.float32), accepted=wrote,
-            forced=np.zeros(L, dtype=bool), eos_filled=np.zeros(L, dtype=bool), expert_union=None,
-            state_norm=None, memory_share=None, n_tokens_forward=int(self.x.shape[1]), wall_s=float(t_obs - t0),
+            forced=np.zeros(L, dtype=bool), eos_filled=np.zeros(L, dtype=bool),
+            expert_union=None if union is None else union.cpu().numpy(),
+            expert_union_block=None if routing is None else routing.union_block.numpy(),
+            expert_counts=None if routing is None else routing.counts.numpy(),
+            router_entropy=None if routing is None else routing.entropy.numpy(), state_norm=None, memory_share=None, n_tokens_forward=int(self.x.shape[1]), wall_s=float(t_obs - t0),
             firings=(), bytes_read=float(cost.bytes_read), flops=float(cost.flops),
             arithmetic_intensity=float(cost.arithmetic_intensity)))
 

@@ -92,6 +92,14 @@ class StepEvent(_Repr):
             EOS without a forward (docs/architecture.md §5, rule 7).
         expert_union: (N,) int64 -- distinct routed experts hit by all tokens of
             this forward, per layer (committed + block tokens; -1 = no MoE).
+        expert_union_block: (N,) int64 -- distinct routed experts chosen by the block's
+            slots alone (the rest of ``expert_union`` is the history's); None without it.
+        expert_counts: (N, E) int64 -- tokens of this forward routed to each expert, per
+            layer (each token counts in its k experts); None without it.
+        router_entropy: (N,) float32 -- the router's entropy in nats over the E experts,
+            averaged over the block's slots (ln E: uniform); None without it.
+            These three are recorded by the MoE diffusion backbones
+            (`clover_engine.backbones.llada_moe`); a trace saved before them reads None.
         state_norm: (N,) float32 -- Frobenius norm of each layer's recurrent
             state that this block reads (after the fused commit).
         memory_share: (N, L) float32 -- softmax mass on the memory unit per layer
@@ -150,6 +158,9 @@ class StepEvent(_Repr):
     rewritten: np.ndarray | None = None
     remasked: np.ndarray | None = None
     previous_tokens: np.ndarray | None = None
+    expert_union_block: np.ndarray | None = None
+    expert_counts: np.ndarray | None = None
+    router_entropy: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         L = np.shape(self.tokens)[0] if np.ndim(self.tokens) else 0

@@ -91,10 +91,15 @@ _ARRAY_FIELDS: dict[str, tuple[int, str]] = {
     "rewritten": (1, "bool"),
     "remasked": (1, "bool"),
     "previous_tokens": (1, "int64"),
+    "expert_union_block": (1, "int64"),
+    "expert_counts": (2, "int64"),
+    "router_entropy": (1, "float32"),
 }
 # Array fields added after format_version 1 was fixed: a file may lack them; each missing row
 # then gets the StepEvent default ("nothing rewritten"), shaped like the row's tokens.
 _OPTIONAL_ARRAY_FIELDS = ("rewritten", "remasked", "previous_tokens")
+# Routing fields added later still (MoE backbones): a file without them reads None (not recorded).
+_NULLABLE_ADDED_FIELDS = ("expert_union_block", "expert_counts", "router_entropy")
 _INT_FIELDS = ("block_index", "step_index", "position_start", "n_tokens_forward")
 _FLOAT_FIELDS = ("wall_s",)
 _OPTIONAL_FLOAT_FIELDS = ("bytes_read", "flops", "arithmetic_intensity")
@@ -312,8 +317,8 @@ def read_columns(table: Any, source: str = "<table>") -> dict[str, list[Any]]:
     columns: dict[str, list[Any]] = {}
     n = table.num_rows
     for name in _STEP_FIELDS:
-        if name in _OPTIONAL_ARRAY_FIELDS and name not in table.column_names:
-            columns[name] = [None] * n  # filled with the StepEvent default below
+        if name in _OPTIONAL_ARRAY_FIELDS + _NULLABLE_ADDED_FIELDS and name not in table.column_names:
+            columns[name] = [None] * n  # revision fields: filled with the StepEvent default below
             continue
         if name not in table.column_names:
             raise ValueError(f"{source}: column {name!r} missing; the file is damaged or not a trace")
@@ -391,8 +396,9 @@ def _check_columns(table: Any, source: str) -> None:
                 expected[name + "_shape"] = (lambda x: is_list(x, t.is_integer), "list<int64> (the row's shape)")
     schema = table.schema
     for name, (ok, what) in expected.items():
-        if name in _OPTIONAL_ARRAY_FIELDS and name not in schema.names:
-            continue  # a trace saved before the revision columns existed
+        added = _OPTIONAL_ARRAY_FIELDS + _NULLABLE_ADDED_FIELDS
+        if (name in added or name.removesuffix("_shape") in added) and name not in schema.names:
+            continue  # a trace saved before the revision / routing columns existed
         if name not in schema.names:
             raise ValueError(f"{source}: column {name!r} is missing; the file is damaged or was not written by "
                              "Trace.save() -- re-record or re-save the trace")

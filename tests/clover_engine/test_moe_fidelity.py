@@ -1,0 +1,146 @@
+"""LLaDA-MoE decodes token for token, and routes expert for expert, as its official code.
+
+The tiny checkpoints of ``tests/fidelity/moe_cases.py`` (three architecture variants: 8 experts top-2 with
+a shared expert and qk-norm; 16 experts top-4 with the router's expert bias and a dense first layer; 8
+experts top-3, no shared expert, no qk-norm, full-head RoPE) are re-created from their seeds with the
+project's code and decoded by `clover_engine.backbones.llada_moe` under LLaDA's sampler
+(`clover_engine.decoding.masked_diffusion_decoder.MaskedDiffusionDecoder`). The answer canvas must equal,
+slot for slot, and each MoE layer's top-k experts for every token of the first forward must equal, in
+the router's order, what the official code wrote into ``tests/data/moe_fidelity.json``
+(``tests/fidelity/make_moe_expected.py``: LLaDA's ``generate`` of ML-GSAI/LLaDA on inclusionAI's LLaDA-MoE
+modeling, at the commits the file names). No network and no official code are needed here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from clover_engine.backbones.llada_moe import LLaDAMoEModel, load_llada_moe
+from clover_engine.checkpoint import load_model
+from clover_engine.decoding.masked_diffusion_decoder import MaskedDiffusionDecoder
+from clover_engine.decoding.masked_diffusion_samplers import LLaDASampler
+from clover_engine.recording.events import StepEvent
+from fidelity.moe_cases import VARIANTS, build_checkpoint, cases
+
+DATA = json.loads((Path(__file__).resolve().parents[1] / "data" / "moe_fidelity.json").read_text())
+CASES = {c["id"]: c for c in DATA["cases"]}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("moe-fidelity")
+    return {seed: load_llada_moe(build_checkpoint(seed, root / f"lladamoe-{seed}")) for seed in VARIANTS}
+
+
+def test_the_data_covers_the_cases_the_generator_defines():
+    assert [c["id"] for c in cases()] == list(CASES)
+    assert [c["prompt"] for c in cases()] == [c["prompt"] for c in DATA["cases"]]
+    assert {s: DATA["models"][str(s)]["num_experts"] for s in VARIANTS} == {0: 8, 1: 16, 2: 8}
+    assert all(DATA["models"][str(s)]["num_experts_per_tok"] >= 2 for s in VARIANTS)
+    assert {c["sampler"]["block_length"] for c in DATA["cases"]} == {8, 16, 32}
+    assert {len(c["prompt"]) for c in DATA["cases"]} == {8, 13}
+
+
+@pytest.mark.parametrize("seed", sorted(VARIANTS))
+@torch.no_grad()
+def test_the_first_forward_routes_and_predicts_as_the_official_model(models, seed):
+    model = models[seed]
+    for case in [c for c in DATA["cases"] if c["seed"] == seed][::6]:
+        G = len(case["canvas"])
+        out = model(torch.full((1, G), model.config.mask_token_id), model.setup_state(1, "state"),
+                    commit_ids=torch.tensor([case["prompt"]]))
+        logits = out.logits[0].float()
+        assert logits.argmax(-1).tolist() == case["first_argmax"]
+        np.testing.assert_allclose(logits.max(-1).values.numpy(), case["first_max"], atol=2e-5)
+        chosen = [m.last.selected.tolist() for m in model.lm.moe_layers()]
+        assert chosen == case["first_router"]  # every token's top-k, in the router's order, every MoE layer
+        # the reported union is the count of distinct experts those choices hit, per MoE layer
+        assert out.expert_union.tolist() == [len({e for tok in layer for e in tok}) for layer in chosen]
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_decodes_token_for_token_as_the_official_sampler_and_model(models, case_id):
+    case = CASES[case_id]
+    result = MaskedDiffusionDecoder(models[case["seed"]]).generate(
+        case["prompt"], config=LLaDASampler(**case["sampler"]), record_trace=False)
+    matched = sum(a == b for a, b in zip(result.canvas, case["canvas"]))
+    assert result.canvas == case["canvas"], f"{matched}/{len(case['canvas'])} tokens match"
+
+
+def test_computing_only_the_routed_experts_gives_the_tokens_of_computing_all(models):
+    model = models[1]
+    case = next(c for c in DATA["cases"] if c["seed"] == 1)
+    try:
+        model.set_expert_mode("all")
+        every = MaskedDiffusionDecoder(model).generate(case["prompt"], config=LLaDASampler(**case["sampler"]),
+                                                       record_trace=False)
+    finally:
+        model.set_expert_mode("routed")
+    assert every.canvas == case["canvas"]
+    with pytest.raises(ValueError, match="expert mode must be one of"):
+        model.set_expert_mode("dense")
+
+
+def test_every_forward_records_its_routing_and_is_priced_by_its_union(models, tmp_path):
+    model = models[0]
+    case = next(c for c in DATA["cases"] if c["seed"] == 0 and c["sampler"]["block_length"] == 8)
+    events = []
+    result = MaskedDiffusionDecoder(model).generate(case["prompt"], config=LLaDASampler(**case["sampler"]),
+                                                    hooks=[events.append])
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    assert len(steps) == result.nfe == case["sampler"]["steps"]
+    E, k = 8, 2
+    for ev in steps:
+        assert ev.expert_union.shape == ev.expert_union_block.shape == ev.router_entropy.shape == (2,)
+        assert ev.expert_counts.shape == (2, E)
+        T = ev.n_tokens_forward
+        assert (ev.expert_counts.sum(1) == T * k).all()  # every token counted in its k experts
+        assert ((ev.expert_counts > 0).sum(1) == ev.expert_union).all()
+        assert (ev.expert_union_block <= ev.expert_union).all() and (ev.expert_union <= E).all()
+        assert ((0 <= ev.router_entropy) & (ev.router_entropy <= np.log(E) + 1e-6)).all()
+    # the cost is priced by the measured union: fewer experts read, fewer bytes
+    from clover_engine.cost.formulas import forward_cost
+
+    caps = model.capabilities
+    T = steps[0].n_tokens_forward
+    P = len(case["prompt"])
+    low = forward_cost(model.config, T - P, [1, 1], n_commit_tokens=0, context_len=P, capabilities=caps)
+    high = forward_cost(model.config, T - P, [8, 8], n_commit_tokens=0, context_len=P, capabilities=caps)
+    expert_bytes = 3 * 64 * 32 * 2  # gate, up, down of one expert of hidden 64, intermediate 32, priced in bf16
+    assert high.bytes_read - low.bytes_read == pytest.approx(2 * 7 * expert_bytes)
+    assert steps[0].bytes_read == pytest.approx(
+        forward_cost(model.config, T - P, steps[0].expert_union.tolist(), context_len=P, capabilities=caps,
+                     weight_bytes=4).bytes_read)
+    # the routing survives a save and a load of the trace
+    path = result.trace.save(tmp_path / "moe.parquet")
+    from clover_engine.recording.trace import Trace
+
+    back = Trace.load(path).steps
+    assert all((a.expert_counts == b.expert_counts).all() and (a.expert_union_block == b.expert_union_block).all()
+               for a, b in zip(steps, back))
+
+
+def test_a_llada_config_with_experts_opens_as_llada_moe(tmp_path):
+    d = build_checkpoint(0, tmp_path / "copy")
+    data = json.loads((d / "config.json").read_text())
+    data["model_type"] = "llada"  # as some copies of the hub config say
+    (d / "config.json").write_text(json.dumps(data))
+    assert isinstance(load_model(d), LLaDAMoEModel)
+
+
+def test_bad_configs_say_what_is_wrong(tmp_path):
+    d = build_checkpoint(2, tmp_path / "bad")
+    data = json.loads((d / "config.json").read_text())
+    for change, message in ((dict(moe_layer_freq=[1]), "one entry per layer"),
+                            (dict(rope_scaling={"type": "linear", "factor": 2.0}), "rope_scaling"),
+                            (dict(num_experts_per_tok=9), r"num_experts_per_tok must be in \[1, num_experts=8\]"),
+                            (dict(num_experts=None), "needs hidden_size")):
+        (d / "config.json").write_text(json.dumps(dict(data, **change)))
+        with pytest.raises(ValueError, match=message):
+            load_llada_moe(d)
