@@ -124,7 +124,20 @@ def _layer_labels(trace: Any, n: int) -> list[str]:
     if len(types) == n:
         short = {"linear_attention": "GDN", "full_attention": "attn"}
         return [f"{i} {short.get(t, t)}" for i, t in enumerate(types)]
+    flags = list(_recorded_moe(trace).get("moe_layer_flags") or [])  # a MoE diffusion LM: its MoE layers only
+    if sum(map(bool, flags)) == n:
+        return [f"layer {i} MoE" for i, f in enumerate(flags) if f]
     return [f"layer {i}" for i in range(n)]
+
+
+def _recorded_moe(trace: Any) -> dict:
+    """``num_experts`` / ``num_experts_per_tok`` / ``moe_layer_flags`` of the recording model: its Clover config,
+    else the transformers-backed config in ``meta["model_config"]`` (a MoE diffusion LM); {} when unknown."""
+    cfg = recorded_clover_config(trace)
+    if cfg is not None and getattr(cfg, "num_experts", 0):
+        return dict(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok)
+    rec = (getattr(trace, "meta", None) or {}).get("model_config")
+    return dict(rec) if isinstance(rec, dict) and rec.get("num_experts") else {}
 
 
 def expert_union_figure(trace: Any) -> go.Figure:
@@ -136,15 +149,22 @@ def expert_union_figure(trace: Any) -> go.Figure:
     u = np.stack([np.asarray(s.expert_union, dtype=np.float64) for s in _index(trace).steps])  # (S, N)
     u[u < 0] = np.nan
     S, N = u.shape
-    cfg = recorded_clover_config(trace)
-    sub = ""
-    if cfg is not None and getattr(cfg, "num_experts", 0):
-        sub = f" (of {cfg.num_experts} experts, top-{cfg.num_experts_per_tok} per token)"
+    moe = _recorded_moe(trace)
+    sub = f" (of {moe['num_experts']} experts, top-{moe['num_experts_per_tok']} per token)" if moe else ""
+    steps = _index(trace).steps
+    hover = "forward %{x} · %{y}<br>%{z:.0f} distinct experts (all tokens of the forward)"
+    custom = None
+    if all(s.expert_union_block is not None and s.router_entropy is not None for s in steps):
+        # the MoE diffusion backbones also record the block's own union and the router's entropy
+        blk = np.stack([np.asarray(s.expert_union_block, dtype=np.float64) for s in steps]).T
+        ent = np.stack([np.asarray(s.router_entropy, dtype=np.float64) for s in steps]).T
+        custom = np.stack([blk, ent], axis=-1).tolist()
+        hover += "<br>%{customdata[0]:.0f} chosen by the block's slots<br>router entropy %{customdata[1]:.2f} nats"
     fig = go.Figure(go.Heatmap(
         name=EXPERT_TRACE, z=_json_list(u.T), x=list(range(1, S + 1)), y=_layer_labels(trace, N),
-        colorscale="Blues", zmin=0, zmax=float(cfg.num_experts) if cfg is not None and getattr(cfg, "num_experts", 0) else None,
+        colorscale="Blues", zmin=0, zmax=float(moe["num_experts"]) if moe else None, customdata=custom,
         colorbar=dict(title=dict(text="experts", side="right"), thickness=12),
-        hovertemplate="forward %{x} · %{y}<br>%{z:.0f} distinct experts<extra></extra>",
+        hovertemplate=hover + "<extra></extra>",
     ))
     _add_block_lines(fig, _block_starts_x(trace))
     fig.update_layout(**_base_layout("Expert union per layer and forward" + sub), height=max(260, 140 + min(N, 40) * 14),
