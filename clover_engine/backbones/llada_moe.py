@@ -437,6 +437,24 @@ def load_llada_moe(path: str | Path, device: str | torch.device = "cpu", dtype: 
     return model
 
 
+def load_llada(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+               canvas_tail: int = 0) -> MaskedDiffusionModel:
+    """The loader of ``model_type`` ``llada``: `load_llada_moe` for a config with experts (some copies of
+    LLaDA-MoE's hub config say ``llada``), else the dense LLaDA's
+    `clover_engine.backbones.masked_diffusion.load_masked_diffusion`. Arguments and errors are theirs."""
+    from clover_engine.backbones.masked_diffusion import load_masked_diffusion  # local: only the dense case
+
+    directory = Path(path)
+    directory = directory.parent if directory.is_file() else directory
+    try:
+        data = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        data = {}  # the dense loader reports the missing or broken config
+    if isinstance(data, dict) and is_moe_config(data):
+        return load_llada_moe(directory, device, dtype, canvas_tail)
+    return load_masked_diffusion(path, device, dtype, canvas_tail)
+
+
 def save_llada_moe(lm: LLaDAMoELM, path: str | Path, config: dict) -> Path:
     """Write ``lm`` as a LLaDA-MoE hub checkpoint: ``config.json`` (``config``: the hub ``LLaDAConfig``
     fields, ``model_type`` ``lladamoe``, architecture ``LLaDAMoEModelLM``) and ``model.safetensors``
@@ -508,5 +526,5 @@ def write_tiny_llada_moe(directory: str | Path, seed: int = 0, sharpen: float = 
 
 
 __all__ = ["EOS_TOKEN_ID", "MASK_TOKEN", "MASK_TOKEN_ID", "MODEL_TYPES", "LLaDAMoEArch", "LLaDAMoEConfig", "LLaDAMoELM",
-           "LLaDAMoEModel", "fill_random", "is_moe_config", "load_llada_moe", "save_llada_moe", "tiny_config",
+           "LLaDAMoEModel", "fill_random", "is_moe_config", "load_llada", "load_llada_moe", "save_llada_moe", "tiny_config",
            "write_tiny_llada_moe"]

@@ -321,10 +321,9 @@ def load_masked_diffusion(path: str | Path, device: str | torch.device = "cpu",
                          "and *.safetensors")
     data = json.loads(config_path.read_text())
     family = str(data.get("model_type", "")).lower()
-    from clover_engine.backbones import llada_moe  # local: the MoE family imports this module
-
-    if llada_moe.is_moe_config(data):  # some copies of LLaDA-MoE's config say model_type "llada"
-        return llada_moe.load_llada_moe(directory, device, dtype, canvas_tail)
+    if family == "llada" and int(data.get("num_experts") or 0) > 0:  # some copies of LLaDA-MoE's config say "llada"
+        raise ValueError(f"{config_path} is a LLaDA-MoE checkpoint (num_experts={data['num_experts']}); open it with "
+                         "clover_engine.load_model or clover_engine.backbones.llada_moe.load_llada_moe")
     if family not in FORMATS:
         raise ValueError(f"{config_path}: model_type={data.get('model_type')!r} is not a masked diffusion format; "
                          f"supported: {', '.join(FORMATS)}")

@@ -35,7 +35,7 @@ MODEL_TYPES: dict[str, str] = {
     "qwen2": "clover_engine.backbones.causal_lm.model:load_pretrained_backbone",
     "qwen3": "clover_engine.backbones.causal_lm.model:load_pretrained_backbone",
     "dream": "clover_engine.backbones.masked_diffusion:load_masked_diffusion",
-    "llada": "clover_engine.backbones.masked_diffusion:load_masked_diffusion",
+    "llada": "clover_engine.backbones.llada_moe:load_llada",  # dense LLaDA, or LLaDA-MoE when it has experts
     "lladamoe": "clover_engine.backbones.llada_moe:load_llada_moe",
     "llada_moe": "clover_engine.backbones.llada_moe:load_llada_moe",
     "fast_dllm_qwen": "clover_engine.backbones.block_causal:load_block_causal",
