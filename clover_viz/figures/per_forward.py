@@ -172,12 +172,40 @@ def expert_union_figure(trace: Any) -> go.Figure:
     return fig
 
 
+def expert_load_figure(trace: Any) -> go.Figure:
+    """Tokens routed to each expert per MoE layer, summed over the run's forwards (heatmap, x = expert,
+    y = layer), with the router's entropy averaged over the block's slots in the title (recorded by the MoE
+    diffusion backbones, `clover_engine.backbones.llada_moe`; "not applicable" for others)."""
+    title = "Tokens per expert"
+    if len(trace) == 0:
+        return _empty_figure(title, "no steps yet")
+    steps = _index(trace).steps
+    if any(s.expert_counts is None for s in steps):
+        return _empty_figure(title, NOT_APPLICABLE + " (no per-expert counts recorded)")
+    counts = np.sum([np.asarray(s.expert_counts, dtype=np.float64) for s in steps], axis=0)  # (N, E)
+    ent = float(np.mean([np.mean(s.router_entropy) for s in steps if s.router_entropy is not None] or [np.nan]))
+    N, E = counts.shape
+    share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    fig = go.Figure(go.Heatmap(
+        z=_json_list(counts), x=list(range(E)), y=_layer_labels(trace, N), customdata=_json_list(share),
+        colorscale="Purples", zmin=0, colorbar=dict(title=dict(text="tokens", side="right"), thickness=12),
+        hovertemplate="expert %{x} · %{y}<br>%{z:.0f} tokens (%{customdata:.1%} of the layer's)<extra></extra>",
+    ))
+    sub = f" -- router entropy {ent:.2f} of ln E = {np.log(E):.2f} nats" if np.isfinite(ent) else ""
+    fig.update_layout(**_base_layout(title + " over the run" + sub), height=max(240, 140 + min(N, 40) * 14),
+                      xaxis_title="expert", yaxis=dict(title="layer", autorange="reversed", showgrid=False))
+    return fig
+
+
 def state_norm_figure(trace: Any) -> go.Figure:
     """Frobenius norm of each layer's recurrent state as each block reads it (first forward of the block)."""
     if len(trace) == 0:
         return _empty_figure("Recurrent state norm per layer", "no steps yet")
     if _not_applicable(trace, "state_norm"):
-        return _empty_figure("Recurrent state norm per layer", NOT_APPLICABLE + " (history is a KV cache)")
+        caps = (getattr(trace, "meta", None) or {}).get("capabilities") or {}
+        why = ("history is recomputed every forward" if caps.get("cost_family") == "recompute"
+               else "history is a KV cache")
+        return _empty_figure("Recurrent state norm per layer", NOT_APPLICABLE + f" ({why})")
     idx = _index(trace)
     blocks = sorted(idx.steps_of)
     norms = np.stack([np.asarray(idx.steps[idx.steps_of[b][0]].state_norm, dtype=np.float64) for b in blocks])

@@ -77,5 +77,9 @@ def test_the_notebook_explorer_shows_the_expert_union_with_the_blocks_share_and_
         assert "router entropy" in heat.hovertemplate
         assert all(s.bytes_read > 0 for s in trace.steps)
         ex.show_step(3)
+        load = ex.figures["expert_load"]  # tokens per expert over the run, in the widget the explorer shows
+        counts = np.array(load.data[0].z, dtype=float)
+        assert counts.shape == (2, 8) and (counts.sum(axis=1) == sum(s.n_tokens_forward for s in trace.steps) * 2).all()
+        assert "router entropy" in load.layout.title.text
     finally:
         ex.close()
