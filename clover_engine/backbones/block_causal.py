@@ -96,6 +96,10 @@ FAMILIES: dict[str, Family] = {
     "sdar": Family("sdar", "sdar", "qwen3", False, "<MASK>", None, 4, ("SDARForCausalLM",),
                    (("fuse_cross_entropy", True), ("micro_forward", False), ("skip_checkpoint", False),
                     ("debug", False), ("ep_size", 1), ("use_deepep", False))),
+    # SDAR-30B-A3B: SDAR's decode on Qwen3-MoE layers (clover_engine.backbones.sdar_moe swaps the MoE feed-forwards in)
+    "sdar_moe": Family("sdar", "sdar_moe", "qwen3", False, "<MASK>", None, 4, ("SDARMoeForCausalLM",),
+                       (("fuse_cross_entropy", True), ("micro_forward", False), ("skip_checkpoint", False),
+                        ("debug", False), ("ep_size", 1), ("use_deepep", False))),
 }
 """Lower-cased ``model_type`` -> `Family`."""
 
@@ -104,6 +108,8 @@ FORMATS = {
                       "(clover_engine.backbones.block_causal)",
     "sdar": "an SDAR block-diffusion checkpoint (Qwen3 layers, KV cache per block, no shift) "
             "(clover_engine.backbones.block_causal)",
+    "sdar_moe": "an SDAR MoE block-diffusion checkpoint (Qwen3-MoE layers, expert union observed) "
+                "(clover_engine.backbones.sdar_moe)",
 }
 """Lower-cased ``model_type`` -> description, for `clover_engine.checkpoint.supported_formats`."""
 
@@ -298,7 +304,9 @@ def _hf_config(data: dict, family: Family) -> Any:
     from transformers import Qwen2Config, Qwen3Config  # local: transformers is heavy
 
     skip = {"model_type", "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype", "bd_size",
-            "block_size", "mask_token_id"}
+            "block_size", "mask_token_id", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+            "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob", "output_router_logits",
+            "router_aux_loss_coef"}  # the MoE fields: clover_engine.backbones.sdar_moe builds the MoE layers
     cls = Qwen2Config if family.architecture == "qwen2" else Qwen3Config
     return cls(**{k: v for k, v in data.items() if k not in skip})
 
@@ -344,7 +352,8 @@ def _stop_id(directory: Path) -> int | None:
 
 
 def load_block_causal(path: str | Path, device: str | torch.device = "cpu",
-                      dtype: torch.dtype | None = None) -> BlockCausalModel:
+                      dtype: torch.dtype | None = None, *, prepare=None,
+                      model_cls: type | None = None) -> BlockCausalModel:
     """Load a Fast-dLLM v2 or SDAR checkpoint directory (hub layout) as a `BlockCausalModel`, leanly.
 
     Built on the meta device, then the safetensors shards are read one tensor at a time straight into
@@ -355,6 +364,10 @@ def load_block_causal(path: str | Path, device: str | torch.device = "cpu",
         path: the directory (``config.json`` + ``*.safetensors``), or a file in it.
         device: where the weights are read to.
         dtype: the weights' dtype; None = the checkpoint's own. Logits are fp32 whatever the dtype.
+        prepare: ``prepare(lm, data) -> dict`` called on the meta-device LM before the weights are read
+            (a variant swaps its layers: `clover_engine.backbones.sdar_moe`); returns further config fields.
+        model_cls: the `BlockCausalModel` subclass to build (default `BlockCausalModel`), whose
+            ``config_cls`` attribute, if any, is the config dataclass taking those fields.
 
     Returns:
         The model in ``eval()`` mode, ``model_id`` = the directory's name, ``checkpoint_chat`` = the
@@ -384,6 +397,7 @@ def load_block_causal(path: str | Path, device: str | torch.device = "cpu",
     dtype = dtype or checkpoint_dtype(data, shards)
     with torch.device("meta"):  # no memory, no random init; safe under BUILD_LOCK
         lm = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype, attn_implementation="sdpa")
+        extra = prepare(lm, data) if prepare is not None else {}
     tied = frozenset({"lm_head.weight"}) if getattr(hf_cfg, "tie_word_embeddings", False) else frozenset()
     load_shards(lm, shards, rename=lambda name: name, device=device, optional=tied,
                 what=f"a {family.name} model of this config")
@@ -395,9 +409,10 @@ def load_block_causal(path: str | Path, device: str | torch.device = "cpu",
         raise ValueError(f"{directory}: {len(left)} tensor(s) were left unloaded (on the meta device): {left[:5]}")
     base = HFBlockConfig.from_hf(hf_cfg, directory.name, mask_id, eos_token_id=_stop_id(directory),
                                  num_parameters=count_parameters(lm.eval()))
-    cfg = BlockCausalConfig(**dataclasses.asdict(base), family=family.name, logit_shift=family.logit_shift,
-                            block_size=block)
-    model = BlockCausalModel(lm, cfg).eval()
+    model_cls = model_cls or BlockCausalModel
+    cfg = getattr(model_cls, "config_cls", BlockCausalConfig)(
+        **dataclasses.asdict(base), family=family.name, logit_shift=family.logit_shift, block_size=block, **extra)
+    model = model_cls(lm, cfg).eval()
     model.checkpoint_chat = CheckpointChatTemplate.from_directory(directory)
     model.chat_format = CHECKPOINT if model.checkpoint_chat is not None else None
     return model

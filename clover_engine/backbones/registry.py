@@ -40,6 +40,7 @@ MODEL_TYPES: dict[str, str] = {
     "llada_moe": "clover_engine.backbones.llada_moe:load_llada_moe",
     "fast_dllm_qwen": "clover_engine.backbones.block_causal:load_block_causal",
     "sdar": "clover_engine.backbones.block_causal:load_block_causal",
+    "sdar_moe": "clover_engine.backbones.sdar_moe:load_sdar_moe",
     "diffusion_gemma": "clover_engine.backbones.diffusion_gemma.model:load_diffusion_gemma_model",
     "block-drafter": "clover_engine.backbones.drafter.model:load_drafter_model",
 }
@@ -58,6 +59,7 @@ DESCRIPTIONS: dict[str, str] = {
     "llada_moe": "a LLaDA-MoE masked-diffusion checkpoint, expert union observed (clover_engine.backbones.llada_moe)",
     "fast_dllm_qwen": "a Fast-dLLM v2 block-diffusion checkpoint (clover_engine.backbones.block_causal)",
     "sdar": "an SDAR block-diffusion checkpoint (clover_engine.backbones.block_causal)",
+    "sdar_moe": "an SDAR MoE block-diffusion checkpoint, expert union observed (clover_engine.backbones.sdar_moe)",
     "diffusion_gemma": "transformers' DiffusionGemma, its own revisable sampler (clover_engine.backbones.diffusion_gemma)",
     "block-drafter": "a block drafter over a frozen pinned causal LM (clover_engine.backbones.drafter)",
 }

@@ -321,7 +321,8 @@ def forward_cost(
     family = cost_family(config, capabilities)
     if family == "kv_cache":
         return dense_forward_cost(config, n_tokens, weight_bytes, n_commit_tokens, block_len,
-                                  context_len=context_len, act_bytes=act_bytes, include_kv=include_state)
+                                  context_len=context_len, act_bytes=act_bytes, include_kv=include_state,
+                                  expert_union=expert_union)
     if family == "recompute":  # masked diffusion (clover_engine.backbones.masked_diffusion): no cache, full recompute
         tail = config.get("canvas_tail", 0) if isinstance(config, Mapping) else getattr(config, "canvas_tail", 0)
         return recompute_forward_cost(config, n_tokens, weight_bytes, n_commit_tokens, block_len,

@@ -167,14 +167,20 @@ class _Run(SamplerRun):
         logits = self.model.extend(self.state, ids, self.bs)
         self.nfe += 1
         if self.meter is not None:
-            self.meter.forward(len(ids), 0, None, context_len=before)
+            self.meter.forward(len(ids), 0, self._union(), context_len=before)
         return logits
+
+    def _union(self) -> list[int] | None:
+        """The expert union per MoE layer of the forward just run (an SDAR MoE model), else None."""
+        routing = getattr(self.model, "last_routing", None)
+        return None if routing is None else routing.union.tolist()
 
     def denoise(self, block: torch.Tensor) -> torch.Tensor:
         """One denoising forward over ``block`` [1, L]; raw logits [1, L, V]."""
         logits = self.model.block_logits(self.state, block)
         self.nfe += 1
-        self._cost = None if self.meter is None else self.meter.forward(0, block.shape[1], None,
+        self._routing = getattr(self.model, "last_routing", None)  # SDAR MoE: what the block's slots chose
+        self._cost = None if self.meter is None else self.meter.forward(0, block.shape[1], self._union(),
                                                                           context_len=self.state.position)
         self._last = logits
         return logits
@@ -308,13 +314,17 @@ class _Run(SamplerRun):
         probs = torch.softmax(logits.float(), dim=-1)
         tp, tt = top_candidates(probs, min(k, probs.shape[-1]))
         tops, topt = tp.float().cpu().numpy(), tt.cpu().numpy().astype(np.int64)
-        cost = self._cost
+        cost, routing = self._cost, self._routing
         self.emit(StepEvent(
             block_index=self.n_blocks, step_index=i, position_start=lo, tokens=block.cpu().numpy().copy(),
             masked_before=mb, confidence=np.where(mb, prob, np.float32(np.nan)).astype(np.float32),
             candidate=np.where(mb, cand, -1), top_tokens=np.where(mb[:, None], topt, -1),
             top_probs=np.where(mb[:, None], tops, np.float32(np.nan)).astype(np.float32), accepted=wrote,
-            forced=forced, eos_filled=np.zeros(L, dtype=bool), expert_union=None, state_norm=None,
+            forced=forced, eos_filled=np.zeros(L, dtype=bool),
+            expert_union=None if routing is None else routing.union.numpy(),
+            expert_union_block=None if routing is None else routing.union_block.numpy(),
+            expert_counts=None if routing is None else routing.counts.numpy(),
+            router_entropy=None if routing is None else routing.entropy.numpy(), state_norm=None,
             memory_share=None, n_tokens_forward=int(L), wall_s=float(time.perf_counter() - t0), firings=(),
             bytes_read=float(cost.bytes_read), flops=float(cost.flops),
             arithmetic_intensity=float(cost.arithmetic_intensity)))

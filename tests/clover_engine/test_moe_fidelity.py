@@ -1,4 +1,4 @@
-"""LLaDA-MoE decodes token for token, and routes expert for expert, as its official code.
+"""LLaDA-MoE and SDAR MoE decode token for token, and route expert for expert, as their official code.
 
 The tiny checkpoints of ``tests/fidelity/moe_cases.py`` (three architecture variants: 8 experts top-2 with
 a shared expert and qk-norm; 16 experts top-4 with the router's expert bias and a dense first layer; 8
@@ -9,6 +9,10 @@ slot for slot, and each MoE layer's top-k experts for every token of the first f
 the router's order, what the official code wrote into ``tests/data/moe_fidelity.json``
 (``tests/fidelity/make_moe_expected.py``: LLaDA's ``generate`` of ML-GSAI/LLaDA on inclusionAI's LLaDA-MoE
 modeling, at the commits the file names). No network and no official code are needed here.
+
+SDAR MoE (SDAR-30B-A3B's layout) likewise, under SDAR's ``block_diffusion_generate`` (greedy, each remasking
+strategy) on SDAR's official modeling file with Qwen3-MoE layers (``tests/fidelity/run_official_moe.py`` says
+why that is the reference), checked on the first denoising forward after the prefill.
 """
 
 from __future__ import annotations
@@ -21,14 +25,18 @@ import pytest
 import torch
 
 from clover_engine.backbones.llada_moe import LLaDAMoEModel, load_llada_moe
+from clover_engine.backbones.sdar_moe import SDARMoeModel, load_sdar_moe
 from clover_engine.checkpoint import load_model
+from clover_engine.decoding.block_diffusion_decoder import BlockDiffusionDecoder
+from clover_engine.decoding.block_diffusion_samplers import SDARSampler
 from clover_engine.decoding.masked_diffusion_decoder import MaskedDiffusionDecoder
 from clover_engine.decoding.masked_diffusion_samplers import LLaDASampler
 from clover_engine.recording.events import StepEvent
-from fidelity.moe_cases import VARIANTS, build_checkpoint, cases
+from fidelity.moe_cases import SDAR_VARIANTS, VARIANTS, build_checkpoint, build_sdar_checkpoint, cases
 
 DATA = json.loads((Path(__file__).resolve().parents[1] / "data" / "moe_fidelity.json").read_text())
-CASES = {c["id"]: c for c in DATA["cases"]}
+CASES = {c["id"]: c for c in DATA["cases"] if c["family"] == "lladamoe"}
+SDAR_CASES = {c["id"]: c for c in DATA["cases"] if c["family"] == "sdar_moe"}
 
 
 @pytest.fixture(scope="module")
@@ -38,20 +46,31 @@ def models(tmp_path_factory):
     return {seed: load_llada_moe(build_checkpoint(seed, root / f"lladamoe-{seed}")) for seed in VARIANTS}
 
 
+@pytest.fixture(scope="module")
+def sdar_models(tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("sdar-moe-fidelity")
+    return {seed: load_sdar_moe(build_sdar_checkpoint(seed, root / f"sdar-moe-{seed}")) for seed in SDAR_VARIANTS}
+
+
 def test_the_data_covers_the_cases_the_generator_defines():
-    assert [c["id"] for c in cases()] == list(CASES)
+    assert [c["id"] for c in cases()] == [c["id"] for c in DATA["cases"]]
     assert [c["prompt"] for c in cases()] == [c["prompt"] for c in DATA["cases"]]
     assert {s: DATA["models"][str(s)]["num_experts"] for s in VARIANTS} == {0: 8, 1: 16, 2: 8}
     assert all(DATA["models"][str(s)]["num_experts_per_tok"] >= 2 for s in VARIANTS)
-    assert {c["sampler"]["block_length"] for c in DATA["cases"]} == {8, 16, 32}
-    assert {len(c["prompt"]) for c in DATA["cases"]} == {8, 13}
+    assert {c["sampler"]["block_length"] for c in CASES.values()} == {8, 16, 32}
+    assert {len(c["prompt"]) for c in CASES.values()} == {8, 13}
+    assert {s: DATA["sdar_moe_models"][str(s)]["num_experts"] for s in SDAR_VARIANTS} == {0: 8, 1: 16, 2: 8}
+    assert {c["sampler"]["remasking_strategy"] for c in SDAR_CASES.values()} == {
+        "low_confidence_dynamic", "low_confidence_static", "sequential"}
+    assert all(c["sampler"]["top_k"] == 1 for c in SDAR_CASES.values())  # SDAR's greedy setting
 
 
 @pytest.mark.parametrize("seed", sorted(VARIANTS))
 @torch.no_grad()
 def test_the_first_forward_routes_and_predicts_as_the_official_model(models, seed):
     model = models[seed]
-    for case in [c for c in DATA["cases"] if c["seed"] == seed][::6]:
+    for case in [c for c in CASES.values() if c["seed"] == seed][::6]:
         G = len(case["canvas"])
         out = model(torch.full((1, G), model.config.mask_token_id), model.setup_state(1, "state"),
                     commit_ids=torch.tensor([case["prompt"]]))
@@ -75,7 +94,7 @@ def test_decodes_token_for_token_as_the_official_sampler_and_model(models, case_
 
 def test_computing_only_the_routed_experts_gives_the_tokens_of_computing_all(models):
     model = models[1]
-    case = next(c for c in DATA["cases"] if c["seed"] == 1)
+    case = next(c for c in CASES.values() if c["seed"] == 1)
     try:
         model.set_expert_mode("all")
         every = MaskedDiffusionDecoder(model).generate(case["prompt"], config=LLaDASampler(**case["sampler"]),
@@ -89,7 +108,7 @@ def test_computing_only_the_routed_experts_gives_the_tokens_of_computing_all(mod
 
 def test_every_forward_records_its_routing_and_is_priced_by_its_union(models, tmp_path):
     model = models[0]
-    case = next(c for c in DATA["cases"] if c["seed"] == 0 and c["sampler"]["block_length"] == 8)
+    case = next(c for c in CASES.values() if c["seed"] == 0 and c["sampler"]["block_length"] == 8)
     events = []
     result = MaskedDiffusionDecoder(model).generate(case["prompt"], config=LLaDASampler(**case["sampler"]),
                                                     hooks=[events.append])
@@ -124,6 +143,47 @@ def test_every_forward_records_its_routing_and_is_priced_by_its_union(models, tm
     back = Trace.load(path).steps
     assert all((a.expert_counts == b.expert_counts).all() and (a.expert_union_block == b.expert_union_block).all()
                for a, b in zip(steps, back))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("seed", sorted(SDAR_VARIANTS))
+def test_sdar_moe_first_block_forward_routes_and_predicts_as_the_official_model(sdar_models, seed):
+    model = sdar_models[seed]
+    for case in [c for c in SDAR_CASES.values() if c["seed"] == seed][::4]:
+        P, block = len(case["prompt"]), case["sampler"]["block_length"]
+        pre = P // block * block
+        state = model.setup_state()
+        if pre:
+            model.extend(state, case["prompt"][:pre], block)
+        cur = torch.full((1, block), model.config.mask_token_id)
+        cur[0, : P - pre] = torch.tensor(case["prompt"][pre:])
+        logits = model.block_logits(state, cur)[0]
+        assert logits.argmax(-1).tolist() == case["first_argmax"]
+        np.testing.assert_allclose(logits.max(-1).values.numpy(), case["first_max"], atol=2e-5)
+        assert [m.last.selected.tolist() for m in model.moe_layers()] == case["first_router"]
+
+
+@pytest.mark.parametrize("case_id", list(SDAR_CASES))
+def test_sdar_moe_decodes_token_for_token_as_the_official_sampler_and_model(sdar_models, case_id):
+    case = SDAR_CASES[case_id]
+    result = BlockDiffusionDecoder(sdar_models[case["seed"]]).generate(
+        case["prompt"], config=SDARSampler(**case["sampler"]), record_trace=False)
+    matched = sum(a == b for a, b in zip(result.canvas, case["canvas"]))
+    assert result.canvas == case["canvas"], f"{matched}/{len(case['canvas'])} tokens match"
+
+
+def test_sdar_moe_events_carry_the_routing_of_each_block_forward(sdar_models):
+    model = sdar_models[1]  # 16 experts, top-4, a dense first layer: one MoE layer
+    case = next(c for c in SDAR_CASES.values() if c["seed"] == 1)
+    events = []
+    BlockDiffusionDecoder(model).generate(case["prompt"], config=SDARSampler(**case["sampler"]), hooks=[events.append])
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    assert steps and isinstance(model, SDARMoeModel) and model.config.moe_layer_flags == [0, 1]
+    for ev in steps:
+        L = ev.n_tokens_forward
+        assert ev.expert_counts.shape == (1, 16) and ev.expert_counts.sum() == L * 4
+        assert ev.expert_union.tolist() == ev.expert_union_block.tolist()  # a KV-cache forward routes only its block
+        assert 4 <= ev.expert_union[0] <= min(16, 4 * L) and ev.bytes_read > 0
 
 
 def test_a_llada_config_with_experts_opens_as_llada_moe(tmp_path):

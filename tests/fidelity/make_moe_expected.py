@@ -23,7 +23,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from make_masked_diffusion_expected import fetch_official, write_data  # noqa: E402
-from moe_cases import MASK_ID, SHARPEN, VARIANTS, build_checkpoint, cases, config_of  # noqa: E402
+from make_block_diffusion_expected import OFFICIAL as BLOCK_DIFFUSION_OFFICIAL  # noqa: E402
+from moe_cases import (  # noqa: E402
+    MASK_ID, SDAR_VARIANTS, SHARPEN, VARIANTS, build_checkpoint, build_sdar_checkpoint, cases, config_of, sdar_config_of,
+)
 
 OUT = HERE.parent / "data" / "moe_fidelity.json"
 
@@ -36,6 +39,8 @@ OFFICIAL = {
         "lladamoe_hub/modeling_fused_lladamoe.py": "tools/modeling_fused_lladamoe.py",
         "lladamoe_hub/configuration_lladamoe.py": "tools/configuration_lladamoe.py",
     }),
+    # SDAR's sampler and model files, as for the dense SDAR cases (the MoE block: transformers' Qwen3-MoE)
+    "sdar": BLOCK_DIFFUSION_OFFICIAL["sdar"],
 }
 
 
@@ -48,8 +53,10 @@ def main() -> None:
     all_cases = cases()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        checkpoints = {str(seed): str(build_checkpoint(seed, tmp / f"lladamoe-{seed}"))
-                       for seed in sorted({c["seed"] for c in all_cases})}
+        checkpoints = {}
+        for seed in sorted({c["seed"] for c in all_cases}):
+            checkpoints[f"lladamoe-{seed}"] = str(build_checkpoint(seed, tmp / f"lladamoe-{seed}"))
+            checkpoints[f"sdar_moe-{seed}"] = str(build_sdar_checkpoint(seed, tmp / f"sdar_moe-{seed}"))
         fetch_official(tmp / "official", args.mirrors, OFFICIAL)
         job = dict(cases=all_cases, checkpoints=checkpoints, mask_id=MASK_ID)
         (tmp / "job.json").write_text(json.dumps(job))
@@ -60,12 +67,14 @@ def main() -> None:
                                    "print(torch.__version__, transformers.__version__)"],
                                   check=True, capture_output=True, text=True).stdout.split()
     data = dict(
-        about="Answer canvases of LLaDA's generate (official) on LLaDA-MoE's official modeling code, tiny random "
-              "checkpoints, with the first forward's router choices; written by tests/fidelity/make_moe_expected.py",
+        about="Answer canvases of LLaDA's generate (official) on LLaDA-MoE's official modeling code, and of SDAR's "
+              "block_diffusion_generate on SDAR's modeling with Qwen3-MoE layers, tiny random checkpoints, with the "
+              "first forward's router choices; written by tests/fidelity/make_moe_expected.py",
         official={k: dict(repo=v["repo"], commit=v["commit"], files=sorted(v["files"].values()))
                   for k, v in OFFICIAL.items()},
         official_env=dict(torch=versions[0], transformers=versions[1]),
         models={str(seed): dict(config_of(seed), sharpen=SHARPEN) for seed in VARIANTS},
+        sdar_moe_models={str(seed): dict(sdar_config_of(seed), sharpen=SHARPEN) for seed in SDAR_VARIANTS},
         cases=[dict(c, **results[c["id"]]) for c in all_cases])
     write_data(args.out, data)
 

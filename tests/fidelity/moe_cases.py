@@ -14,6 +14,13 @@ that every option of the hub config is exercised:
 * seed 0: 8 experts, top-2, a shared expert, qk-norm;
 * seed 1: 16 experts, top-4, the router's expert bias, a dense first layer (``moe_layer_freq`` [0, 1]);
 * seed 2: 8 experts, top-3, no shared expert, no qk-norm, RoPE on the whole head.
+
+SDAR MoE (SDAR-30B-A3B's layout, `clover_engine.backbones.sdar_moe`): the tiny SDAR of
+``block_diffusion_cases.py`` (2 layers, hidden 64) with Qwen3-MoE feed-forwards, written by
+`clover_engine.backbones.sdar_moe.save_sdar_moe`, one variant per seed (`SDAR_VARIANTS`): 8 experts top-2
+with the k weights renormalised; 16 experts top-4 with a dense first layer (``mlp_only_layers`` [0]); 8
+experts top-3 without renormalisation. Its cases run SDAR's ``block_diffusion_generate`` greedily (``top_k``
+1) with each remasking strategy.
 """
 
 from __future__ import annotations
@@ -21,6 +28,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
+try:  # imported from the tests (package ``fidelity``) or by the make script from this folder
+    from .block_diffusion_cases import TINY as SDAR_TINY
+except ImportError:
+    from block_diffusion_cases import TINY as SDAR_TINY
 
 SEEDS = (0, 1, 2)
 VOCAB, MASK_ID, EOS_ID = 1000, 999, 2
@@ -53,6 +65,31 @@ def build_checkpoint(seed: int, directory: Path) -> Path:
     return save_llada_moe(lm.eval(), directory, data)
 
 
+SDAR_VARIANTS = {
+    0: dict(num_experts=8, num_experts_per_tok=2, norm_topk_prob=True),
+    1: dict(num_experts=16, num_experts_per_tok=4, norm_topk_prob=True, mlp_only_layers=[0]),
+    2: dict(num_experts=8, num_experts_per_tok=3, norm_topk_prob=False),
+}
+"""seed -> the SDAR MoE checkpoint's MoE fields."""
+
+
+def sdar_config_of(seed: int) -> dict:
+    """The hub ``config.json`` fields of the seed's SDAR MoE checkpoint (before `save_sdar_moe` adds its names)."""
+    return dict(SDAR_TINY, **dict(dict(moe_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[]),
+                                  **SDAR_VARIANTS[seed]))
+
+
+def build_sdar_checkpoint(seed: int, directory: Path) -> Path:
+    """Write the tiny SDAR MoE checkpoint of ``seed`` into ``directory`` (MASK id in its config); returns it."""
+    from clover_engine.backbones.llada_moe import fill_random  # local: keeps this module import-light
+    from clover_engine.backbones.sdar_moe import build_tiny, save_sdar_moe  # local
+
+    data = sdar_config_of(seed)
+    lm = build_tiny(data)
+    fill_random(lm, 4000 + seed, SHARPEN)
+    return save_sdar_moe(lm, directory, dict(data, bd_size=8), MASK_ID)
+
+
 def prompt_for(seed: int, length: int) -> list[int]:
     """A prompt of ``length`` ids in [3, MASK_ID) (no special id, no MASK), drawn from ``seed``."""
     g = torch.Generator().manual_seed(seed * 100 + length + 7)
@@ -60,9 +97,10 @@ def prompt_for(seed: int, length: int) -> list[int]:
 
 
 def cases() -> list[dict]:
-    """Every case: ``id``, ``seed``, ``prompt`` and ``sampler`` (LLaDA's ``generate`` keyword arguments =
-    `clover_engine.decoding.masked_diffusion_samplers.LLaDASampler`'s; greedy: temperature 0, low-confidence
-    remasking, as LLaDA-MoE's model card runs it)."""
+    """Every case: ``id``, ``family`` (``lladamoe`` / ``sdar_moe``), ``seed``, ``prompt`` and ``sampler``: LLaDA's
+    ``generate`` keyword arguments (`clover_engine.decoding.masked_diffusion_samplers.LLaDASampler`'s; greedy:
+    temperature 0, low-confidence remasking, as LLaDA-MoE's model card runs it) or SDAR's
+    ``block_diffusion_generate``'s (`clover_engine.decoding.block_diffusion_samplers.SDARSampler`'s; greedy: top_k 1)."""
     out = []
     gen = 32
     for seed in SEEDS:
@@ -70,8 +108,18 @@ def cases() -> list[dict]:
             prompt = prompt_for(seed, plen)
             for block_length in (8, 16, 32):
                 for steps in (gen, gen // 2):
-                    out.append(dict(seed=seed, prompt=prompt, sampler=dict(
+                    out.append(dict(family="lladamoe", seed=seed, prompt=prompt, sampler=dict(
                         gen_length=gen, block_length=block_length, steps=steps, remasking="low_confidence")))
+        for plen in (16, 13):  # SDAR MoE: on a block boundary, and not
+            prompt = prompt_for(seed, plen)
+            for block in (4, 8):
+                for strategy, threshold in (("low_confidence_dynamic", 0.85), ("low_confidence_dynamic", 0.5),
+                                            ("low_confidence_static", 0.85), ("sequential", 0.85)):
+                    out.append(dict(family="sdar_moe", seed=seed, prompt=prompt, sampler=dict(
+                        gen_length=gen, block_length=block, denoising_steps=block if strategy != "sequential" else block // 2,
+                        remasking_strategy=strategy, confidence_threshold=threshold, top_k=1, stop_token_ids=[EOS_ID],
+                        seed=seed)))
     for c in out:
-        c["id"] = f"lladamoe-seed{c['seed']}-P{len(c['prompt'])}-" + "-".join(f"{k}={v}" for k, v in c["sampler"].items())
+        c["id"] = f"{c['family']}-seed{c['seed']}-P{len(c['prompt'])}-" + "-".join(
+            f"{k}={v}" for k, v in c["sampler"].items() if k != "stop_token_ids")
     return out
