@@ -100,9 +100,12 @@ def moe_mlp_cost(config: Any, n_tokens: int, expert_union: Any = None,
 
 
 def is_moe(config: Any) -> bool:
-    """True for a config with routed experts (``num_experts`` > 0): `moe_mlp_cost` prices its feed-forwards."""
-    n = config.get("num_experts") if isinstance(config, Mapping) else getattr(config, "num_experts", None)
-    return bool(n)
+    """True for a config with routed experts that `moe_mlp_cost` can price (``num_experts`` > 0 and
+    ``moe_layer_flags``, as the MoE diffusion backbones' configs have)."""
+    def get(name: str) -> Any:
+        return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+
+    return bool(get("num_experts")) and get("moe_layer_flags") is not None
 
 
 def dense_forward_cost(

@@ -137,7 +137,8 @@ def _recorded_moe(trace: Any) -> dict:
     if cfg is not None and getattr(cfg, "num_experts", 0):
         return dict(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok)
     rec = (getattr(trace, "meta", None) or {}).get("model_config")
-    return dict(rec) if isinstance(rec, dict) and rec.get("num_experts") else {}
+    ok = isinstance(rec, dict) and rec.get("num_experts") and rec.get("num_experts_per_tok")
+    return dict(rec) if ok else {}  # a config naming experts its own way (DiffusionGemma) gives no subtitle
 
 
 def expert_union_figure(trace: Any) -> go.Figure:
