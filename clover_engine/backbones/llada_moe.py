@@ -30,7 +30,7 @@ Shape letters: T tokens of a forward, H hidden size, V vocabulary.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -40,9 +40,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from clover_engine.backbones.base import BlockOutput, Capabilities
+from clover_engine.backbones.block_causal import CHATML_TEMPLATE, _stop_id, _tokenizer_mask_id
 from clover_engine.backbones.causal_lm.model import count_parameters
 from clover_engine.backbones.masked_diffusion import MaskedDiffusionConfig, MaskedDiffusionModel, MaskedDiffusionState
-from clover_engine.backbones.moe import GatedMLP, MoEFeedForward, RoutingStats, routing_stats
+from clover_engine.backbones.moe import GatedMLP, MoEDims, MoEFeedForward, RoutingStats, routing_stats
 from clover_engine.backbones.safetensors_shards import (
     checkpoint_dtype, load_shards, meta_tensors, read_header, shard_files,
 )
@@ -284,21 +285,8 @@ class LLaDAMoELM(nn.Module):
 
 
 @dataclass
-class LLaDAMoEConfig(MaskedDiffusionConfig):
-    """`MaskedDiffusionConfig` plus the MoE dimensions the cost model prices by the measured union.
-
-    Attributes:
-        num_experts, num_experts_per_tok: E and k.
-        moe_intermediate_size: I of each routed expert.
-        shared_expert_intermediate_size: I of the shared expert (0: none).
-        moe_layer_flags: per layer, 1 for a MoE feed-forward, 0 for a dense one (``intermediate_size``).
-    """
-
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0
-    shared_expert_intermediate_size: int = 0
-    moe_layer_flags: list[int] = field(default_factory=list)
+class LLaDAMoEConfig(MaskedDiffusionConfig, MoEDims):
+    """`MaskedDiffusionConfig` plus the MoE dimensions (`clover_engine.backbones.moe.MoEDims`)."""
 
 
 class LLaDAMoEModel(MaskedDiffusionModel):
@@ -346,28 +334,19 @@ class LLaDAMoEModel(MaskedDiffusionModel):
 
 # ------------------------------------------------------------------ loading
 def _mask_token_id(directory: Path, data: dict) -> int:
-    if data.get("mask_token_id") is not None:
-        return int(data["mask_token_id"])
-    for name in ("added_tokens.json",):
-        p = directory / name
-        if p.is_file():
-            found = json.loads(p.read_text()).get(MASK_TOKEN)
-            if found is not None:
-                return int(found)
-    p = directory / "tokenizer.json"
-    if p.is_file():
-        for tok in json.loads(p.read_text()).get("added_tokens", []):
-            if tok.get("content") == MASK_TOKEN:
-                return int(tok["id"])
+    """The config's ``mask_token_id``, else the tokenizer files' ``<|mask|>``, else the published id."""
+    for found in (data.get("mask_token_id"), _tokenizer_mask_id(directory, MASK_TOKEN)):
+        if found is not None:
+            return int(found)
     return MASK_TOKEN_ID
 
 
 def _eos_token_id(directory: Path, data: dict) -> int:
-    p = directory / "generation_config.json"
-    eos = json.loads(p.read_text()).get("eos_token_id") if p.is_file() else None
-    eos = data.get("eos_token_id") if eos is None else eos
-    if isinstance(eos, list):
-        eos = eos[0] if eos else None
+    """``generation_config.json``'s first end id, else the config's, else the published one."""
+    eos = _stop_id(directory)
+    if eos is None:
+        eos = data.get("eos_token_id")
+        eos = (eos[0] if eos else None) if isinstance(eos, list) else eos
     return EOS_TOKEN_ID if eos is None else int(eos)
 
 
@@ -507,7 +486,6 @@ def write_tiny_llada_moe(directory: str | Path, seed: int = 0, sharpen: float = 
     ``changes`` override `tiny_config` fields (``num_experts``, ``num_experts_per_tok``, ...); the output
     layer is multiplied by ``sharpen`` (100: some slots confident).
     """
-    from clover_engine.backbones.block_causal import CHATML_TEMPLATE  # local: the shared ChatML template
     from clover_engine.tokenizer import byte_tokenizer  # local: only this writer needs it
 
     out = Path(directory)

@@ -25,7 +25,7 @@ Shape letters: T tokens, H hidden size, I expert intermediate size, E experts, k
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +53,26 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., H] in the weights' dtype."""
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+@dataclass(kw_only=True)
+class MoEDims:
+    """The MoE dimensions a MoE backbone's config adds (a mixin of `clover_engine.backbones.llada_moe.LLaDAMoEConfig`
+    and `clover_engine.backbones.sdar_moe.SDARMoeConfig`), which the cost model prices by the measured union
+    (`clover_engine.cost.dense.moe_mlp_cost`).
+
+    Attributes:
+        num_experts, num_experts_per_tok: E and k.
+        moe_intermediate_size: I of each routed expert.
+        shared_expert_intermediate_size: I of the shared expert (0: none).
+        moe_layer_flags: per layer, 1 for a MoE feed-forward, 0 for a dense one (``intermediate_size``).
+    """
+
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    moe_layer_flags: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -227,4 +247,4 @@ def routing_stats(routings: list[Routing], block_rows: slice) -> RoutingStats:
                         experts_block=experts)
 
 
-__all__ = ["EXPERT_MODES", "GatedMLP", "MoEFeedForward", "Routing", "RoutingStats", "routing_stats", "softmax_top_k"]
+__all__ = ["EXPERT_MODES", "GatedMLP", "MoEDims", "MoEFeedForward", "Routing", "RoutingStats", "routing_stats", "softmax_top_k"]

@@ -24,7 +24,7 @@ weights are read (`load_sdar_moe`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from torch import nn
 
 from clover_engine.backbones.base import BlockOutput, Capabilities
 from clover_engine.backbones.block_causal import BlockCausalConfig, BlockCausalModel, BlockCausalState, load_block_causal
-from clover_engine.backbones.moe import MoEFeedForward, RoutingStats, routing_stats
+from clover_engine.backbones.moe import MoEDims, MoEFeedForward, RoutingStats, routing_stats
 
 
 def moe_layer_flags(data: dict) -> list[bool]:
@@ -53,21 +53,8 @@ def moe_layer_flags(data: dict) -> list[bool]:
 
 
 @dataclass
-class SDARMoeConfig(BlockCausalConfig):
-    """`BlockCausalConfig` plus the MoE dimensions the cost model prices by the measured union.
-
-    Attributes:
-        num_experts, num_experts_per_tok: E and k.
-        moe_intermediate_size: I of each routed expert.
-        shared_expert_intermediate_size: 0 (Qwen3-MoE has no shared expert).
-        moe_layer_flags: per layer, 1 for a MoE feed-forward, 0 for a dense one (``intermediate_size``).
-    """
-
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0
-    shared_expert_intermediate_size: int = 0
-    moe_layer_flags: list[int] = field(default_factory=list)
+class SDARMoeConfig(BlockCausalConfig, MoEDims):
+    """`BlockCausalConfig` plus the MoE dimensions (`clover_engine.backbones.moe.MoEDims`; no shared expert)."""
 
 
 class SDARMoeModel(BlockCausalModel):
