@@ -39,6 +39,8 @@ from typing import Any
 
 from clover_viz import limits
 from clover_viz.limits import inside_roots, listed_hub_id, outside_roots
+from clover_engine.backbones import load_progress
+from clover_engine.backbones.load_progress import LoadCancelled, LoadProgress
 from clover_engine.backbones.hub import hub_snapshot, parse_hub_id
 from clover_engine.backbones.base import Capabilities, capabilities_of
 from clover_engine.backbones.registry import BUILD_LOCK
@@ -348,10 +350,6 @@ _BUILDING: dict[ModelSpec, int] = {}  # spec -> weight bytes reserved by its bui
 _WAITERS: dict[ModelSpec, int] = {}  # spec -> callers waiting for its build (a cancelled build still serves them)
 
 
-class LoadCancelled(RuntimeError):
-    """A load given up because its caller went away (`load_model_cached`'s ``cancel``)."""
-
-
 def load_model_cached(spec: ModelSpec, cancel: threading.Event | None = None,
                       check_memory: bool = False) -> LoadedModel:
     """`build_model` once per process and spec (sessions share models; decoding never mutates them).
@@ -362,10 +360,16 @@ def load_model_cached(spec: ModelSpec, cancel: threading.Event | None = None,
     callers asking for the same spec share one build; a model already cached is returned at once
     to every other caller (another browser session) while some other model builds.
 
+    Progress and Stop: a caller that watches its thread's loads (`clover_engine.backbones.load_progress.watching`,
+    the explorer's load thread) sees the download's and the weight reading's bytes in its `LoadProgress`,
+    and its ``should_stop`` cancels the load like ``cancel`` does.
+
     Args:
-        cancel: set when the caller has gone (a closed tab): a wait ends with `LoadCancelled`, and a
-            build that finishes for nobody else is thrown away rather than cached. A build already
-            running is not interrupted (torch cannot stop mid-read).
+        cancel: set when the caller has gone (a closed tab) or gives the load up (Stop): a wait ends
+            with `LoadCancelled`; a download or a lean weight read stops at its next tensor or chunk
+            (`clover_engine.backbones.load_progress`; transformers' own reading between its phases),
+            unless another caller waits for the same model; and a build that finishes for nobody else
+            is thrown away rather than cached. Nothing half-built stays referenced.
         check_memory: refuse a model whose weights would not fit in the free memory
             (`clover_viz.limits.check_memory`; the served app), before anything is allocated.
 
@@ -373,7 +377,7 @@ def load_model_cached(spec: ModelSpec, cancel: threading.Event | None = None,
     stderr), outside the build lock: other models build meanwhile.
 
     Raises:
-        LoadCancelled: ``cancel`` was set.
+        LoadCancelled: ``cancel`` was set, or the watcher's ``should_stop`` answered True (nothing is cached).
         clover_viz.limits.NotEnoughMemory: with ``check_memory``.
         ValueError: a hub model that cannot be had (`clover_engine.backbones.hub.hub_snapshot`), or a
             checkpoint that does not load (`build_model`).
@@ -382,6 +386,11 @@ def load_model_cached(spec: ModelSpec, cancel: threading.Event | None = None,
     `clover_engine.backbones.registry.BUILD_LOCK`: building is not thread-safe), the others queue
     (`waiting_for_another_load`); a failed build releases its place and the lock, and poisons nothing.
     """
+    outer = load_progress.current()  # the caller's watcher: its progress bar and its Stop
+
+    def gone() -> bool:
+        return (cancel is not None and cancel.is_set()) or (outer is not None and outer.should_stop())
+
     with _SLOTS:
         while True:
             hit = _MODEL_CACHE.pop(spec, None)
@@ -401,21 +410,26 @@ def load_model_cached(spec: ModelSpec, cancel: threading.Event | None = None,
                 _WAITERS[spec] -= 1
                 if not _WAITERS[spec]:
                     del _WAITERS[spec]
-            if cancel is not None and cancel.is_set():
-                raise LoadCancelled(f"the load of {spec.path or spec.kind} was cancelled: its session closed")
+            if gone():
+                raise LoadCancelled(f"the load of {spec.path or spec.kind} was cancelled")
         _BUILDING[spec] = 0
+    # the build stops at its next report once its caller is gone, unless another caller waits for it
+    watch = load_progress.LoadProgress(should_stop=lambda: gone() and not _WAITERS.get(spec),
+                                       on_update=None if outer is None else _mirror(outer))
     try:
-        directory = _spec_dir(spec) if spec.kind in ("checkpoint", "hub") else ""  # a download: before the build lock
-        if check_memory and directory:
-            need = limits.weight_bytes(directory)
-            with _SLOTS:
-                limits.check_memory(_spec_name(spec), need, sum(_BUILDING.values()))
-                _BUILDING[spec] = need
-        _acquire_build_lock(cancel)
-        try:
-            loaded = build_model(spec)
-        finally:
-            BUILD_LOCK.release()
+        with load_progress.watching(watch):
+            directory = _spec_dir(spec) if spec.kind in ("checkpoint", "hub") else ""  # a download: before the build lock
+            if check_memory and directory:
+                need = limits.weight_bytes(directory)
+                with _SLOTS:
+                    limits.check_memory(_spec_name(spec), need, sum(_BUILDING.values()))
+                    _BUILDING[spec] = need
+            _acquire_build_lock(gone)
+            try:
+                watch.phase = "building"
+                loaded = build_model(spec)
+            finally:
+                BUILD_LOCK.release()
     except BaseException:
         with _SLOTS:
             del _BUILDING[spec]
@@ -424,8 +438,8 @@ def load_model_cached(spec: ModelSpec, cancel: threading.Event | None = None,
     with _SLOTS:
         del _BUILDING[spec]
         _SLOTS.notify_all()
-        if cancel is not None and cancel.is_set() and not _WAITERS.get(spec):
-            raise LoadCancelled(f"the load of {spec.path or spec.kind} was cancelled: its session closed")
+        if gone() and not _WAITERS.get(spec):
+            raise LoadCancelled(f"the load of {spec.path or spec.kind} was cancelled")
         while len(_MODEL_CACHE) + len(_BUILDING) >= MODEL_CACHE_SIZE and _MODEL_CACHE:
             _MODEL_CACHE.pop(next(iter(_MODEL_CACHE))).evicted = True
         _MODEL_CACHE[spec] = loaded
@@ -433,15 +447,26 @@ def load_model_cached(spec: ModelSpec, cancel: threading.Event | None = None,
     return loaded
 
 
+def _mirror(outer: LoadProgress):
+    """``on_update`` for the cache's own watcher: copy its phase and bytes onto the caller's ``outer``."""
+
+    def update(p: LoadProgress) -> None:
+        outer.phase, outer.done_bytes, outer.total_bytes = p.phase, p.done_bytes, p.total_bytes
+        if outer.on_update is not None:
+            outer.on_update(outer)
+
+    return update
+
+
 _QUEUED: set[int] = set()  # idents of the threads waiting for another model's build (`BUILD_LOCK`)
 
 
-def _acquire_build_lock(cancel: threading.Event | None) -> None:
+def _acquire_build_lock(gone) -> None:
     """Take the engine's process-wide build lock (models are built one at a time: building is not
     thread-safe), counted in `_QUEUED` while another build holds it, so a session can say it waits.
 
     Raises:
-        LoadCancelled: ``cancel`` was set while waiting (nothing was built).
+        LoadCancelled: ``gone()`` answered True while waiting (nothing was built).
     """
     if BUILD_LOCK.acquire(blocking=False):
         return
@@ -450,7 +475,7 @@ def _acquire_build_lock(cancel: threading.Event | None) -> None:
         _QUEUED.add(me)
     try:
         while not BUILD_LOCK.acquire(timeout=0.25):
-            if cancel is not None and cancel.is_set():
+            if gone():
                 raise LoadCancelled("the load was cancelled while it waited for another model's load")
     finally:
         with _SLOTS:

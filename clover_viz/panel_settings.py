@@ -151,7 +151,7 @@ class SettingsPanel(pn.viewable.Viewer):
         self.open.jscallback(args={"notice": self.upload_notice}, css_classes=_UPLOAD_LIMIT_JS)
         self.open_note = pn.pane.Markdown(self._open_note(), margin=(0, 10), styles={"font-size": "12px"})
         s.param.watch(lambda _e: setattr(self.open_note, "object", self._open_note()), "max_upload_bytes")
-        s.param.watch(self._sync, ["running", "model_label", "model_ok", "window_available", "memory_advice", "trace",
+        s.param.watch(self._sync, ["running", "loading", "model_label", "model_ok", "window_available", "memory_advice", "trace",
                                    "n_steps", "policy", "example"])
         self._sync()
 
@@ -190,7 +190,7 @@ class SettingsPanel(pn.viewable.Viewer):
     def _sync(self, *_: Any) -> None:
         s = self.state
         self.example_note.object = html.escape(example_note(s.example))
-        self.stop.disabled = not s.running
+        self.stop.disabled = not (s.running or s.loading)  # Stop also gives up a model's load
         self.save.disabled = s.trace is None or len(s.trace) == 0
         self.generate.label = "Generate (restart)" if s.running else "Generate"
         label = s.model_label or "(not loaded yet)"

@@ -79,7 +79,7 @@ class RunSummary(pn.viewable.Viewer):
         s = self.state
         s.param.watch(self._on_error, "error")
         s.param.watch(self._refresh, ["trace", "trace_version", "running", "progress", "status", "previous",
-                                      "loading"])
+                                      "loading", "load_percent"])
         self._refresh()
 
     def _on_error(self, event: Any) -> None:
@@ -93,9 +93,10 @@ class RunSummary(pn.viewable.Viewer):
     def _refresh(self, *_: Any) -> None:
         s = self.state
         self.progress.visible = s.running or s.loading
-        # a model loading: indeterminate (-1, animated) -- its length is not known; a decode: tokens / budget
-        self.progress.value = s.progress if s.running else -1
-        self.progress.active = s.loading and not s.running
+        # a decode: tokens / budget; a model loading: bytes of its download or weights, indeterminate
+        # (-1, animated) while that is not known (queued, transformers' own reading)
+        self.progress.value = s.progress if s.running else s.load_percent if s.loading else -1
+        self.progress.active = s.loading and not s.running and s.load_percent < 0
         st = run_stats(s.trace)
         prev = run_stats(s.previous)
 

@@ -7,7 +7,8 @@ param reads ``@param.depends`` only from a Parameterized class's own body):
 
 * `load_model` (blocking: notebooks, scripts) and `start_load` / `_poll_load` (a background
   thread: the served app) resolve `model_dir` through `clover_viz.models` and `_apply_loaded`
-  makes the result the session's model;
+  makes the result the session's model; a background load reports its bytes (`load_percent`,
+  the status line) and `cancel_load` (Stop) gives it up and returns to the model before it;
 * a model from a checkpoint directory starts in its best measured memory mode
   (`clover_engine.checkpoint.best_memory_mode`, the CLI's default) unless a mode was chosen;
 * the example prompts on offer follow the model (`clover_viz.examples.examples_for`), and the
@@ -26,6 +27,8 @@ from typing import Any
 from clover_viz import models
 from clover_viz.examples import EXAMPLE_PROMPTS, YOUR_PROMPT, examples_for
 from clover_viz.models import LoadedModel, resolve_model
+from clover_engine.backbones import load_progress
+from clover_engine.backbones.load_progress import LoadProgress
 from clover_engine.checkpoint import best_memory_mode
 
 
@@ -35,6 +38,8 @@ class SessionModels:
     _examples: dict[str, str] = EXAMPLE_PROMPTS  # the example set on offer (`_use_examples`)
     _typed: str = ""  # the last prompt the user wrote (not an example): YOUR_PROMPT restores it
     _syncing_example: bool = False  # the picker follows the prompt: do not write the prompt back
+    _loaded_dir: str | None = None  # `model_dir` of the model `_loaded` holds (a cancelled load returns to it)
+    _restoring_model: bool = False  # `cancel_load` sets `model_dir` back: not a new pick
 
     # ------------------------------------------------------------------ model
     @property
@@ -46,14 +51,17 @@ class SessionModels:
         """Resolve and load `model_dir` (cached), or take the model given to `use_model`.
         On failure set `error` and return None.
 
-        With ``adjust_mode``, a memory mode the model cannot run falls back to ``state``.
+        With ``adjust_mode``, a memory mode the model cannot run falls back to ``state``. A load that takes
+        a while draws a tqdm bar of its bytes (`clover_engine.backbones.load_progress.shown_as_bar`);
+        interrupting the kernel gives it up (``KeyboardInterrupt``) and keeps nothing of it.
         """
         if self._given is not None:
             loaded = self._given
         else:
             try:
                 spec = resolve_model(self.model_dir, self.dev_sharpen_random, roots=self._model_roots)
-                loaded = self._loader(spec)
+                with load_progress.shown_as_bar():  # a notebook cell: a tqdm bar of the bytes read
+                    loaded = self._loader(spec)
             except (ValueError, TypeError, OSError) as exc:
                 self._load_failed(exc)
                 return None
@@ -89,12 +97,16 @@ class SessionModels:
             self.loading = False
             self._load_failed(exc)
             return False
-        box: dict[str, Any] = {"spec": spec, "model_dir": self.model_dir, "t0": time.monotonic(), "note": note}
+        self._give_up_pending_load()  # superseded by this one
+        cancel = threading.Event()  # `cancel_load` (Stop): the build stops at its next tensor or chunk
+        box: dict[str, Any] = {"spec": spec, "model_dir": self.model_dir, "t0": time.monotonic(), "note": note,
+                               "cancel": cancel, "progress": LoadProgress(should_stop=cancel.is_set)}
         loader = self._loader
 
         def work() -> None:
             try:
-                box["loaded"] = loader(spec)
+                with load_progress.watching(box["progress"]):  # the download's and the weights' bytes
+                    box["loaded"] = loader(spec)
             except Exception as exc:  # noqa: BLE001  (reported on the UI thread by tick)
                 box["error"] = exc
 
@@ -108,6 +120,45 @@ class SessionModels:
         self.status = f"{note}loading {self._model_name()} ..."
         box["thread"].start()
         return True
+
+    def cancel_load(self) -> bool:
+        """Give up the background load (`start_load`; Stop while a model loads) and return to the model
+        loaded before it: `model_dir` and the label name it again, and it decodes as before. Its build stops
+        at its next tensor (a download at its next chunk; a SmolLM2 base between transformers' phases) and
+        is not cached unless another session waits for the same model, so nothing half-loaded stays
+        referenced. Without a model before it the session says so and waits for a pick.
+
+        Returns False when no load was under way (nothing changed)."""
+        if self._pending_load is None:
+            return False
+        self._give_up_pending_load()
+        self.loading = False
+        self.load_percent = -1
+        self._generate_when_loaded = False
+        name = self._model_name()
+        prev, prev_dir = self._loaded, self._loaded_dir
+        if prev is None or prev_dir is None:
+            self.model_label = f"none loaded (the load of {name} was cancelled)"
+            if not self.running:
+                self.status = f"load of {name} cancelled: no model loaded; pick a model"
+            return True
+        self._restoring_model = True  # model_dir names the previous model again: no new load
+        try:
+            self.model_dir = prev_dir
+        finally:
+            self._restoring_model = False
+        self.model_label = prev.label
+        self.model_ok = True
+        if not self.running:
+            self.status = f"load of {name} cancelled; back to {prev.label}"
+        return True
+
+    def _give_up_pending_load(self) -> None:
+        """Forget the background load under way; its build stops at its next tensor unless another session
+        waits for the same model (`clover_viz.models.load_model_cached`)."""
+        if self._pending_load is not None:
+            self._pending_load["cancel"].set()
+        self._pending_load = None
 
     def _model_name(self) -> str:
         return Path((self.model_dir or "").rstrip("/")).name or str(self.model_dir)
@@ -124,14 +175,18 @@ class SessionModels:
                 status = (f"{box['note']}waiting for another load to finish before loading {self._model_name()} "
                           f"({queued} queued) ... {secs} s")
             else:
-                status = f"{box['note']}loading {self._model_name()} ... {secs} s"
-            if secs >= 5 and not queued:
+                done = box["progress"].describe()
+                status = f"{box['note']}loading {self._model_name()} ... {done + ', ' if done else ''}{secs} s"
+            frac = box["progress"].fraction
+            self.load_percent = -1 if queued or frac is None else int(100 * frac)
+            if secs >= 5 and not queued and box["progress"].phase in ("", "building"):
                 status += " (a first load of a SmolLM2 model dequantises its base: about a minute)"
             if self.status != status and not self.running:
                 self.status = status
             return
         self._pending_load = None
         self.loading = False
+        self.load_percent = -1
         if "error" in box:
             exc = box["error"]
             if not isinstance(exc, (ValueError, TypeError, OSError)):
@@ -170,6 +225,7 @@ class SessionModels:
     def _apply_loaded(self, loaded: LoadedModel, adjust_mode: bool) -> LoadedModel:
         """Make ``loaded`` the session's model: label, examples, memory-mode advice (UI thread)."""
         self._loaded = loaded
+        self._loaded_dir = self.model_dir  # what `cancel_load` returns to
         self.model_label = loaded.label
         # the largest block the model declares it was trained on (an adapter's; None for Clover checkpoints)
         self._trained_block = loaded.capabilities.largest_trained_block
@@ -234,6 +290,8 @@ class SessionModels:
 
     # watches `model_dir` and `dev_sharpen_random`: wired in `ExplorerState`
     def _on_model_change(self) -> None:
+        if self._restoring_model:  # `cancel_load` names the model it went back to
+            return
         self._given = None
         if self.background_loads:
             self.start_load()

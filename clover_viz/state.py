@@ -52,12 +52,7 @@ from typing import Any
 import param
 
 from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, YOUR_PROMPT
-from clover_viz.models import (
-    DEFAULT_MODEL_DIR,
-    DEV_WEIGHT_SCALE,
-    LoadedModel,
-    load_model_cached,
-)
+from clover_viz.models import DEFAULT_MODEL_DIR, DEV_WEIGHT_SCALE, LoadedModel, load_model_cached
 from clover_viz.runs import compare, dropped_at_stop, forced_past_answer, generated_ids, long_prompt_note
 from clover_viz.session_branches import SessionBranches
 from clover_viz.session_cost import SessionCost
@@ -185,6 +180,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         "Bumped whenever `branches` (the tree of branches), the node shown or the comparison's two runs change."))
     running = param.Boolean(default=False, doc="A decode is running.")
     loading = param.Boolean(default=False, doc="A model is loading in the background (`start_load`).")
+    load_percent = param.Integer(default=-1, doc="Done of the background load's phase (download, weights), %; -1 unknown.")
     background_loads = param.Boolean(default=False, doc=(
         "Load a newly chosen model in a background thread (`start_load`; the served app) instead of "
         "blocking the caller (`load_model`; notebooks and scripts)."))
@@ -390,10 +386,14 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
 
     def stop(self) -> None:
         """Cancel the running decode; it stops after its current forward and keeps what it wrote.
+        While a model loads (and nothing decodes), give the load up instead (`cancel_load`).
 
         `stop_timing` records when (monotonic seconds) and at which NFE (steps shown) the stop
         was asked for, how far (s, ``window_s``) a paced decode could run ahead of its page (`RunPace`),
         and, once the decode has ended, when and at which NFE it ended."""
+        if self.loading and not self.running:  # Stop while a model loads: give it up, back to the one before
+            self.cancel_load()
+            return
         if self._run is not None and self.running:
             self._run.user_stopped = True
             self._run.cancel.set()
@@ -589,7 +589,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         """End the session's work: cancel a running decode, start no new one (idempotent)."""
         self._closed = True
         self.playing = False
-        self._pending_load = None  # a background load finishes into the process cache; nothing applies it
+        self._give_up_pending_load()
         self._generate_when_loaded = False
         if self._run is not None:
             self._run.superseded = True

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from clover_engine.backbones import load_progress
 from clover_engine.backbones.checkpoint_dir import find_model_dir
 
 CHECKPOINT_FILES: tuple[str, ...] = (
@@ -116,6 +117,8 @@ def hub_snapshot(hub_id: HubId | str) -> Path:
             ``OfflineModeIsEnabled``); a partial cached snapshot (``IncompleteSnapshotError``); another
             answer of the hub (``HfHubHTTPError``); a snapshot without ``*.safetensors`` (the engine reads
             safetensors only).
+        clover_engine.backbones.load_progress.LoadCancelled: the thread's `load_progress.watching` watcher
+            asked to stop (its progress counts the download's bytes).
     """
     ref = hub_id if isinstance(hub_id, HubId) else HUB_ID_SHAPE.fullmatch(str(hub_id).strip())
     if ref is None:
@@ -129,9 +132,11 @@ def hub_snapshot(hub_id: HubId | str) -> Path:
     local = (f" (and there is no local directory {str(ref)!r}: a local checkpoint is named by its path, "
              f"e.g. ./{ref})")
     try:
+        watcher = load_progress.current()  # a front end's progress and Stop (cancels the download)
+        bar = {"tqdm_class": load_progress.download_bar(watcher)} if watcher is not None else {}
         with _progress_bars_shown():
             folder = huggingface_hub.snapshot_download(ref.repo_id, revision=ref.revision,
-                                                       allow_patterns=list(CHECKPOINT_FILES))
+                                                       allow_patterns=list(CHECKPOINT_FILES), **bar)
     except errors.GatedRepoError as e:  # before RepositoryNotFoundError: a subclass of it
         raise ValueError(
             f"{ref.repo_id} is a gated model on the Hugging Face hub: accept its licence at {ref.page} while "

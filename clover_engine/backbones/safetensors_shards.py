@@ -33,6 +33,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from clover_engine.backbones import load_progress
+
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -222,6 +224,8 @@ def load_shards(module: nn.Module, shards: list[Shard], *, rename=lambda name: n
         ValueError: a name stored in two shards, missing or unexpected names (the first five of
             each, with the directory), a shape that differs from the module's, or a truncated
             shard (the message names the file).
+        clover_engine.backbones.load_progress.LoadCancelled: the thread's watcher asked to stop (checked
+            after every tensor; the tensors read so far are dropped with the module).
     """
     device = torch.device(device)
     expected = {k: v for k, v in module.state_dict(keep_vars=True).items()}
@@ -239,6 +243,7 @@ def load_shards(module: nn.Module, shards: list[Shard], *, rename=lambda name: n
         raise ValueError(f"{where}: the weights do not match {what}: "
                          f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
                          f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+    load_progress.begin("reading weights", sum(shard.nbytes for shard in shards))
     for shard in shards:
         batch: dict[str, torch.Tensor] = {}
         with open(shard.path, "rb") as f:
@@ -250,6 +255,7 @@ def load_shards(module: nn.Module, shards: list[Shard], *, rename=lambda name: n
                                      f"{list(want.shape)} for {key!r}")
                 dtype = want.dtype if t.dtype.is_floating_point and want.dtype.is_floating_point else t.dtype
                 batch[key] = _read_tensor(f, shard, t, dtype, device)
+                load_progress.advance(t.end - t.begin)  # a front end's progress bar and Stop
         module.load_state_dict(batch, strict=False, assign=True)
         del batch
 

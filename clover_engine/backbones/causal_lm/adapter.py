@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from clover_engine.backbones import load_progress
 from clover_engine.backbones.causal_lm.model import HFBlockConfig, HFBlockDiffusionModel, count_parameters
 from clover_engine.prompting import chatml_prompt
 
@@ -326,6 +327,7 @@ def load_adapter_model(directory: str | Path, device: str | torch.device = "cpu"
     else:
         spec = base_spec(cfg.get("base", ""))
         lm, _ = load_base(spec.name)
+    load_progress.checkpoint()  # transformers read the base: Stop is heard between its phases
     has_lora = adapter and (directory / ADAPTER_WEIGHTS).is_file()
     if has_lora:
         _require("peft")
@@ -335,6 +337,7 @@ def load_adapter_model(directory: str | Path, device: str | torch.device = "cpu"
             lm = PeftModel.from_pretrained(lm, str(directory), is_trainable=not merge)
             if merge:
                 lm = lm.merge_and_unload()
+    load_progress.checkpoint()
     mask_emb = None
     if adapter and (directory / MASK_EMBEDDING).is_file():
         from safetensors.torch import load_file

@@ -38,6 +38,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from clover_engine.backbones import load_progress
 from clover_engine.backbones.checkpoint_dir import CONFIG_NAME, TOKENIZER_NAME, _checkpoint_dir
 from clover_engine.backbones.clover.config import CloverConfig
 from clover_engine.backbones.clover.model import CloverModel
@@ -352,12 +353,16 @@ def load_weights(model: torch.nn.Module, path_or_dir: str | Path) -> torch.nn.Mo
     by_file: dict[Path, list[tuple[str, str, int, int]]] = {}
     for name, (path, _, _, stored, part, parts) in found.items():
         by_file.setdefault(path, []).append((name, stored, part, parts))
+    load_progress.begin("reading weights", sum(p.stat().st_size for p in by_file))
     with torch.no_grad():
         for path, names in by_file.items():
             try:
                 with safe_open(str(path), framework="pt", device="cpu") as f:
-                    tensors = {n: f.get_tensor(stored) if parts == 1 else f.get_tensor(stored).chunk(parts, 0)[i]
-                               for n, stored, i, parts in names}
+                    tensors = {}
+                    for n, stored, i, parts in names:
+                        whole = f.get_tensor(stored)
+                        tensors[n] = whole if parts == 1 else whole.chunk(parts, 0)[i]
+                        load_progress.advance(whole.nbytes // parts)  # a front end's progress bar and Stop
             except SafetensorError as e:
                 raise ValueError(f"cannot read {path}: {e}; re-save or re-download it") from e
             result = model.load_state_dict(tensors, strict=False)

@@ -1,0 +1,116 @@
+"""Stop while a model loads (issue: loads that can be cancelled): the session's state, without a browser.
+
+The load is the real one (`clover_viz.models.load_model_cached`, the lean reader of a tiny LLaDA-MoE
+checkpoint written in its hub layout), slowed per tensor by a watcher so that Stop surely lands mid-read:
+
+* while it loads, `load_percent` and the status line count its bytes;
+* Stop gives it up at its next tensor and the session is back on the model loaded before it (its
+  directory, its label, a Generate decodes with it); the cancelled model is not in the process cache
+  and no network object of it stays alive;
+* the same model then loads whole (nothing poisoned), and a cancelled first load leaves the session
+  saying that no model is loaded.
+
+Run: ``.venv/bin/python -m pytest tests/apps/test_cancel_load.py -q``
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import pytest
+
+from clover_engine.backbones import load_progress
+from clover_engine.backbones.llada_moe import LLaDAMoELM, write_tiny_llada_moe
+from clover_viz import models
+from clover_viz.state import ExplorerState
+
+PER_TENSOR_S = 0.05
+
+
+def slow_loader(spec):
+    """The real cached loader, each tensor read slowed by `PER_TENSOR_S` for a LLaDA-MoE checkpoint."""
+    watcher = load_progress.current()
+    if watcher is not None and "llada-moe" in str(spec.path):
+        shown = watcher.on_update
+
+        def slowly(p):
+            time.sleep(PER_TENSOR_S)
+            if shown is not None:
+                shown(p)
+
+        watcher.on_update = slowly
+    return models.load_model_cached(spec)
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    return write_tiny_llada_moe(tmp_path_factory.mktemp("cancel") / "tiny-llada-moe", seed=3)
+
+
+def _uncache(path) -> None:
+    with models._SLOTS:
+        for spec in [s for s in models._MODEL_CACHE if s.path == str(path)]:
+            models._MODEL_CACHE.pop(spec).evicted = True
+
+
+def _tick_until(state, cond, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state.tick()
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out; status: {state.status!r}")
+
+
+def _alive(cls) -> int:
+    gc.collect()
+    return sum(type(o) is cls for o in gc.get_objects())
+
+
+def test_stop_during_a_load_returns_to_the_model_before_and_keeps_nothing(moe_dir):
+    _uncache(moe_dir)
+    before = _alive(LLaDAMoELM)
+    s = ExplorerState(loader=slow_loader, model_dir="clover-tiny", model_roots=[moe_dir.parent, models.bundled_dir()],
+                      max_new_tokens=16)
+    s.background_loads = True
+    assert s.load_model() is not None
+    tiny_label = s.model_label
+    s.model_dir = str(moe_dir)  # the pick: loads in the background
+    assert s.loading
+    _tick_until(s, lambda: 0 < s.load_percent < 100)
+    assert "reading weights:" in s.status and "% of" in s.status, s.status
+    thread = s._pending_load["thread"]
+
+    s.stop()  # Stop while it loads
+    assert not s.loading and s.load_percent == -1
+    assert s.model_dir == "clover-tiny" and s.model_label == tiny_label and s.model_ok
+    assert s.status == f"load of tiny-llada-moe cancelled; back to {tiny_label}"
+    thread.join(10)
+    assert not thread.is_alive()  # the read stopped at its next tensor, not at the end
+    assert all(spec.path != str(moe_dir) for spec in models.cached_models())
+    assert _alive(LLaDAMoELM) == before
+
+    assert s.generate()  # the session decodes with the model it went back to
+    _tick_until(s, lambda: not s.running)
+    assert s.trace.meta["model_label"] == tiny_label and s.trace.meta["model_config"]["name"] == "clover-tiny"
+    assert len(s.trace) > 0
+
+    s.model_dir = str(moe_dir)  # nothing poisoned: the same model loads whole
+    _tick_until(s, lambda: not s.loading)
+    assert s.model_ok and "tiny-llada-moe" in s.model_label, s.status
+    s.close()
+
+
+def test_a_cancelled_first_load_says_no_model_is_loaded(moe_dir):
+    _uncache(moe_dir)
+    s = ExplorerState(loader=slow_loader, model_dir=str(moe_dir), model_roots=[moe_dir.parent])
+    s.background_loads = True
+    assert s.start_load()
+    _tick_until(s, lambda: s.load_percent > 0)
+    s.stop()
+    assert not s.loading and not s.model_ok
+    assert s.status == "load of tiny-llada-moe cancelled: no model loaded; pick a model"
+    assert not s.generate() and "model" in s.error.lower()
+    s.close()
