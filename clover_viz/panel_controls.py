@@ -6,6 +6,8 @@ Wing: front ends (`clover_viz`), used by the Panel views (`clover_viz.panel_view
 
 * `keys_within_range(slider)` -- Home / End follow a slider's *current* range;
   `has_keys_within_range` says whether it was applied;
+* `discrete_keys(discrete_slider)` / `arm_discrete_keys` -- PageUp / PageDown move one option and
+  ``aria-valuetext`` reads the option (the block-size slider); `has_discrete_keys`;
 * `clear_after_pick(file_input, on_pick)` -- every pick reaches ``on_pick``, then the input is
   cleared; `clears_after_pick` says whether it was set up.
 
@@ -14,6 +16,7 @@ Tests: ``.venv/bin/python -m pytest tests/apps/test_browser_controls.py -q``
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import panel as pn
@@ -48,7 +51,44 @@ for (const view of views) {
   }, true);
 }
 """
+# A `DiscreteSlider` is drawn as an integer slider over option positions 0 .. n-1: noUiSlider reads
+# the position to a screen reader ("6.00" for block size 64: its aria-valuetext is the number with two
+# decimals) and moves PageUp / PageDown by 5 positions (64 -> 2 over 7 options). This callback gives
+# each view of the inner slider the option's label as its aria-valuetext (after noUiSlider's own update
+# handler, on every move) and PageUp / PageDown one option, as the arrows do; Home / End stay the
+# first and last option. It is attached when the slider is made (`discrete_keys`) and runs when the
+# inner slider gets the class `DISCRETE_KEYS_CLASS` (`arm_discrete_keys`, once the page is drawn).
+_DISCRETE_KEYS_JS = """
+const labels = %s;
+const views = [...window.Bokeh.index.find(cb_obj)];
+for (const view of views) {
+  const el = view.slider_el;
+  const ui = view._noUiSlider;
+  if (el == null || ui == null || el.__clover_discrete_keys) { continue; }
+  el.__clover_discrete_keys = true;
+  const relabel = () => {
+    const now = ui.get(true);
+    const at = (Array.isArray(now) ? now : [now]).map(Number);
+    for (const handle of el.querySelectorAll("[data-handle]")) {
+      const i = Math.round(at[Number(handle.getAttribute("data-handle")) || 0]);
+      handle.setAttribute("aria-valuetext", String(labels[i] ?? i));
+    }
+  };
+  ui.on("update.cloverlabels", relabel);  // after noUiSlider's own aria handler, on every move
+  relabel();
+  el.addEventListener("keydown", (ev) => {
+    if ((ev.key !== "PageUp" && ev.key !== "PageDown") || view.model.disabled) { return; }
+    ev.preventDefault();
+    ev.stopPropagation();
+    const now = Math.round(Number(ui.get(true)));
+    const next = Math.min(Math.max(now + (ev.key === "PageUp" ? 1 : -1), view.model.start), view.model.end);
+    if (next !== now) { view._change([next]); }
+  }, true);
+}
+"""
+DISCRETE_KEYS_CLASS = "clover-discrete-keys"
 _KEYS_MARK = "_clover_keys_within_range"
+_DISCRETE_MARK = "_clover_discrete_keys"
 _PICK_MARK = "_clover_clears_after_pick"
 
 
@@ -71,6 +111,44 @@ def keys_within_range(slider: Any) -> Any:
         slider.jscallback(start=_KEYS_WITHIN_RANGE_JS, end=_KEYS_WITHIN_RANGE_JS)
         setattr(slider, _KEYS_MARK, True)
     return slider
+
+
+def discrete_keys(slider: pn.widgets.DiscreteSlider) -> pn.widgets.DiscreteSlider:
+    """Make ``slider``'s keys and screen-reader text follow its options once it is armed
+    (`arm_discrete_keys`, when the page is drawn): PageUp / PageDown move one option (as the arrows
+    do), and ``aria-valuetext`` is the option's label ("64", not the position "6.00"). Call when the
+    slider is made (the browser code must be attached before the page draws it); new options (a new
+    inner slider) get it too, and are armed when the old one was. Returns ``slider``.
+
+    Raises:
+        TypeError: ``slider`` is not a `DiscreteSlider`.
+    """
+    if not isinstance(slider, pn.widgets.DiscreteSlider):
+        raise TypeError(f"discrete_keys takes a DiscreteSlider; got {type(slider).__name__}")
+
+    def attach(*_: Any) -> None:
+        inner = slider._slider  # the integer slider over option positions that Panel draws
+        inner.jscallback(css_classes=_DISCRETE_KEYS_JS % json.dumps([str(option) for option in slider.options]))
+        if getattr(slider, _DISCRETE_MARK, False):
+            pn.state.execute(lambda: arm_discrete_keys(slider))  # the new inner slider is drawn first
+
+    attach()
+    slider.param.watch(attach, "options")
+    setattr(slider, _DISCRETE_MARK, True)
+    return slider
+
+
+def arm_discrete_keys(slider: pn.widgets.DiscreteSlider) -> None:
+    """Run `discrete_keys`' browser code on a drawn ``slider`` (the served app's ``onload``): the inner
+    slider gets `DISCRETE_KEYS_CLASS`. Applying it twice is harmless."""
+    inner = slider._slider
+    if DISCRETE_KEYS_CLASS not in inner.css_classes:
+        inner.css_classes = [*inner.css_classes, DISCRETE_KEYS_CLASS]
+
+
+def has_discrete_keys(slider: Any) -> bool:
+    """Whether `discrete_keys` was applied to ``slider``."""
+    return bool(getattr(slider, _DISCRETE_MARK, False))
 
 
 def has_keys_within_range(slider: Any) -> bool:

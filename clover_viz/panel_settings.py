@@ -24,7 +24,7 @@ from clover_viz.models import bundled_models, bundled_purpose
 from clover_viz.panel_checks import bind, check_setting, checked, control
 from clover_viz.session_settings import THRESHOLD_UNUSED
 from clover_engine.examples import example_note
-from clover_viz.panel_controls import clear_after_pick
+from clover_viz.panel_controls import arm_discrete_keys, clear_after_pick, discrete_keys
 from clover_viz.session_settings import MAX_PROMPT_CHARS  # the prompt box's limit (the state checks it too)
 from clover_viz.state import ExplorerState
 
@@ -117,8 +117,8 @@ class SettingsPanel(pn.viewable.Viewer):
         self.threshold = control(
             pn.widgets.FloatSlider, s, "threshold", event="value_throttled", label="Threshold", step=0.01,
             sizing_mode="stretch_width", format="0.00")  # "1.00", not "1"
-        self.block_size = control(pn.widgets.DiscreteSlider, s, "block_size", event="value_throttled",
-                                  label="Block size", sizing_mode="stretch_width")
+        self.block_size = discrete_keys(control(pn.widgets.DiscreteSlider, s, "block_size", event="value_throttled",
+                                                label="Block size", sizing_mode="stretch_width"))
         self.policy = control(pn.widgets.Select, s, "policy", label="Policy")
         self.memory_mode = control(pn.widgets.RadioButtonGroup, s, "memory_mode", label="Memory", color="primary",
                                    variant="outline", sizing_mode="stretch_width")
@@ -179,6 +179,7 @@ class SettingsPanel(pn.viewable.Viewer):
         self.upload_notice.placeholder = str(self.state.max_upload_bytes or 0)
         if "clover-upload-limit" not in self.open.css_classes:
             self.open.css_classes = [*self.open.css_classes, "clover-upload-limit"]  # runs _UPLOAD_LIMIT_JS
+        arm_discrete_keys(self.block_size)  # the page is drawn: PageUp / PageDown and aria-valuetext by option
 
     def _on_upload_notice(self, event: Any) -> None:
         try:

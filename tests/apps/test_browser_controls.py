@@ -197,7 +197,7 @@ def test_every_slider_of_the_app_answers_keys_within_its_current_range():
     import panel as pn
     from panel.widgets.slider import _SliderBase
 
-    from clover_viz.panel_controls import has_keys_within_range
+    from clover_viz.panel_controls import has_discrete_keys, has_keys_within_range
     from clover_viz.panel_views import ExplorerApp
     from clover_viz.state import ExplorerState
 
@@ -208,5 +208,55 @@ def test_every_slider_of_the_app_answers_keys_within_its_current_range():
         assert app.playback.scrub in sliders and len(sliders) >= 4, sliders
         assert all(has_keys_within_range(w) for w in sliders), [w.name for w in sliders
                                                                   if not has_keys_within_range(w)]
+        discrete = app.__panel__().select(pn.widgets.DiscreteSlider)
+        assert app.sidebar.block_size in discrete, discrete
+        assert all(has_discrete_keys(w) for w in discrete), [w.label for w in discrete if not has_discrete_keys(w)]
     finally:
         state.close()
+
+
+_BLOCK_HANDLE_JS = """(n) => {
+  const out = [];
+  const walk = (r) => {
+    for (const el of r.querySelectorAll('*')) {
+      if (el.classList && el.classList.contains('noUi-handle') && el.getAttribute('aria-valuemin') === '0.0'
+          && Number(el.getAttribute('aria-valuemax')) === n - 1)
+        out.push(el.getAttribute('aria-valuetext'));
+      if (el.shadowRoot) walk(el.shadowRoot);
+    }
+  };
+  walk(document);
+  return out;
+}"""
+
+
+def test_block_size_keys_step_through_its_options_and_read_them_aloud(page):
+    """The block-size control is a slider over option positions: PageUp / PageDown move one option, as
+    the arrows do (PageDown jumped from 64 to 2: five positions), and its ``aria-valuetext`` is the block
+    size ("64"), not the position ("6.00")."""
+    from playwright.sync_api import expect
+
+    from clover_viz.session_settings import BLOCK_SIZES
+
+    pg, sessions = page
+    _ready(pg)
+    state = sessions[-1]
+    sizes = [str(b) for b in BLOCK_SIZES]
+    n = len(sizes)
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while pg.evaluate(_BLOCK_HANDLE_JS, n) != [str(state.block_size)]:  # armed once the page is drawn
+        assert time.monotonic() < deadline, pg.evaluate(_BLOCK_HANDLE_JS, n)
+        time.sleep(0.1)
+    handles = pg.evaluate(_HANDLES_JS)
+    idx = [i for i, (lo, hi) in enumerate(handles) if lo == "0.0" and hi and float(hi) == n - 1]
+    assert len(idx) == 1, handles
+    handle = pg.locator(".noUi-handle").nth(idx[0])
+    handle.focus()
+    for key, want in (("End", sizes[-1]), ("PageDown", sizes[-2]), ("PageDown", sizes[-3]), ("PageUp", sizes[-2]),
+                      ("ArrowLeft", sizes[-3]), ("Home", sizes[0]), ("PageDown", sizes[0]), ("PageUp", sizes[1])):
+        handle.press(key)
+        expect(handle).to_have_attribute("aria-valuetext", want, timeout=TIMEOUT_MS)
+        deadline = time.monotonic() + TIMEOUT_MS / 1000
+        while str(state.block_size) != want:  # the release reached the server
+            assert time.monotonic() < deadline, (key, want, state.block_size)
+            time.sleep(0.05)
