@@ -62,6 +62,7 @@ from clover_viz.limits import (  # noqa: E402
     websocket_limit_bytes,
 )
 from clover_viz.models import DEFAULT_MODEL_DIR, LoadedModel, ModelSpec, bundled_dir, load_model_cached  # noqa: E402
+from clover_viz.panel_controls import release_js_callbacks  # noqa: E402
 from clover_viz.panel_connection import watch_connection  # noqa: E402
 from clover_viz.panel_views import ExplorerApp  # noqa: E402
 from clover_viz.serving import exit_promptly_on_signals  # noqa: E402
@@ -186,6 +187,7 @@ def create_app(model_dir: str | None = None, dev_sharpen_random: bool | None = N
             closed.set()
             callback.stop()
             state.close()
+            release_js_callbacks(app.sidebar, app.main)  # Panel's registry would keep the whole session alive
 
         pn.state.on_session_destroyed(end_session)
     return template

@@ -13,7 +13,7 @@ the document event ``connection_lost``; `watch_connection` attaches a small scri
 
 Nothing runs on the server for this: the server is what is gone.
 
-Tests: ``.venv/bin/python -m pytest tests/apps/test_disconnected.py -q``
+Tests: ``.venv/bin/python -m pytest tests/apps/test_serve_sigterm.py tests/apps/test_browser_first_minutes.py -q``
 """
 
 from __future__ import annotations

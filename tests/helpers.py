@@ -105,3 +105,28 @@ def smollm2_base_installed() -> bool:
         return True
     except Exception:  # noqa: BLE001  (MissingBaseError, or the package absent)
         return False
+
+
+def slowed_loader(path_part: str, per_tensor_s: float = 0.05):
+    """The explorer's real cached loader (`clover_viz.models.load_model_cached`), each tensor a lean load
+    reads slowed by ``per_tensor_s`` when the model's path contains ``path_part``: a Stop surely lands
+    while it reads (its progress is reported through the session's `load_progress` watcher)."""
+    import time
+
+    from clover_engine.backbones import load_progress
+    from clover_viz import models
+
+    def loader(spec):
+        watcher = load_progress.current()
+        if watcher is not None and path_part in str(spec.path):
+            shown = watcher.on_update
+
+            def slowly(p):
+                time.sleep(per_tensor_s)
+                if shown is not None:
+                    shown(p)
+
+            watcher.on_update = slowly
+        return models.load_model_cached(spec)
+
+    return loader

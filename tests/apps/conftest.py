@@ -70,19 +70,24 @@ def served_app(app_settings):
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 break
         time.sleep(0.1)
-    yield Served(f"http://127.0.0.1:{port}/", chromium, sessions, records)
+    yield Served(f"http://127.0.0.1:{port}/", chromium, sessions, records, server)
     logging.getLogger().removeHandler(keep)
     for st in sessions:
         st.close()
-    server.stop()
+    try:
+        server.stop()
+    except RuntimeError:  # a test stopped it already (the disconnected page)
+        pass
 
 
 class Served(tuple):
-    """(url, chromium, sessions) plus ``records``: WARNING+ log records of the server."""
+    """(url, chromium, sessions) plus ``records``: WARNING+ log records of the server, and ``server``
+    (a module's last test may stop it: the disconnected page)."""
 
-    def __new__(cls, url, chromium, sessions, records):
+    def __new__(cls, url, chromium, sessions, records, server=None):
         obj = super().__new__(cls, (url, chromium, sessions))
         obj.records = records
+        obj.server = server
         return obj
 
 

@@ -19,28 +19,13 @@ import gc
 import time
 
 import pytest
+from helpers import slowed_loader
 
-from clover_engine.backbones import load_progress
 from clover_engine.backbones.llada_moe import LLaDAMoELM, write_tiny_llada_moe
 from clover_viz import models
 from clover_viz.state import ExplorerState
 
-PER_TENSOR_S = 0.05
-
-
-def slow_loader(spec):
-    """The real cached loader, each tensor read slowed by `PER_TENSOR_S` for a LLaDA-MoE checkpoint."""
-    watcher = load_progress.current()
-    if watcher is not None and "llada-moe" in str(spec.path):
-        shown = watcher.on_update
-
-        def slowly(p):
-            time.sleep(PER_TENSOR_S)
-            if shown is not None:
-                shown(p)
-
-        watcher.on_update = slowly
-    return models.load_model_cached(spec)
+slow_loader = slowed_loader("llada-moe")
 
 
 @pytest.fixture(scope="module")
