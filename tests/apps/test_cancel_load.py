@@ -99,3 +99,29 @@ def test_a_cancelled_first_load_says_no_model_is_loaded(moe_dir):
     assert s.status == "load of tiny-llada-moe cancelled: no model loaded; pick a model"
     assert not s.generate() and "model" in s.error.lower()
     s.close()
+
+
+def test_an_interrupted_blocking_load_keeps_nothing_and_poisons_nothing(moe_dir):
+    """The notebook's Stop is the kernel's interrupt: ``KeyboardInterrupt`` inside the weight read (here
+    raised by the watcher at the fifth tensor, where the interrupt would land) leaves no build under way,
+    the build lock free, nothing cached, and the next load of the same model works."""
+    from clover_engine.backbones.load_progress import LoadProgress, watching
+    from clover_engine.backbones.registry import BUILD_LOCK
+
+    _uncache(moe_dir)
+    spec = models.resolve_model(str(moe_dir))
+    seen = []
+
+    def interrupt(p):
+        seen.append(p.done_bytes)
+        if len(seen) == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        with watching(LoadProgress(on_update=interrupt)):
+            models.load_model_cached(spec)
+    assert len(seen) == 5
+    assert spec not in models._BUILDING and spec not in models.cached_models()
+    assert BUILD_LOCK.acquire(blocking=False)
+    BUILD_LOCK.release()
+    assert models.load_model_cached(spec).model is not None
