@@ -206,4 +206,3 @@ def release_js_callbacks(*roots: Any) -> int:
             if Callback.registry.pop(obj, None) is not None:
                 dropped += 1
     return dropped
-

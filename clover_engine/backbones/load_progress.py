@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 
@@ -44,7 +43,6 @@ class LoadProgress:
         on_update: called after every report, in the thread that reports (e.g. a tqdm bar's refresh).
         phase: what the load does now: ``"downloading"``, ``"reading weights"``, ``"building"``, ``""``.
         done_bytes / total_bytes: of the phase (int, bytes; total 0 while unknown).
-        started: ``time.monotonic()`` at creation (s).
     """
 
     should_stop: Callable[[], bool] = lambda: False
@@ -52,7 +50,6 @@ class LoadProgress:
     phase: str = ""
     done_bytes: int = 0
     total_bytes: int = 0
-    started: float = field(default_factory=time.monotonic)
 
     @property
     def fraction(self) -> float | None:
