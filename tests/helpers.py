@@ -130,3 +130,21 @@ def slowed_loader(path_part: str, per_tensor_s: float = 0.05):
         return models.load_model_cached(spec)
 
     return loader
+
+
+def uncache_models(path_part: str) -> None:
+    """Drop from the explorer's process cache every model whose path contains ``path_part`` (marked
+    evicted): another test may have cached it, and the next load must build it."""
+    from clover_viz import models
+
+    with models._SLOTS:
+        for spec in [s for s in models._MODEL_CACHE if s.path and path_part in s.path]:
+            models._MODEL_CACHE.pop(spec).evicted = True
+
+
+def alive_count(cls: type) -> int:
+    """How many objects of exactly ``cls`` are alive after a garbage collection."""
+    import gc
+
+    gc.collect()
+    return sum(type(o) is cls for o in gc.get_objects())

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from helpers import BROWSER_TIMEOUT_MS as TIMEOUT_MS
-from helpers import CHROMIUM_ARGS, slowed_loader, smollm2_base_installed
+from helpers import CHROMIUM_ARGS, slowed_loader, smollm2_base_installed, uncache_models
 
 pytest.importorskip("panel")
 
@@ -184,9 +184,7 @@ def test_a_model_load_shows_its_bytes_and_stop_returns_to_the_model_before(tab, 
 
     pg, state = tab
     before = state.model_label
-    with models._SLOTS:  # another test may have cached it: this load must read
-        for spec in [s for s in models._MODEL_CACHE if s.path == str(moe_dir)]:
-            models._MODEL_CACHE.pop(spec).evicted = True
+    uncache_models(str(moe_dir))  # another test may have cached it: this load must read
     box = pg.get_by_label("Model directory").first
     box.fill(str(moe_dir))
     box.press("Enter")

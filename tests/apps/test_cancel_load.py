@@ -15,11 +15,10 @@ Run: ``.venv/bin/python -m pytest tests/apps/test_cancel_load.py -q``
 
 from __future__ import annotations
 
-import gc
 import time
 
 import pytest
-from helpers import slowed_loader
+from helpers import alive_count, slowed_loader, uncache_models
 
 from clover_engine.backbones.llada_moe import LLaDAMoELM, write_tiny_llada_moe
 from clover_viz import models
@@ -33,12 +32,6 @@ def moe_dir(tmp_path_factory):
     return write_tiny_llada_moe(tmp_path_factory.mktemp("cancel") / "tiny-llada-moe", seed=3)
 
 
-def _uncache(path) -> None:
-    with models._SLOTS:
-        for spec in [s for s in models._MODEL_CACHE if s.path == str(path)]:
-            models._MODEL_CACHE.pop(spec).evicted = True
-
-
 def _tick_until(state, cond, timeout=60.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -49,14 +42,9 @@ def _tick_until(state, cond, timeout=60.0):
     raise AssertionError(f"timed out; status: {state.status!r}")
 
 
-def _alive(cls) -> int:
-    gc.collect()
-    return sum(type(o) is cls for o in gc.get_objects())
-
-
 def test_stop_during_a_load_returns_to_the_model_before_and_keeps_nothing(moe_dir):
-    _uncache(moe_dir)
-    before = _alive(LLaDAMoELM)
+    uncache_models(str(moe_dir))
+    before = alive_count(LLaDAMoELM)
     s = ExplorerState(loader=slow_loader, model_dir="clover-tiny", model_roots=[moe_dir.parent, models.bundled_dir()],
                       max_new_tokens=16)
     s.background_loads = True
@@ -75,7 +63,7 @@ def test_stop_during_a_load_returns_to_the_model_before_and_keeps_nothing(moe_di
     thread.join(10)
     assert not thread.is_alive()  # the read stopped at its next tensor, not at the end
     assert all(spec.path != str(moe_dir) for spec in models.cached_models())
-    assert _alive(LLaDAMoELM) == before
+    assert alive_count(LLaDAMoELM) == before
 
     assert s.generate()  # the session decodes with the model it went back to
     _tick_until(s, lambda: not s.running)
@@ -89,7 +77,7 @@ def test_stop_during_a_load_returns_to_the_model_before_and_keeps_nothing(moe_di
 
 
 def test_a_cancelled_first_load_says_no_model_is_loaded(moe_dir):
-    _uncache(moe_dir)
+    uncache_models(str(moe_dir))
     s = ExplorerState(loader=slow_loader, model_dir=str(moe_dir), model_roots=[moe_dir.parent])
     s.background_loads = True
     assert s.start_load()
@@ -108,7 +96,7 @@ def test_an_interrupted_blocking_load_keeps_nothing_and_poisons_nothing(moe_dir)
     from clover_engine.backbones.load_progress import LoadProgress, watching
     from clover_engine.backbones.registry import BUILD_LOCK
 
-    _uncache(moe_dir)
+    uncache_models(str(moe_dir))
     spec = models.resolve_model(str(moe_dir))
     seen = []
 

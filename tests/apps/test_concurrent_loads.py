@@ -19,7 +19,7 @@ import time
 
 import pytest
 from helpers import BROWSER_TIMEOUT_MS as TIMEOUT_MS
-from helpers import CHROMIUM_ARGS, smollm2_base_installed
+from helpers import CHROMIUM_ARGS, smollm2_base_installed, uncache_models
 
 from clover_engine.backbones.registry import BUILD_LOCK
 from clover_viz import models
@@ -29,18 +29,12 @@ MODELS = ("smollm2-bd", "smollm2-bd-tools", "smollm2-drafter")
 
 
 
-def _uncache_smollm2() -> None:
-    with models._SLOTS:  # the process cache may hold them from other tests: these loads must build
-        for spec in [s for s in models._MODEL_CACHE if s.path and "smollm2" in s.path]:
-            models._MODEL_CACHE.pop(spec).evicted = True
-
-
 @pytest.mark.skipif(not smollm2_base_installed(), reason="SmolLM2 base not installed (bash .ci/install installs it)")
 def test_eight_threads_and_two_pages_load_three_smollm2_models_at_once_and_nothing_is_poisoned(served_app):
     from playwright.sync_api import sync_playwright
 
     url, chromium, sessions = served_app
-    _uncache_smollm2()
+    uncache_models("smollm2")  # the process cache may hold them from other tests: these loads must build
     results: dict[int, str] = {}
     start = threading.Barrier(9)
 

@@ -13,9 +13,8 @@ Run: ``.venv/bin/python -m pytest tests/clover_engine/test_load_progress.py -q``
 
 from __future__ import annotations
 
-import gc
-
 import pytest
+from helpers import alive_count
 
 from clover_engine.backbones import load_progress
 from clover_engine.backbones.load_progress import LoadCancelled, LoadProgress
@@ -57,13 +56,8 @@ def test_the_clover_reader_reports_its_bytes():
     assert progress.done_bytes > 0.99 * progress.total_bytes  # the file's size: tensors plus its header
 
 
-def _alive(cls) -> int:
-    gc.collect()
-    return sum(type(o) is cls for o in gc.get_objects())
-
-
 def test_stop_ends_a_load_at_its_next_tensor_and_keeps_nothing(moe_dir):
-    before = _alive(LLaDAMoELM)
+    before = alive_count(LLaDAMoELM)
     reports = []
 
     def stop_after_five() -> bool:
@@ -75,7 +69,7 @@ def test_stop_ends_a_load_at_its_next_tensor_and_keeps_nothing(moe_dir):
             load_model(moe_dir)
     assert len(reports) == 5  # stopped at the report that saw Stop, not at the end
     assert progress.done_bytes < _tensor_bytes(moe_dir)
-    assert _alive(LLaDAMoELM) == before  # the half-built network went with the unwound frames
+    assert alive_count(LLaDAMoELM) == before  # the half-built network went with the unwound frames
     model = load_model(moe_dir)  # nothing poisoned: the same checkpoint loads whole
     assert type(model.lm) is LLaDAMoELM
 
