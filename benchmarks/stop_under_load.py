@@ -10,7 +10,8 @@ the random ``clover-test`` model (sharpened: it never ends early, every page dec
 * **click -> server** (s): until the server ran ``stop()`` (the click waited in the server's event loop);
 * **forward** (ms): the median forward of that run, from its trace, and click -> stopped in forwards;
 * **shown / kept**: tokens on the page at the click, tokens the stopped run kept, and the excess in
-  forwards' worth of tokens (the promise: at most one forward's more than shown).
+  forwards' worth of tokens (the promise: at most one forward's more than shown), and how many forwards
+  the decode had run past its page that the run did not keep (`clover_viz.runs.kept_at_stop`).
 
 ``--compare`` serves the same again without pacing (every session redrawing every tick, decodes never
 waiting for their page: the explorer before `clover_viz.session_pacing`) and prints both side by side.
@@ -99,7 +100,8 @@ def one_round(browser, url: str, sessions: list, pages: int, warmup_s: float) ->
                 click_to_server_s=timing.get("requested_at", t_click) - t_click,
                 forward_ms=fwd_s * 1e3, stopped_in_forwards=(t_stopped - t_click) / fwd_s if walls else float("nan"),
                 shown=shown, kept=kept, excess_forwards=(kept - shown) / max(per_forward, 1e-9),
-                forwards_after_request=timing.get("forwards_after_request"))
+                forwards_after_request=timing.get("forwards_after_request"),
+                forwards_dropped=timing.get("forwards_dropped"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,7 +153,8 @@ def run_rounds(args, paced: bool) -> list[dict]:
                       f"({row['stopped_in_forwards']:.1f} forwards of {row['forward_ms']:.0f} ms), click->server "
                       f"{row['click_to_server_s']:.2f} s, forwards after the server's stop: "
                       f"{row['forwards_after_request']}, shown {row['shown']} kept {row['kept']} "
-                      f"(excess {row['excess_forwards']:.1f} forwards' worth)", flush=True)
+                      f"(excess {row['excess_forwards']:.1f} forwards' worth; {row['forwards_dropped']} forwards run "
+                      "past the page not kept)", flush=True)
             browser.close()
     finally:
         for s in sessions:

@@ -2,6 +2,8 @@
 
 * `generated_ids(trace)` -- what the decoder keeps (`docs/architecture.md` §5, rule 7),
   also for a trace still growing: what it would keep if it stopped now.
+* `kept_at_stop(trace, held)` -- a run stopped from its page, cut back to what the page showed plus
+  one forward (the decode had run ahead of the page).
 * `run_stats(trace)` -- the headline numbers of one run by that rule (NFE, tokens, tokens
   per forward, forced fills, wall time, tokens/s, settings, text).
 * `compare(previous, current)` -- the comparison both front ends show: `run_stats` of each
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from clover_viz import colors as C
+from clover_engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
 from clover_engine.recording.trace import Trace
 from clover_engine.units import format_si
 
@@ -65,27 +68,102 @@ def generated_ids(trace: Trace) -> list[int]:
             ids, hit = cache[b]
         else:
             ev = last[b]
-            still = np.asarray(ev.masked_before, dtype=bool) & ~(
-                np.asarray(ev.accepted, dtype=bool) | np.asarray(ev.forced, dtype=bool)
-                | np.asarray(ev.eos_filled, dtype=bool))
-            pre = prefilled.get(b, np.zeros(len(ev.tokens), dtype=bool))
-            toks = np.asarray(ev.tokens).tolist()
-            ids, hit = [], False
-            for t, p, m in zip(toks, pre.tolist(), still.tolist()):
-                if p:
-                    continue
-                if m:
-                    break
-                if eos is not None and t == eos:
-                    hit = True
-                    break
-                ids.append(int(t))
+            ids, hit = _kept_of_block(ev, prefilled.get(b, np.zeros(len(ev.tokens), dtype=bool)), eos)
             if b in ended:
                 cache[b] = (ids, hit)
         out += ids
         if hit:
             break
     return out
+
+
+def _kept_of_block(ev: StepEvent, pre: np.ndarray, eos: int | None) -> tuple[list[int], bool]:
+    """The decoder's rule for one block as of step ``ev``: its generated (not ``pre``-filled) slots up
+    to the first slot still masked, cut before the first EOS; -> (ids, whether an EOS ended them)."""
+    still = np.asarray(ev.masked_before, dtype=bool) & ~(
+        np.asarray(ev.accepted, dtype=bool) | np.asarray(ev.forced, dtype=bool)
+        | np.asarray(ev.eos_filled, dtype=bool))
+    ids: list[int] = []
+    for t, p, m in zip(np.asarray(ev.tokens).tolist(), pre.tolist(), still.tolist()):
+        if p:
+            continue
+        if m:
+            break
+        if eos is not None and t == eos:
+            return ids, True
+        ids.append(int(t))
+    return ids, False
+
+
+def kept_at_stop(trace: Trace, held: list[Any], keep_forwards: int = 1) -> tuple[list[Any], int]:
+    """What a run stopped from its page keeps: what the page showed plus ``keep_forwards`` forwards.
+
+    A paced decode runs up to one refresh ahead of its page (`clover_viz.session_pacing`), so by the
+    time it hears Stop it has made forwards nobody saw. `ExplorerState` holds back every event that
+    arrives after the Stop (``held``, ending with the decoder's `DecodeEnd`) and applies what this
+    returns instead: the events up to the ``keep_forwards``-th forward after the shown ones (and a
+    `BlockEnd` right after it), the block cut there closed with a `BlockEnd` of its state at that
+    forward, and a `DecodeEnd` (``stop_reason`` cancelled) rebuilt for that prefix -- its tokens by
+    the decoder's rule (`generated_ids`), its NFE, forced fills, wall time, bytes and FLOPs less the
+    dropped forwards'.
+
+    The cut is only made where it is exact: the rule must give the decoder's own tokens for the whole
+    run (``held``'s `DecodeEnd`); for a decoder it does not describe, ``held`` comes back unchanged.
+
+    Args:
+        trace: the run's trace as shown (no `DecodeEnd` yet); not modified.
+        held: the events after the Stop, in order, the last a `DecodeEnd`.
+        keep_forwards: forwards kept past the shown ones (the one in flight at the click: 1).
+
+    Returns:
+        (events to record, forwards dropped).
+
+    Raises:
+        ValueError: if ``held`` does not end with a `DecodeEnd`.
+    """
+    if not held or not isinstance(held[-1], DecodeEnd):
+        raise ValueError("kept_at_stop needs the events after the Stop up to and including the DecodeEnd")
+    end, body = held[-1], held[:-1]
+    n = cut = 0
+    for i, ev in enumerate(body):
+        if isinstance(ev, StepEvent):
+            if n == keep_forwards:
+                break
+            n += 1
+        cut = i + 1
+    kept, dropped = body[:cut], [ev for ev in body[cut:] if isinstance(ev, StepEvent)]
+    while kept and isinstance(kept[-1], BlockStart):  # a block begun after the kept forward: not begun
+        kept.pop()
+    steps = [ev for ev in kept if isinstance(ev, StepEvent)]
+    if not dropped or not steps:
+        return held, 0
+
+    def rebuilt(events: list[Any]) -> Trace:
+        return Trace.from_events(list(trace.iter_events()) + events, decode_config=trace.decode_config,
+                                 model_id=trace.model_id, prompt_ids=trace.prompt_ids, meta=trace.meta)
+
+    if generated_ids(rebuilt(body)) != np.asarray(end.tokens).tolist():
+        return held, 0  # the rule does not give this decoder's tokens: keep the run as it ended
+    last = steps[-1]
+    if not (isinstance(kept[-1], BlockEnd) and kept[-1].block_index == last.block_index):
+        prefix = rebuilt(kept)
+        start = next((b for b in prefix.block_starts if b.block_index == last.block_index), None)
+        pre = np.zeros(len(last.tokens), dtype=bool) if start is None else np.asarray(start.prefilled, dtype=bool)
+        hit = _kept_of_block(last, pre, prefix.slot_index().eos_id)[1]
+        kept.append(BlockEnd(last.block_index, last.position_start, np.asarray(last.tokens).copy(),
+                             last.step_index + 1, hit))
+    tokens = np.asarray(generated_ids(rebuilt(kept)), dtype=np.int64)
+    nfe = max(end.nfe - len(dropped), 1)
+    wall_s = max(end.wall_s - sum(float(ev.wall_s) for ev in dropped), 0.0)
+
+    def less(total: float | None, name: str) -> float | None:
+        return None if total is None else total - sum(float(getattr(ev, name) or 0.0) for ev in dropped)
+
+    return kept + [DecodeEnd(
+        tokens=tokens, nfe=nfe, tokens_per_forward=len(tokens) / nfe,
+        n_forced=end.n_forced - sum(int(np.asarray(ev.forced).sum()) for ev in dropped), wall_s=wall_s,
+        stop_reason="cancelled", bytes_read=less(end.bytes_read, "bytes_read"), flops=less(end.flops, "flops"),
+        observer_s=min(end.observer_s, wall_s))], len(dropped)
 
 
 def dropped_at_stop(trace: Trace) -> dict[str, Any] | None:
@@ -195,6 +273,25 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
         "model": model_of(trace),
         "prompt": prompt_of(trace),
     }
+
+
+def past_training_note(block_size: int | None, trained: int | None) -> str:
+    """`` · block 64 is past the model's training (blocks <= 32): expect worse text`` when a run's
+    block_size exceeds the largest block the model was trained on (its `Capabilities.largest_trained_block`;
+    None: unknown), else ``""``. Appended to the done line, as the CLI prints its note."""
+    if block_size is None or trained is None or block_size <= trained:
+        return ""
+    return f" · block {block_size} is past the model's training (blocks <= {trained}): expect worse text"
+
+
+def chat_template_note(trace: Trace | None) -> str:
+    """`` · your prompt was decoded in the model's ChatML (or own) template ('show prompt' shows it)`` when the run's
+    prompt was wrapped by `clover_engine.prompting.model_input` (recorded as ``meta["chat_template"]``), else ``""``."""
+    template = ((trace.meta or {}).get("chat_template") if trace is not None else None)
+    if not template:
+        return ""
+    name = {"chatml": "ChatML", "checkpoint": "own"}.get(template, template)
+    return f" · prompt decoded in the model's {name} chat template ('show prompt' shows the exact input)"
 
 
 def long_prompt_note(trace: Trace | None) -> str:

@@ -13,8 +13,9 @@ of forwards ahead of what the page showed, all of which the stopped run kept. Tw
   redraws take about 1 / DRAW_LOAD_FACTOR of the loop; a finished (or stopped) run is drawn at once.
 * `RunPace` (per decode, the served app only): after each forward the worker waits while an earlier
   forward has gone undrawn for longer than one refresh (`DrawPacer.window_s`), so it runs at most about
-  one refresh ahead of its page -- never slower while redraws keep their schedule -- and a Stop keeps
-  what the page showed plus about one refresh's forwards. The time spent waiting is not decode time:
+  one refresh ahead of its page -- never slower while redraws keep their schedule. A Stop keeps what
+  the page showed plus the forward in flight: the forwards made past the page are held back and cut
+  (`clover_viz.runs.kept_at_stop`, ``_Run.held``). The time spent waiting is not decode time:
   `RunPace.waited_s` is taken out of the run's wall time (its tokens/s stays the model's).
 
 The process's decode workers (`_Run`, `_LIVE_RUNS`, `live_decodes`, the exit hook that cancels them) live
@@ -120,6 +121,8 @@ class _Run:
     restore: tuple = (None, None, 0)  # (trace, previous, position) shown again if it fails before its first event
     step_times: list = dataclasses.field(default_factory=list)
     pace: RunPace | None = None  # forwards ended / drawn, the wait for the page (`clover_viz.session_pacing`)
+    held: list = dataclasses.field(default_factory=list)  # events after a Stop, until its end (`runs.kept_at_stop`)
+    dropped: int = 0  # forwards made after the Stop beyond the kept one: not kept
 
 
 _LIVE_RUNS: "weakref.WeakSet[_Run]" = weakref.WeakSet()  # decode workers of every session in this process

@@ -53,7 +53,8 @@ import param
 
 from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, YOUR_PROMPT
 from clover_viz.models import DEFAULT_MODEL_DIR, DEV_WEIGHT_SCALE, LoadedModel, load_model_cached
-from clover_viz.runs import compare, dropped_at_stop, forced_past_answer, generated_ids, long_prompt_note
+from clover_viz.runs import (chat_template_note, compare, dropped_at_stop, forced_past_answer, generated_ids,
+                             kept_at_stop, long_prompt_note, past_training_note)
 from clover_viz.session_branches import SessionBranches
 from clover_viz.session_cost import SessionCost
 from clover_viz.session_models import SessionModels
@@ -89,25 +90,6 @@ def _snapshot(event: Any) -> Any:
     if isinstance(event, BlockStart):
         return dataclasses.replace(event, tokens=event.tokens.copy(), prefilled=event.prefilled.copy())
     return event
-
-
-def past_training_note(block_size: int | None, trained: int | None) -> str:
-    """`` · block 64 is past the model's training (blocks <= 32): expect worse text`` when a run's
-    block_size exceeds the largest block the model was trained on (its `Capabilities.largest_trained_block`;
-    None: unknown), else ``""``. Appended to the done line, as the CLI prints its note."""
-    if block_size is None or trained is None or block_size <= trained:
-        return ""
-    return f" · block {block_size} is past the model's training (blocks <= {trained}): expect worse text"
-
-
-def chat_template_note(trace: Trace | None) -> str:
-    """`` · your prompt was decoded in the model's ChatML (or own) template ('show prompt' shows it)`` when the run's
-    prompt was wrapped by `clover_engine.prompting.model_input` (recorded as ``meta["chat_template"]``), else ``""``."""
-    template = ((trace.meta or {}).get("chat_template") if trace is not None else None)
-    if not template:
-        return ""
-    name = {"chatml": "ChatML", "checkpoint": "own"}.get(template, template)
-    return f" · prompt decoded in the model's {name} chat template ('show prompt' shows the exact input)"
 
 
 class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, SessionBranches, param.Parameterized):
@@ -429,19 +411,15 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
                 break
             if run is None or run_id != run.run_id or run.superseded:
                 continue  # a superseded run's leftovers
-            if kind == "event":
-                if isinstance(payload, DecodeEnd) and run.pace.waited_s:  # waiting for the page: not decode time
-                    waited = min(run.pace.waited_s, payload.observer_s)
-                    payload = dataclasses.replace(payload, wall_s=payload.wall_s - waited,
-                                                  observer_s=payload.observer_s - waited)
-                self.trace(payload)
-                applied += 1
-                if isinstance(payload, StepEvent):
-                    self._written += payload.n_written
-                    steps += 1
-                    run.pace.forwards_drawn(1)
-                elif isinstance(payload, DecodeEnd):
-                    self._finish(payload)
+            if kind == "event" and run.user_stopped:  # keep what the page showed plus one forward
+                run.held.append(payload)
+                if isinstance(payload, DecodeEnd):
+                    batch, run.dropped = kept_at_stop(self.trace, run.held)
+                    run.held = []
+                    applied += self._record(run, batch)
+            elif kind == "event":
+                applied += self._record(run, [payload])
+                steps += isinstance(payload, StepEvent)
             elif kind == "error":
                 self._fail(payload)
             elif kind == "result":
@@ -464,17 +442,34 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
                 self.trace_version += 1
         return applied
 
+    def _record(self, run: _Run, events: list) -> int:
+        """Record ``events`` of ``run`` in `trace` (UI thread, from `drain`); -> how many."""
+        for ev in events:
+            if isinstance(ev, DecodeEnd) and run.pace.waited_s:  # waiting for the page: not decode time
+                waited = min(run.pace.waited_s, ev.observer_s)
+                ev = dataclasses.replace(ev, wall_s=ev.wall_s - waited, observer_s=ev.observer_s - waited)
+            self.trace(ev)
+            if isinstance(ev, StepEvent):
+                self._written += ev.n_written
+                run.pace.forwards_drawn(1)
+            elif isinstance(ev, DecodeEnd):
+                self._finish(ev)
+        return len(events)
+
     def _finish(self, end: DecodeEnd) -> None:
         run = self._run
         if run is not None and run.user_stopped and self.stop_timing:
             asked = self.stop_timing["requested_at"]
             self.stop_timing = dict(self.stop_timing, ended_at=time.monotonic(), final_nfe=int(end.nfe),
-                                    forwards_after_request=sum(t > asked for t in run.step_times))
+                                    forwards_after_request=sum(t > asked for t in run.step_times),
+                                    forwards_dropped=run.dropped)
         self.running = False
         self.progress = 100
         tpf = f"{end.tokens_per_forward:.2f}"
         if end.stop_reason == "cancelled":
             status = f"stopped: kept {len(end.tokens)} tokens after {end.nfe} forwards ({end.n_forced} forced fills)"
+            if run is not None and run.dropped:  # the decode had run ahead of the page (session_pacing)
+                status += f", what the page showed plus the forward in flight ({run.dropped} later forwards not kept)"
             gone = dropped_at_stop(self.trace) if self.trace is not None else None
             if gone and gone["n_dropped"]:
                 status += (f"; {gone['n_dropped']} slots of block {gone['block']} written after a still-masked "

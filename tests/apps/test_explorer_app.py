@@ -137,6 +137,9 @@ def test_stop_cancels_promptly_and_keeps_what_was_written(state):
     kept = trace.generated_tokens
     assert 5 <= len(kept) < 2000  # what was produced is kept (block size 1: one token per forward)
     assert len(kept) == trace.decode_end.nfe == state.n_steps
+    # the worker (not paced here) ran on after the forwards drained at the Stop; the run keeps those
+    # plus the forward in flight, no more (clover_viz.runs.kept_at_stop)
+    assert state.n_steps <= state.stop_timing["nfe_shown"] + 1, (state.n_steps, state.stop_timing)
     assert state.status.startswith("stopped") and not state.running
 
 
@@ -419,7 +422,7 @@ def test_bundled_models_are_one_click_away():
 def test_a_block_past_the_adapters_training_is_noted_in_the_done_line():
     """An adapter directory names its largest trained block (32 for smollm2-bd): a run at a larger
     block_size says so in the done line (the CLI prints the same note); within it, nothing."""
-    from clover_viz.state import past_training_note
+    from clover_viz.runs import past_training_note
 
     assert past_training_note(64, 32) == " · block 64 is past the model's training (blocks <= 32): expect worse text"
     assert past_training_note(32, 32) == "" and past_training_note(64, None) == ""
