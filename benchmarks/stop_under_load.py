@@ -11,7 +11,9 @@ the random ``clover-test`` model (sharpened: it never ends early, every page dec
 * **forward** (ms): the median forward of that run, from its trace, and click -> stopped in forwards;
 * **shown / kept**: tokens on the page at the click, tokens the stopped run kept, and the excess in
   forwards' worth of tokens (the promise: at most one forward's more than shown), and how many forwards
-  the decode had run past its page that the run did not keep (`clover_viz.runs.kept_at_stop`).
+  the decode had run past its page that the run did not keep (`clover_viz.runs.kept_at_stop`). The tokens
+  card is read just before the click, and the page may draw once more before the click lands; the exact
+  figure is the NFE the page's Stop sends (what it had drawn) against the NFE kept.
 
 ``--compare`` serves the same again without pacing (every session redrawing every tick, decodes never
 waiting for their page: the explorer before `clover_viz.session_pacing`) and prints both side by side.
@@ -101,7 +103,8 @@ def one_round(browser, url: str, sessions: list, pages: int, warmup_s: float) ->
                 forward_ms=fwd_s * 1e3, stopped_in_forwards=(t_stopped - t_click) / fwd_s if walls else float("nan"),
                 shown=shown, kept=kept, excess_forwards=(kept - shown) / max(per_forward, 1e-9),
                 forwards_after_request=timing.get("forwards_after_request"),
-                forwards_dropped=timing.get("forwards_dropped"))
+                forwards_dropped=timing.get("forwards_dropped"), nfe_page=timing.get("nfe_shown"),
+                nfe_kept=timing.get("final_nfe"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label}: median over {len(rows)} rounds, {args.pages} pages x {args.tokens} tokens: click->stopped "
               f"{statistics.median(r['click_to_stopped_s'] for r in rows):.2f} s, click->server "
               f"{statistics.median(r['click_to_server_s'] for r in rows):.2f} s, kept past shown "
-              f"{statistics.median(r['excess_forwards'] for r in rows):.1f} forwards' worth, tokens decoded "
+              f"{statistics.median(r['excess_forwards'] for r in rows):.1f} forwards' worth, NFE kept past the page's "
+              f"at most {max(r['nfe_kept'] - r['nfe_page'] for r in rows)}, tokens decoded "
               f"before the Stop {statistics.median(r['kept'] for r in rows):.0f}")
     if len(results) == 2:
         (a, pa), (b, pb) = results.items()
@@ -153,8 +157,9 @@ def run_rounds(args, paced: bool) -> list[dict]:
                       f"({row['stopped_in_forwards']:.1f} forwards of {row['forward_ms']:.0f} ms), click->server "
                       f"{row['click_to_server_s']:.2f} s, forwards after the server's stop: "
                       f"{row['forwards_after_request']}, shown {row['shown']} kept {row['kept']} "
-                      f"(excess {row['excess_forwards']:.1f} forwards' worth; {row['forwards_dropped']} forwards run "
-                      "past the page not kept)", flush=True)
+                      f"(excess {row['excess_forwards']:.1f} forwards' worth); NFE the page sent with its Stop "
+                      f"{row['nfe_page']}, kept {row['nfe_kept']} (+{row['nfe_kept'] - row['nfe_page']}); "
+                      f"{row['forwards_dropped']} forwards run past the page not kept", flush=True)
             browser.close()
     finally:
         for s in sessions:

@@ -144,6 +144,9 @@ class SettingsPanel(pn.viewable.Viewer):
                                 sizing_mode="stretch_width", embed=False)
         self.generate.on_click(lambda _e: s.generate())
         self.stop.on_click(lambda _e: s.stop())
+        # the page's Stop also says how many forwards it had drawn ("N:time", `report_shown_at_stop`)
+        self.stop_shown = pn.widgets.TextInput(visible=False)
+        self.stop_shown.param.watch(self._on_stop_shown, "value")
         clear_after_pick(self.open, self._open)  # every pick loads, the same file again too
         # an upload over the limit: the browser reports it here instead of sending it (_UPLOAD_LIMIT_JS)
         self.upload_notice = pn.widgets.TextInput(visible=False, placeholder=str(s.max_upload_bytes or 0))
@@ -180,6 +183,21 @@ class SettingsPanel(pn.viewable.Viewer):
         if "clover-upload-limit" not in self.open.css_classes:
             self.open.css_classes = [*self.open.css_classes, "clover-upload-limit"]  # runs _UPLOAD_LIMIT_JS
         arm_discrete_keys(self.block_size)  # the page is drawn: PageUp / PageDown and aria-valuetext by option
+
+    def report_shown_at_stop(self, scrub: Any) -> None:
+        """Make the page's Stop send how many forwards the page had drawn: ``scrub.end``, the run's step
+        count as the browser has it (at least 2: a run of one forward reads 2). A decode runs ahead of
+        what the server drew, and the server ahead of what the browser shows; the stopped run keeps what
+        the page showed plus the forward in flight (`ExplorerState.stop`)."""
+        self.stop.js_on_click(args={"scrub": scrub, "shown": self.stop_shown},
+                              code="shown.value = scrub.end + ':' + Date.now()")
+
+    def _on_stop_shown(self, event: Any) -> None:
+        try:
+            shown = int(str(event.new).split(":")[0])
+        except ValueError:
+            return  # not the page's Stop (nothing else writes this box)
+        self.state.stop(shown=max(shown, 0))
 
     def _on_upload_notice(self, event: Any) -> None:
         try:
@@ -231,6 +249,6 @@ class SettingsPanel(pn.viewable.Viewer):
             pn.Row(self.repetition, self.repetition_penalty),
             pn.Row(self.eos, self.eos_limit),
             pn.pane.Markdown("#### Traces", margin=(10, 10, 0, 10)),
-            self.open_note, self.open, self.upload_notice, self.save,
+            self.open_note, self.open, self.upload_notice, self.stop_shown, self.save,
             sizing_mode="stretch_width",
         )

@@ -515,6 +515,7 @@ class ExplorerApp(pn.viewable.Viewer):
         self.compare = CompareView(state=s)
         self.slot = SlotPanel(state=s, block=self.block)
         self.branches = BranchList(state=s)
+        self.settings.report_shown_at_stop(self.playback.scrub)  # a Stop keeps what the page showed
         s.param.watch(lambda *_e: self.compare.refresh(), ["trace", "previous", "running", "branch_version"])
         self.compare.refresh()
         # every slider, whichever view made it: a range that changes later keeps the keys in range

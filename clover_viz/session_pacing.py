@@ -123,6 +123,7 @@ class _Run:
     pace: RunPace | None = None  # forwards ended / drawn, the wait for the page (`clover_viz.session_pacing`)
     held: list = dataclasses.field(default_factory=list)  # events after a Stop, until its end (`runs.kept_at_stop`)
     dropped: int = 0  # forwards made after the Stop beyond the kept one: not kept
+    page_shown: int | None = None  # forwards the page had drawn at its Stop (`ExplorerState.stop`)
 
 
 _LIVE_RUNS: "weakref.WeakSet[_Run]" = weakref.WeakSet()  # decode workers of every session in this process

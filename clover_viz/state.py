@@ -366,9 +366,11 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
             shown = " (the run on display is the previous one)" if self.trace is not None else ""
             self.status = f"not decoded: the new decode did not start, see the error{shown}"
 
-    def stop(self) -> None:
-        """Cancel the running decode; it stops after its current forward and keeps what it wrote.
-        While a model loads (and nothing decodes), give the load up instead (`cancel_load`).
+    def stop(self, shown: int | None = None) -> None:
+        """Cancel the running decode; it stops after its current forward and keeps what the page showed
+        (``shown``: the forwards the page had drawn, which the served app's Stop sends; None: those this
+        session had drawn) plus that forward (`clover_viz.runs.kept_at_stop`). While a model loads (and
+        nothing decodes), give the load up instead (`cancel_load`).
 
         `stop_timing` records when (monotonic seconds) and at which NFE (steps shown) the stop
         was asked for, how far (s, ``window_s``) a paced decode could run ahead of its page (`RunPace`),
@@ -376,20 +378,23 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         if self.loading and not self.running:  # Stop while a model loads: give it up, back to the one before
             self.cancel_load()
             return
-        if self._run is not None and self.running:
-            self._run.user_stopped = True
-            self._run.cancel.set()
-            pace = self._run.pace
-            self.stop_timing = {"requested_at": time.monotonic(), "nfe_shown": self.n_steps,
+        run = self._run
+        if run is not None and self.running:
+            shown = self.n_steps if shown is None else min(int(shown), self.n_steps)
+            run.page_shown = shown if run.page_shown is None else min(run.page_shown, shown)
+            if run.user_stopped:  # the page's count arrived after its click (or a second click)
+                self.stop_timing["nfe_shown"] = run.page_shown
+                return
+            run.user_stopped = True
+            run.cancel.set()
+            self.stop_timing = {"requested_at": time.monotonic(), "nfe_shown": run.page_shown,
                                 "nfe_recorded": len(self.trace) if self.trace is not None else 0,
-                                "window_s": pace.window_s if pace is not None and pace.paced else 0.0}
+                                "window_s": run.pace.window_s if run.pace is not None and run.pace.paced else 0.0}
             self.status = "stopping..."
 
     def wait(self, timeout: float = 30.0) -> bool:
-        """Block until the running decode's thread ends, then drain (for tests and scripts).
-
-        Returns True when nothing is running any more (and the worker thread has ended).
-        """
+        """Block until the running decode's thread ends, then drain (for tests and scripts); -> True when
+        nothing is running any more (and the worker thread has ended)."""
         run = self._run
         if run is not None and run.thread is not None:
             run.thread.join(timeout)
@@ -414,6 +419,9 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
             if kind == "event" and run.user_stopped:  # keep what the page showed plus one forward
                 run.held.append(payload)
                 if isinstance(payload, DecodeEnd):
+                    if run.page_shown is not None and run.page_shown < len(self.trace):  # the page had drawn less
+                        self.trace, later = self.trace.split(run.page_shown)
+                        run.held[:0] = later
                     batch, run.dropped = kept_at_stop(self.trace, run.held)
                     run.held = []
                     applied += self._record(run, batch)
@@ -430,7 +438,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
             n_old, n_new = self.n_steps, len(self.trace)
             with param.parameterized.batch_call_watchers(self):
                 self.n_steps = n_new
-                if n_new and (n_old == 0 or self.position >= n_old - 1):
+                if n_new and (n_old == 0 or self.position >= min(n_old, n_new) - 1):
                     self.position = n_new - 1  # follow the newest step unless the user scrubbed back
                 if self.running:
                     n_tok = len(generated_ids(self.trace))

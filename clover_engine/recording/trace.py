@@ -167,6 +167,33 @@ class Trace:
             trace(event)
         return trace
 
+    def split(self, n_steps: int) -> tuple["Trace", list[BlockStart | StepEvent | BlockEnd | DecodeEnd]]:
+        """This run as it stood after its first ``n_steps`` forwards, and the events that came after.
+
+        Returns:
+            (a new `Trace` with the same settings, model id, prompt, metadata and token texts holding the
+            events up to and including the ``n_steps``-th `StepEvent` -- a `BlockEnd` right after it
+            included --, the later events in decode order). This trace is not changed.
+
+        Raises:
+            ValueError: if ``n_steps`` is negative.
+        """
+        if n_steps < 0:
+            raise ValueError(f"n_steps must be >= 0 (forwards to keep), got {n_steps}")
+        events, n, cut = list(self.iter_events()), 0, 0
+        for i, event in enumerate(events):
+            if isinstance(event, StepEvent):
+                if n == n_steps:
+                    break
+                n += 1
+            elif isinstance(event, (BlockStart, DecodeEnd)) and n == n_steps:
+                break
+            cut = i + 1
+        head = Trace.from_events(events[:cut], decode_config=self.decode_config, model_id=self.model_id,
+                                 token_text=self._token_text, prompt_ids=self.prompt_ids, meta=self.meta)
+        head._vocab.update(self._vocab)
+        return head, events[cut:]
+
     @property
     def vocab(self) -> dict[int, str]:
         """``{token id: text}`` of every token id the trace holds (prompt, block contents,

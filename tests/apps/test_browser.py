@@ -244,8 +244,10 @@ def test_stop_takes_effect_within_one_forward_and_a_refresh(page):
           f"decode ahead of the page by <= {timing['window_s'] * 1e3:.0f} ms)")
     assert state.trace.decode_end.stop_reason == "cancelled" and final_nfe == timing["final_nfe"]
     assert timing["forwards_after_request"] <= 1  # the forward in flight, no more
-    # the run keeps what the server had drawn at the Stop plus that forward (clover_viz.runs.kept_at_stop)
-    assert final_nfe <= timing["nfe_shown"] + 1, (final_nfe, timing)
+    # the run keeps what the page had drawn at the Stop (its Stop sends it) plus that forward
+    # (clover_viz.runs.kept_at_stop): the NFE read off the page just before the click, plus one
+    assert final_nfe <= timing["nfe_shown"] + 1 and timing["nfe_shown"] <= timing["nfe_recorded"], (final_nfe, timing)
+    assert final_nfe <= nfe_at_click + 1, (nfe_at_click, final_nfe, timing)
     # The click reaches the session within a refresh interval (plus slack for this shared machine) ...
     assert timing["requested_at"] - t_click < tick_s + 1.0
     # ... the decode ends within one forward of that (plus a refresh to drain it) ...
