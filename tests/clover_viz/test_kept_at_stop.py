@@ -49,20 +49,6 @@ def _run(dec, stop_after: int) -> Trace:
     return dec.generate(PROMPT, hooks=[hook], cancel=lambda: len(seen) >= stop_after).trace
 
 
-def _split(trace: Trace, shown: int) -> tuple[Trace, list]:
-    """The trace as a page showed it after ``shown`` forwards, and the events after those."""
-    events, n, cut = list(trace.iter_events()), 0, 0
-    for i, ev in enumerate(events):
-        if isinstance(ev, StepEvent):
-            if n == shown:
-                break
-            n += 1
-        cut = i + 1
-    kwargs = dict(decode_config=trace.decode_config, model_id=trace.model_id, prompt_ids=trace.prompt_ids,
-                  meta=trace.meta)
-    return Trace.from_events(events[:cut], **kwargs), events[cut:]
-
-
 @pytest.mark.parametrize("kind", ["clover", "sdar", "llada-moe"])
 def test_a_run_cut_back_equals_the_decoder_stopped_one_forward_after_the_shown(kind, tmp_path):
     dec = _decoder(kind, tmp_path)
@@ -70,7 +56,7 @@ def test_a_run_cut_back_equals_the_decoder_stopped_one_forward_after_the_shown(k
     assert ahead.decode_end.stop_reason == "cancelled" and len(ahead) == 14, ahead.decode_end
     checked = 0
     for shown in (1, 4, 7, 10):
-        page, held = _split(ahead, shown)
+        page, held = ahead.split(shown)
         events, dropped = kept_at_stop(page, held)
         assert dropped == 14 - shown - 1, (shown, dropped)
         for ev in events:
@@ -93,7 +79,7 @@ def test_a_run_cut_back_equals_the_decoder_stopped_one_forward_after_the_shown(k
 def test_nothing_is_cut_when_no_forward_ran_past_the_kept_one(tmp_path):
     dec = _decoder("clover", tmp_path)
     ahead = _run(dec, 6)
-    page, held = _split(ahead, 5)  # one forward after the shown ones: all of it is kept
+    page, held = ahead.split(5)  # one forward after the shown ones: all of it is kept
     events, dropped = kept_at_stop(page, held)
     assert dropped == 0 and events is held
 
@@ -102,7 +88,7 @@ def test_a_decoder_the_rule_does_not_describe_keeps_its_run(tmp_path):
     """Where the rule would not give the decoder's own tokens for the whole run, nothing is cut."""
     dec = _decoder("clover", tmp_path)
     ahead = _run(dec, 10)
-    page, held = _split(ahead, 3)
+    page, held = ahead.split(3)
     end = held[-1]
     forged = held[:-1] + [DecodeEnd(tokens=np.append(end.tokens, 7), nfe=end.nfe, tokens_per_forward=1.0,
                                     n_forced=end.n_forced, wall_s=end.wall_s, stop_reason="cancelled")]
@@ -112,7 +98,13 @@ def test_a_decoder_the_rule_does_not_describe_keeps_its_run(tmp_path):
 
 def test_held_events_must_end_with_the_decode_end(tmp_path):
     dec = _decoder("clover", tmp_path)
-    page, held = _split(_run(dec, 6), 2)
+    whole = _run(dec, 6)
+    page, held = whole.split(2)
     with pytest.raises(ValueError, match="DecodeEnd"):
         kept_at_stop(page, held[:-1])
+    # Trace.split: the head holds the first forwards (and no DecodeEnd), the rest holds every later event
+    assert len(page) == 2 and page.decode_end is None and page.vocab == {k: whole.vocab[k] for k in page.vocab}
+    assert sum(isinstance(ev, StepEvent) for ev in held) == 4 and isinstance(held[-1], DecodeEnd)
     assert any(isinstance(ev, BlockEnd) for ev in held)
+    with pytest.raises(ValueError, match="n_steps"):
+        whole.split(-1)
