@@ -168,7 +168,10 @@ def best_memory_mode(model_dir: str | Path) -> tuple[str, str]:
         window, model_type = 0, None
     if window:
         return "state+window", f"{d.name} has an attention window (W={window}) and no eval.json"
-    if model_type not in (None, "clover"):  # a transformers backbone: its decoder runs `state` only
+    if "masked-diffusion" in DESCRIPTIONS.get(str(model_type).lower(), ""):  # LLaDA, Dream, LLaDA-MoE
+        return "state", (f"{d.name} keeps no history between forwards (each one re-reads the whole sequence, "
+                         "bidirectionally); Clover's memory modes do not apply")
+    if model_type not in (None, "clover"):  # a transformers or block-causal backbone: its decoder runs `state` only
         return "state", f"{d.name} keeps its history in a KV cache; Clover's memory modes do not apply"
     return "state", f"{d.name} has no attention window"
 

@@ -119,6 +119,19 @@ def test_default_memory_mode_is_the_models_best_measured_one(tmp_path):
     assert best_memory_mode("models/smollm2-bd")[0] == "state"  # an adapter: no window, one mode
 
 
+def test_memory_mode_reason_says_how_each_kind_keeps_its_history(tmp_path):
+    """A masked diffusion model keeps no history between forwards (it re-reads the whole sequence); a
+    block-causal one keeps a KV cache; neither runs Clover's memory modes."""
+    from clover_engine.backbones.block_causal import write_tiny_block_causal
+    from clover_engine.backbones.llada_moe import write_tiny_llada_moe
+    from clover_engine.checkpoint import best_memory_mode
+
+    mode, why = best_memory_mode(write_tiny_llada_moe(tmp_path / "llada-moe"))
+    assert mode == "state" and "keeps no history between forwards" in why and "KV cache" not in why
+    mode, why = best_memory_mode(write_tiny_block_causal(tmp_path / "sdar", "sdar"))
+    assert mode == "state" and "keeps its history in a KV cache" in why
+
+
 def test_cli_refuses_a_file_as_model_and_counts_forced_fills_past_the_answer(tmp_path):
     """``--model README.md`` says it is a file, not that no directory exists; `forced_past_answer`
     counts forced slots at or after the kept answer's end (the end-of-text fills the summary's
