@@ -222,6 +222,37 @@ def test_good_values_from_the_page_still_set_the_state_and_redecode(page):
     assert page.state.max_new_tokens == 24 and page.state.error == ""
 
 
+def test_the_stops_count_of_forwards_shown_is_checked_and_cuts_the_run_there(page):
+    """The page's Stop sends "N:time" (N: forwards the page had drawn). Anything else is ignored; N is
+    never taken above what the server drew; the stopped run keeps N forwards plus the one in flight --
+    cut back when the server (and the decode) had gone further."""
+    s, box = page.state, page.app.settings.stop_shown
+    page.send(box, value="not a count")  # nothing running, not a count: ignored
+    assert not s.running and s.error == "" and s.trace is None
+    s.max_new_tokens, s.block_size = 2048, 1
+    assert s.generate()
+    deadline = time.monotonic() + 30
+    while s.n_steps < 8:  # drawn on the server: 8 forwards and more
+        assert time.monotonic() < deadline, s.status
+        time.sleep(0.02)
+        s.tick(0.02)
+    page.send(box, value="3:1733450000000")  # the page had drawn only 3 of them
+    assert s.wait(30)
+    end = s.trace.decode_end
+    assert end.stop_reason == "cancelled" and end.nfe == len(s.trace) == s.n_steps == 4, (end, len(s.trace))
+    assert len(end.tokens) == 4 and s.position == 3  # block size 1: one token a forward, the last one shown
+    assert s.stop_timing["nfe_shown"] == 3 and s.stop_timing["forwards_dropped"] > 0
+    assert "later forwards not kept" in s.status, s.status
+    assert s.generate()
+    while s.n_steps < 5:
+        assert time.monotonic() < deadline + 30, s.status
+        time.sleep(0.02)
+        s.tick(0.02)
+    drawn = s.n_steps
+    page.send(box, value="99999:1733450000001")  # more than the server drew: taken as what it drew
+    assert s.wait(30) and s.stop_timing["nfe_shown"] == drawn and s.trace.decode_end.nfe <= drawn + 1
+
+
 def test_a_model_name_the_server_resolves_is_taken():
     p = Page()
     try:
