@@ -114,6 +114,16 @@ def model_roots(argv: Sequence[str] = (), environ: Mapping[str, str] | None = No
     return (*out, *(ListedHubId(i) for i in dict.fromkeys(i.strip() for i in ids)))
 
 
+def as_roots(entries: Iterable[Path | str] | None) -> tuple[Path | ListedHubId, ...] | None:
+    """Model roots as a session keeps them: each folder (a `Path` or a string) resolved (``~``, symlinks,
+    ``..``), each `ListedHubId` as it is; None stays None (any path: notebooks, scripts)."""
+    if entries is None:
+        return None
+    if isinstance(entries, (str, Path)):  # one folder, not its characters
+        entries = [entries]
+    return tuple(r if isinstance(r, ListedHubId) else Path(r).expanduser().resolve() for r in entries)
+
+
 def folder_roots(roots: Iterable[Path | str]) -> tuple[Path, ...]:
     """The folders of `model_roots`' entries (without the listed hub ids)."""
     return tuple(r for r in roots if not isinstance(r, ListedHubId))

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from clover_viz import limits
-from clover_viz.limits import inside_roots, listed_hub_id, outside_roots
+from clover_viz.limits import as_roots, inside_roots, listed_hub_id, outside_roots
 from clover_engine.backbones import load_progress
 from clover_engine.backbones.load_progress import LoadCancelled, LoadProgress
 from clover_engine.backbones.hub import hub_snapshot, parse_hub_id
@@ -203,7 +203,7 @@ def resolve_model(model_dir: str, dev_sharpen_random: bool = False,
     loaded (`load_model_cached`), not here.
 
     Args:
-        roots: the served app's model roots (`clover_viz.limits.model_roots`): only places inside
+        roots: the served app's model roots (`clover_viz.limits.model_roots`; folders as `Path` or text): only places inside
             them are looked at (after resolving symlinks, ``..`` and ``~``), and a text naming none
             gets one message whether or not it exists (`clover_viz.limits.OUTSIDE_ROOTS`). A bundled
             model's name always works; a hub id only when the roots list it (``--model-id``,
@@ -232,6 +232,7 @@ def resolve_model(model_dir: str, dev_sharpen_random: bool = False,
         candidates.append(REPO_ROOT / path)
     if not path.is_absolute() and (len(path.parts) == 1 or path.parts[0] == "models" and len(path.parts) == 2):
         candidates.append(bundled / path.name)  # a bundled model by name ("smollm2-bd") or as models/<name>
+    roots = as_roots(roots)  # folders given as text too (a notebook's ``model_roots=["models"]``)
     if roots is not None:  # the served app: nothing outside its roots is looked at, nor said to exist
         if text in bundled_models():
             candidates = [bundled / text]

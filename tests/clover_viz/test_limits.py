@@ -133,6 +133,18 @@ def test_bundled_names_and_paths_inside_the_roots_load(layout, monkeypatch):
         resolve_model("runs/not-yet", roots=roots)
 
 
+def test_roots_given_as_text_work_like_paths(layout, monkeypatch):
+    """A notebook's ``ExplorerState(model_roots=["runs"])``: folders as text are resolved like the server's
+    (they raised AttributeError in the refusal message); one folder as a plain string is one root."""
+    server, outside, _ = layout
+    mine = _checkpoint(server / "runs" / "mine")
+    for roots in (["runs"], "runs", [str(server / "runs")]):
+        assert resolve_model("runs/mine", roots=roots).path == str(mine.resolve()), roots
+        with pytest.raises(ValueError) as refused:
+            resolve_model(str(outside / "secret-model"), roots=roots)
+        assert "runs/" in str(refused.value) and "secret" not in str(refused.value), roots
+
+
 # ----------------------------------------------------------------------------- memory
 def _header_only(path: Path, shape: list[int], dtype: str = "F32") -> Path:
     """A safetensors file that is only a header declaring one tensor of ``shape`` (no data)."""
