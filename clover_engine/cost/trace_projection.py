@@ -20,7 +20,8 @@ import numpy as np
 
 from clover_engine.backbones.clover.config import CloverConfig
 from clover_engine.cost.devices import DEFAULT_DEVICE, Device, get_device
-from clover_engine.cost.formulas import _as_config, cost_family
+from clover_engine.cost.drafter import drafter_section
+from clover_engine.cost.formulas import _as_config, cost_family, forward_cost
 from clover_engine.cost.projection import Projection, project_forwards, target_union
 
 
@@ -132,7 +133,7 @@ def _step_rows(trace_like: Any) -> list[Any]:
         )
     cols = {"n_tokens_forward": _to_list(n_col)}
     optional = ("expert_union", "n_written", "block_len", "n_commit", "wall_s",
-                "tokens", "accepted", "forced", "eos_filled", "block_index", "step_index")
+                "tokens", "accepted", "forced", "eos_filled", "block_index", "step_index", "position_start")
     for name in optional:
         try:
             cols[name] = _to_list(getter(name))
@@ -227,6 +228,50 @@ def _source_config(trace_like: Any) -> CloverConfig | None:
     return None
 
 
+CANVAS_SAMPLERS = ("llada", "dream")
+"""``decode_config["sampler"]`` of the official masked diffusion samplers, whose decoder
+(`clover_engine.decoding.masked_diffusion_decoder.MaskedDiffusionDecoder`) runs every forward over the whole
+canvas and prices it so: the prompt as the commit, every canvas position after it as a slot (its step rows
+hold only the current block's slots)."""
+
+
+def _own_family_projection(trace_like: Any, rows: list[Any], fields: list[tuple], written: int,
+                           device: Device | str, weight_bytes: float, block_size: int | None, memory_mode: str,
+                           window: int) -> Projection | None:
+    """The recorded model, when it is not a Clover model (a masked diffusion or MoE diffusion LM, a
+    block-causal or transformers backbone), priced by its own cost family's formulas
+    (`clover_engine.cost.formulas.forward_cost`) from its recorded config (``meta["model_config"]``) at
+    ``weight_bytes``: each forward with its recorded tokens, commit, history (``position_start`` less the
+    commit) and measured expert union per layer -- the union its router chose, not an assumption. None
+    without a recorded config, for a Clover model (`project_trace` prices it itself) and for a drafter
+    backbone (its rounds are priced by `clover_engine.cost.drafter`)."""
+    meta = _get(trace_like, "meta", {}) or {}
+    config, record = _get(meta, "model_config"), _get(meta, "capabilities")
+    if not isinstance(config, Mapping) or cost_family(config, record) == "clover" or drafter_section(config):
+        return None
+    dev = get_device(device)
+    prompt = _get(trace_like, "prompt_ids")
+    canvas = (_get(trace_like, "decode_config") or {}).get("sampler") in CANVAS_SAMPLERS and prompt is not None
+    b, f, t, u = [], [], [], []
+    for row, (n, union, n_commit, block_len, _) in zip(rows, fields):
+        start = _get(row, "position_start")
+        context = max(0, int(start) - n_commit) if start is not None else 0
+        if canvas:  # the whole canvas each forward: the prompt as commit, the rest as slots, no cache
+            n_commit, block_len, context = len(prompt), n - len(prompt), 0
+        measured = union if union.size and np.all(np.isfinite(union)) and np.all(union >= 0) else None
+        fc = forward_cost(config, n, measured, weight_bytes, n_commit, block_len, memory_mode, window,
+                          commit_block_len=block_size, context_len=context, capabilities=record)
+        b.append(float(fc.bytes_read))
+        f.append(float(fc.flops))
+        t.append(float(fc.roofline_time_s(dev)))
+        u.append(float(fc.mean_expert_union))
+    name = _get(trace_like, "model_id") or config.get("name") or "recorded model"
+    return Projection(config_name=str(name), device=dev.name, n_forwards=len(rows), tokens_written=int(written),
+                      bytes_read=sum(b), flops=sum(f), time_s=sum(t), tokens_per_s=written / sum(t),
+                      mean_expert_union=sum(u) / len(rows), bytes_per_forward=tuple(b), flops_per_forward=tuple(f),
+                      time_s_per_forward=tuple(t), expert_union_per_forward=tuple(u))
+
+
 def _measured_wall_s(trace_like: Any, rows: list[Any]) -> float | None:
     summary = _get(trace_like, "summary") if not isinstance(trace_like, Sequence) else None
     if callable(summary):
@@ -313,7 +358,8 @@ def project_trace(
     if memory_mode is None:
         memory_mode = (_get(decode_config, "memory_mode") if decode_config else None) or "state"
     kw: dict[str, Any] = {"memory_mode": memory_mode, "window": window}
-    src_proj = None
+    src_proj = None if source is not None else _own_family_projection(
+        trace_like, rows, fields, written, device, weight_bytes, block_size, memory_mode, window)
     if source is not None:
         src_fw = []
         for n, union, n_commit, block_len, _ in fields:

@@ -1,0 +1,59 @@
+"""A run of a model that is not Clover (a MoE or masked diffusion LM, a block-causal backbone) is projected
+as itself: every forward priced by its own family's formulas with its measured expert union
+(`clover_engine.cost.trace_projection.project_trace`'s ``source``).
+
+The check: projected at the weight bytes the run used, each forward's bytes and FLOPs are exactly what the
+decoder's cost meter recorded for it (same tokens, commit, history and union); at bf16 the weights cost half
+of fp32's.
+
+Wing: ``cost``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from clover_engine.backbones.block_causal import write_tiny_block_causal
+from clover_engine.backbones.llada_moe import write_tiny_llada_moe
+from clover_engine.checkpoint import load_model
+from clover_engine.cost import project_trace
+from clover_engine.decoding import decoder_for
+from clover_engine.decoding.config import DecodeConfig
+from clover_engine.decoding.masked_diffusion_samplers import LLaDASampler
+
+PROMPT = list(range(40, 60))  # 20 tokens: a prompt forward that carries history
+
+
+def _trace(kind: str, tmp_path):
+    if kind.startswith("llada-moe"):
+        model = load_model(write_tiny_llada_moe(tmp_path / kind, seed=4))
+        cfg = (LLaDASampler(gen_length=32, block_length=16, steps=8) if kind == "llada-moe"  # the canvas sampler
+               else DecodeConfig(block_size=8, threshold=0.9, max_new_tokens=32))  # the block decoder
+        return decoder_for(model, None, cfg).generate(PROMPT).trace
+    model = load_model(write_tiny_block_causal(tmp_path / kind, kind, seed=5))
+    return decoder_for(model).generate(PROMPT).trace
+
+
+@pytest.mark.parametrize("kind", ["llada-moe", "llada-moe-blocks", "sdar", "fast_dllm_qwen"])
+def test_the_recorded_model_is_priced_by_its_own_family_with_its_measured_union(kind, tmp_path):
+    trace = _trace(kind, tmp_path)
+    steps = trace.steps
+    assert len(steps) >= 3 and all(st.bytes_read for st in steps)
+    as_run = project_trace(trace, "h200", weight_bytes=4, fallback_union="independent").source  # fp32, as run
+    assert as_run is not None and as_run.config_name == trace.model_id
+    assert list(as_run.bytes_per_forward) == pytest.approx([st.bytes_read for st in steps], rel=1e-12)
+    assert list(as_run.flops_per_forward) == pytest.approx([st.flops for st in steps], rel=1e-12)
+    bf16 = project_trace(trace, "h200", weight_bytes=2, fallback_union="independent")
+    assert bf16.source.bytes_read < as_run.bytes_read and bf16.source.flops == pytest.approx(as_run.flops)
+    assert bf16.source.tokens_per_s == pytest.approx(bf16.tokens_written / sum(bf16.source.time_s_per_forward))
+    if kind.startswith("llada-moe"):  # the union its router chose, per forward (mean over layers), not an assumption
+        unions = [float(st.expert_union.mean()) for st in steps]
+        assert list(bf16.source.expert_union_per_forward) == pytest.approx(unions)
+        assert max(unions) < trace.meta["model_config"]["num_experts"] or len(set(unions)) > 1
+
+
+def test_the_canvas_samplers_are_the_masked_diffusion_decoders_own():
+    from clover_engine.cost.trace_projection import CANVAS_SAMPLERS
+    from clover_engine.decoding.masked_diffusion_samplers import SAMPLER_CONFIGS
+
+    assert set(CANVAS_SAMPLERS) == {c.sampler for c in SAMPLER_CONFIGS}
