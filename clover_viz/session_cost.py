@@ -36,9 +36,10 @@ class SessionCost:
 
         The source model's config comes from the trace's metadata (recorded by `generate`); it is
         priced as a Clover model only when its cost family is ``clover`` (the trace's recorded
-        capabilities). For another family (a causal LM, masked diffusion) there are no measured expert
-        unions to carry over: the 35B-A3B projection falls back to independent routing, and the
-        projection says so in its ``union_assumption``.
+        capabilities). Another family (a MoE or masked diffusion LM, a block-causal or causal LM) is
+        priced by its own family's formulas with the expert union its router chose per forward
+        (`clover_engine.cost.trace_projection`); its unions are not carried over to the 35B-A3B target,
+        which falls back to independent routing, and the projection says so in its ``union_assumption``.
         """
         if self.trace is None or len(self.trace) == 0:
             return None
