@@ -12,8 +12,8 @@ the random ``clover-test`` model (sharpened: it never ends early, every page dec
 * **shown / kept**: tokens on the page at the click, tokens the stopped run kept, and the excess in
   forwards' worth of tokens (the promise: at most one forward's more than shown), and how many forwards
   the decode had run past its page that the run did not keep (`clover_viz.runs.kept_at_stop`). The tokens
-  card is read just before the click, and the page may draw once more before the click lands; the exact
-  figure is the NFE the page's Stop sends (what it had drawn) against the NFE kept.
+  card is read and Stop clicked in one browser task (nothing is drawn between them); the page's Stop also
+  sends the NFE it had drawn, printed against the NFE kept.
 
 ``--compare`` serves the same again without pacing (every session redrawing every tick, decodes never
 waiting for their page: the explorer before `clover_viz.session_pacing`) and prints both side by side.
@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from helpers import CHROMIUM_ARGS, chromium_executable, free_port  # noqa: E402
 
 from clover_engine.threads import add_threads_argument, configure_threads  # noqa: E402
+from clover_viz.runs import generated_ids  # noqa: E402
 
 
 def serve(settings: dict, paced: bool = True):
@@ -83,9 +84,12 @@ def one_round(browser, url: str, sessions: list, pages: int, warmup_s: float) ->
         pg.get_by_role("button", name=re.compile("Generate")).first.click()
     time.sleep(warmup_s)
     pg, state = opened[0]
-    shown = int(pg.locator(".clover-tokens").first.inner_text() or 0)
+    card = pg.locator(".clover-tokens").first.element_handle()
+    stop = pg.get_by_role("button", name="Stop").first.element_handle()
     t_click = time.monotonic()
-    pg.get_by_role("button", name="Stop").first.click()
+    # the tokens on the page and the click in one browser task: nothing is drawn between the two
+    shown = int(pg.evaluate("([card, stop]) => { const t = card.innerText; stop.click(); return t; }",
+                            [card, stop]) or 0)
     pg.locator(".clover-status", has_text=re.compile(r"^stopped")).first.wait_for(timeout=600_000)
     t_stopped = time.monotonic()
     status = pg.locator(".clover-status").first.inner_text()
@@ -94,8 +98,11 @@ def one_round(browser, url: str, sessions: list, pages: int, warmup_s: float) ->
     walls = [st.wall_s for st in state.trace.steps if getattr(st, "wall_s", None)]
     fwd_s = statistics.median(walls) if walls else float("nan")
     per_forward = kept / max(len(state.trace.steps), 1)
-    for p, s in opened:
-        s.stop()
+    # the tokens the page showed, by the decoder's rule at the NFE its Stop sent (the run is cut one forward later)
+    at_page = len(generated_ids(state.trace.split(timing["nfe_shown"])[0])) if timing.get("nfe_shown") else None
+    for p, _ in opened:  # the other pages' Stop, pressed in their pages: a session is only touched on the
+        # server's event loop (a disabled button does nothing)
+        p.get_by_role("button", name="Stop").first.evaluate("b => b.click()")
     for p, _ in opened:
         p.close()
     return dict(click_to_stopped_s=t_stopped - t_click,
@@ -104,7 +111,7 @@ def one_round(browser, url: str, sessions: list, pages: int, warmup_s: float) ->
                 shown=shown, kept=kept, excess_forwards=(kept - shown) / max(per_forward, 1e-9),
                 forwards_after_request=timing.get("forwards_after_request"),
                 forwards_dropped=timing.get("forwards_dropped"), nfe_page=timing.get("nfe_shown"),
-                nfe_kept=timing.get("final_nfe"))
+                nfe_kept=timing.get("final_nfe"), tokens_at_page_nfe=at_page)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,12 +166,14 @@ def run_rounds(args, paced: bool) -> list[dict]:
                       f"{row['forwards_after_request']}, shown {row['shown']} kept {row['kept']} "
                       f"(excess {row['excess_forwards']:.1f} forwards' worth); NFE the page sent with its Stop "
                       f"{row['nfe_page']}, kept {row['nfe_kept']} (+{row['nfe_kept'] - row['nfe_page']}); "
-                      f"{row['forwards_dropped']} forwards run past the page not kept", flush=True)
+                      f"{row['forwards_dropped']} forwards run past the page not kept; tokens at the page's NFE "
+                      f"{row['tokens_at_page_nfe']} (the card read {row['shown']}), the forward in flight added "
+                      f"{row['kept'] - row['tokens_at_page_nfe']}", flush=True)
             browser.close()
     finally:
+        server.stop()  # first: then no tick runs on the server's loop while the sessions are closed here
         for s in sessions:
             s.close()
-        server.stop()
     return rows
 
 
