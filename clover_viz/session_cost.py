@@ -38,8 +38,9 @@ class SessionCost:
         priced as a Clover model only when its cost family is ``clover`` (the trace's recorded
         capabilities). Another family (a MoE or masked diffusion LM, a block-causal or causal LM) is
         priced by its own family's formulas with the expert union its router chose per forward
-        (`clover_engine.cost.trace_projection`); its unions are not carried over to the 35B-A3B target,
-        which falls back to independent routing, and the projection says so in its ``union_assumption``.
+        (`clover_engine.cost.trace_projection`), and a MoE one's measured unions carry over to the 35B-A3B
+        target as a Clover model's do. A model without experts has no unions to carry over: the target falls
+        back to independent routing, and the projection says so in its ``union_assumption``.
         """
         if self.trace is None or len(self.trace) == 0:
             return None

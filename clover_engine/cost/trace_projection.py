@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -272,6 +273,17 @@ def _own_family_projection(trace_like: Any, rows: list[Any], fields: list[tuple]
                       time_s_per_forward=tuple(t), expert_union_per_forward=tuple(u))
 
 
+def _recorded_routing(trace_like: Any) -> SimpleNamespace | None:
+    """``num_experts`` / ``num_experts_per_tok`` of a recorded MoE model of another family than Clover (a
+    MoE diffusion LM: ``meta["model_config"]``), so that its measured unions carry over to the target
+    (`clover_engine.cost.projection.target_union`); None for a model without experts."""
+    config = _get(_get(trace_like, "meta", {}) or {}, "model_config")
+    if not isinstance(config, Mapping):
+        return None
+    E, k = config.get("num_experts"), config.get("num_experts_per_tok")
+    return SimpleNamespace(num_experts=int(E), num_experts_per_tok=int(k)) if E and k else None
+
+
 def _measured_wall_s(trace_like: Any, rows: list[Any]) -> float | None:
     summary = _get(trace_like, "summary") if not isinstance(trace_like, Sequence) else None
     if callable(summary):
@@ -369,8 +381,9 @@ def project_trace(
             written, src_fw, source, device, weight_bytes, commit_block_len=block_size, **kw
         )
     tgt_fw = []
+    routing = source if source is not None else _recorded_routing(trace_like)  # whose measured unions carry over
     for n, union, n_commit, block_len, _ in fields:
-        u = target_union(union_assumption, n, union, source, target)
+        u = target_union(union_assumption, n, union, routing, target)
         tgt_fw.append((n, u, n_commit, block_len))
     tgt_kw = dict(kw)
     if memory_mode == "state+window" and not window and not target.attention_window:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 from clover_engine.backbones.block_causal import write_tiny_block_causal
+from clover_engine.backbones.clover.config import CloverConfig
 from clover_engine.backbones.llada_moe import write_tiny_llada_moe
 from clover_engine.checkpoint import load_model
 from clover_engine.cost import project_trace
@@ -57,3 +58,30 @@ def test_the_canvas_samplers_are_the_masked_diffusion_decoders_own():
     from clover_engine.decoding.masked_diffusion_samplers import SAMPLER_CONFIGS
 
     assert set(CANVAS_SAMPLERS) == {c.sampler for c in SAMPLER_CONFIGS}
+
+
+def test_a_moe_diffusion_runs_measured_union_carries_over_to_the_35b_target(tmp_path):
+    """The 35B-A3B projection of a LLaDA-MoE run uses the union its router chose (relative to independent
+    routing of its own E and k), not a fallback; a dense model's run falls back to independent routing."""
+    from clover_engine.cost.formulas import expected_union
+    from clover_engine.cost.projection import target_union
+
+    trace = _trace("llada-moe-blocks", tmp_path)
+    cfg = trace.meta["model_config"]
+    tgt = CloverConfig.from_name("clover-35b-a3b")
+    proj = project_trace(trace, "h200", union_assumption="measured_vs_independent", fallback_union="independent")
+    assert proj.union_assumption == "measured_vs_independent"
+    target = proj.target
+    st = trace.steps[1]
+    ratio = float(st.expert_union.mean()) / expected_union(cfg["num_experts"], cfg["num_experts_per_tok"],
+                                                            st.n_tokens_forward)
+    want = min(max(ratio * expected_union(tgt.num_experts, tgt.num_experts_per_tok, st.n_tokens_forward),
+                   tgt.num_experts_per_tok), min(tgt.num_experts, st.n_tokens_forward * tgt.num_experts_per_tok))
+    got = target_union("measured_vs_independent", st.n_tokens_forward, st.expert_union.astype(float),
+                       type("R", (), {"num_experts": cfg["num_experts"],
+                                      "num_experts_per_tok": cfg["num_experts_per_tok"]})(), tgt)
+    assert got == pytest.approx(want)
+    assert target.expert_union_per_forward[1] == pytest.approx(want)
+    dense = project_trace(_trace("sdar", tmp_path), "h200", union_assumption="measured_vs_independent",
+                          fallback_union="independent")
+    assert dense.union_assumption == "independent"
