@@ -67,7 +67,13 @@ def test_llada_moe_decodes_and_shows_its_experts_and_their_bytes(served_app, tmp
             load.scroll_into_view_if_needed()
             _shot(pg, tmp_path, "explorer-llada-moe-experts.png")
             pg.get_by_text("Cost", exact=True).first.click()
-            pg.wait_for_timeout(1500)
+            # the model itself projected onto the device by its own family with its measured union (not "n/a"),
+            # and the 35B-A3B projection carries that union over
+            pg.get_by_text(re.compile(r"projected tiny-llada-moe on h800 \(bf16\)")).first.wait_for(timeout=TIMEOUT_MS)
+            pg.get_by_text(re.compile(r"clover-35b-a3b block decoding on h800 \(bf16, measured_vs_independent")).first \
+                .wait_for(timeout=TIMEOUT_MS)
+            assert state.cost_projection().source is not None
+            pg.wait_for_timeout(1000)
             _shot(pg, tmp_path, "explorer-llada-moe-cost.png")
         finally:
             browser.close()
