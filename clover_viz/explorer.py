@@ -195,9 +195,13 @@ def create_app(model_dir: str | None = None, dev_sharpen_random: bool | None = N
 
 def serve_session() -> None:
     """What ``panel serve`` runs per session: prompt exit on signals (once per process), then this
-    session's app, servable."""
+    session's app, servable, with the model roots of the served script's arguments.
+
+    The roots are read here, while ``panel serve`` runs the script with its ``--args`` in ``sys.argv``:
+    `MODEL_ROOTS`, read when this module was first imported, saw them only when this module was the
+    served script itself (``clover-explorer serve``), not when ``apps/explorer.py`` imported it."""
     exit_promptly_on_signals()  # SIGTERM / Ctrl-C end the server within 2 s, even mid-forward (once per process)
-    create_app().servable(title=TITLE)
+    create_app(model_roots=model_roots(sys.argv[1:], bundled=bundled_dir())).servable(title=TITLE)
 
 
 if pn.state.served and __name__ != "clover_viz.explorer":  # run as the served script, not imported (the shim)
