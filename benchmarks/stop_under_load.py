@@ -72,6 +72,22 @@ def serve(settings: dict, paced: bool = True):
     return f"http://127.0.0.1:{port}/", sessions, server
 
 
+_READ_TOKENS_AND_STOP_JS = """(stop) => {
+  const find = (root) => {
+    const card = root.querySelector('.clover-tokens');
+    if (card) return card;
+    for (const el of root.querySelectorAll('*')) {
+      if (el.shadowRoot) { const found = find(el.shadowRoot); if (found) return found; }
+    }
+    return null;
+  };
+  const card = find(document);
+  const text = card ? card.innerText : '';
+  stop.click();
+  return text;
+}"""
+
+
 def one_round(browser, url: str, sessions: list, pages: int, warmup_s: float) -> dict:
     opened = []
     for _ in range(pages):
@@ -84,12 +100,11 @@ def one_round(browser, url: str, sessions: list, pages: int, warmup_s: float) ->
         pg.get_by_role("button", name=re.compile("Generate")).first.click()
     time.sleep(warmup_s)
     pg, state = opened[0]
-    card = pg.locator(".clover-tokens").first.element_handle()
     stop = pg.get_by_role("button", name="Stop").first.element_handle()
     t_click = time.monotonic()
-    # the tokens on the page and the click in one browser task: nothing is drawn between the two
-    shown = int(pg.evaluate("([card, stop]) => { const t = card.innerText; stop.click(); return t; }",
-                            [card, stop]) or 0)
+    # the tokens card found and read and Stop clicked in one browser task: nothing is drawn between the two
+    # (a card found earlier may be a detached copy: every redraw of the summary replaces its HTML)
+    shown = int(pg.evaluate(_READ_TOKENS_AND_STOP_JS, stop) or 0)
     pg.locator(".clover-status", has_text=re.compile(r"^stopped")).first.wait_for(timeout=600_000)
     t_stopped = time.monotonic()
     status = pg.locator(".clover-status").first.inner_text()
@@ -111,7 +126,7 @@ def one_round(browser, url: str, sessions: list, pages: int, warmup_s: float) ->
                 shown=shown, kept=kept, excess_forwards=(kept - shown) / max(per_forward, 1e-9),
                 forwards_after_request=timing.get("forwards_after_request"),
                 forwards_dropped=timing.get("forwards_dropped"), nfe_page=timing.get("nfe_shown"),
-                nfe_kept=timing.get("final_nfe"), tokens_at_page_nfe=at_page)
+                nfe_kept=timing.get("final_nfe"), tokens_at_page_nfe=at_page, shown_from=timing.get("shown_from"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +180,7 @@ def run_rounds(args, paced: bool) -> list[dict]:
                       f"{row['click_to_server_s']:.2f} s, forwards after the server's stop: "
                       f"{row['forwards_after_request']}, shown {row['shown']} kept {row['kept']} "
                       f"(excess {row['excess_forwards']:.1f} forwards' worth); NFE the page sent with its Stop "
-                      f"{row['nfe_page']}, kept {row['nfe_kept']} (+{row['nfe_kept'] - row['nfe_page']}); "
+                      f"{row['nfe_page']} (read from its {row['shown_from']}), kept {row['nfe_kept']} (+{row['nfe_kept'] - row['nfe_page']}); "
                       f"{row['forwards_dropped']} forwards run past the page not kept; tokens at the page's NFE "
                       f"{row['tokens_at_page_nfe']} (the card read {row['shown']}), the forward in flight added "
                       f"{row['kept'] - row['tokens_at_page_nfe']}", flush=True)

@@ -77,6 +77,29 @@ class _SaveButton(pn.widgets.FileDownload):
         super()._sync_data(fileobj)
 
 
+_SHOWN_AT_STOP_JS = """
+const drawn = (root) => {  // the status line as the browser has drawn it, under root (shadow roots too)
+  if (root == null) return null;
+  const line = root.querySelector('.clover-status[data-nfe]');
+  if (line != null) return line;
+  for (const el of root.querySelectorAll('*')) {
+    if (el.shadowRoot != null) { const found = drawn(el.shadowRoot); if (found != null) return found; }
+  }
+  return null;
+};
+let line = null, from = 'summary';
+try {
+  const view = Bokeh.index.find_one(numbers);  // this app's summary pane
+  line = view == null ? null : drawn(view.shadow_el || view.el);
+} catch (e) {}
+if (line == null) { line = drawn(document); from = 'page'; }
+let n = line == null ? NaN : parseInt(line.dataset.nfe);
+if (isNaN(n)) { n = scrub.end; from = 'scrub'; }
+shown.value = n + ':' + Date.now() + ':' + from;
+"""
+"""The Stop button's browser callback (`SettingsPanel.report_shown_at_stop`): ``"N:time:where"`` into the hidden box."""
+
+
 class SettingsPanel(pn.viewable.Viewer):
     """Sidebar controls. Sliders set the state on release (``value_throttled``)."""
 
@@ -184,13 +207,15 @@ class SettingsPanel(pn.viewable.Viewer):
             self.open.css_classes = [*self.open.css_classes, "clover-upload-limit"]  # runs _UPLOAD_LIMIT_JS
         arm_discrete_keys(self.block_size)  # the page is drawn: PageUp / PageDown and aria-valuetext by option
 
-    def report_shown_at_stop(self, scrub: Any) -> None:
-        """Make the page's Stop send how many forwards the page had drawn: ``scrub.end``, the run's step
-        count as the browser has it (at least 2: a run of one forward reads 2). A decode runs ahead of
-        what the server drew, and the server ahead of what the browser shows; the stopped run keeps what
-        the page showed plus the forward in flight (`ExplorerState.stop`)."""
-        self.stop.js_on_click(args={"scrub": scrub, "shown": self.stop_shown},
-                              code="shown.value = scrub.end + ':' + Date.now()")
+    def report_shown_at_stop(self, numbers: Any, scrub: Any) -> None:
+        """Make the page's Stop send how many forwards the page showed at the click: the NFE of the status
+        line as drawn in the browser (``data-nfe`` of ``.clover-status`` in ``numbers``, the run summary's
+        pane), else ``scrub.end`` (the run's step count in the page's models; at least 2). The decode runs
+        ahead of what the server drew, the server ahead of what the browser has drawn (a loaded browser
+        re-renders an HTML pane late); the stopped run keeps what the page showed plus the forward in
+        flight (`ExplorerState.stop`)."""
+        self.stop.js_on_click(args={"numbers": numbers, "scrub": scrub, "shown": self.stop_shown},
+                              code=_SHOWN_AT_STOP_JS)
 
     def _on_stop_shown(self, event: Any) -> None:
         try:
@@ -198,6 +223,8 @@ class SettingsPanel(pn.viewable.Viewer):
         except ValueError:
             return  # not the page's Stop (nothing else writes this box)
         self.state.stop(shown=max(shown, 0))
+        if self.state.stop_timing:  # where the page read it: its summary, the page, or the scrub's end
+            self.state.stop_timing["shown_from"] = str(event.new).split(":")[-1]
 
     def _on_upload_notice(self, event: Any) -> None:
         try:

@@ -102,7 +102,8 @@ class RunSummary(pn.viewable.Viewer):
 
         cells = summary_cards_html(st, prev)  # the notebook Explorer shows the same cards
         status = html.escape(s.status or "ready")
-        running = (' data-running="1"' if s.running else ' data-running="0"') + f' data-loading="{int(s.loading)}"'
+        running = (' data-running="1"' if s.running else ' data-running="0"') + f' data-loading="{int(s.loading)}"' \
+            + f' data-nfe="{s.n_steps}"'  # what the page's Stop reports as shown (SettingsPanel.report_shown_at_stop)
         self.numbers.object = (
             "<style>.clover-status{font-size:13px;color:#334155;margin:2px 0 6px 0}</style>"
             f'<div class="clover-status"{running}>{status}</div>{cells}'
@@ -515,7 +516,7 @@ class ExplorerApp(pn.viewable.Viewer):
         self.compare = CompareView(state=s)
         self.slot = SlotPanel(state=s, block=self.block)
         self.branches = BranchList(state=s)
-        self.settings.report_shown_at_stop(self.playback.scrub)  # a Stop keeps what the page showed
+        self.settings.report_shown_at_stop(self.summary.numbers, self.playback.scrub)  # a Stop keeps what was shown
         s.param.watch(lambda *_e: self.compare.refresh(), ["trace", "previous", "running", "branch_version"])
         self.compare.refresh()
         # every slider, whichever view made it: a range that changes later keeps the keys in range
