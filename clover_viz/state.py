@@ -383,8 +383,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
             shown = self.n_steps if shown is None else min(int(shown), self.n_steps)
             run.page_shown = shown if run.page_shown is None else min(run.page_shown, shown)
             if run.user_stopped:  # the page's count arrived after its click (or a second click)
-                self.stop_timing["nfe_shown"] = run.page_shown
-                return
+                return self.stop_timing.update(nfe_shown=run.page_shown)
             run.user_stopped = True
             run.cancel.set()
             self.stop_timing = {"requested_at": time.monotonic(), "nfe_shown": run.page_shown,
@@ -480,8 +479,9 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
                 status += f", what the page showed plus the forward in flight ({run.dropped} later forwards not kept)"
             gone = dropped_at_stop(self.trace) if self.trace is not None else None
             if gone and gone["n_dropped"]:
-                status += (f"; {gone['n_dropped']} slots of block {gone['block']} written after a still-masked "
-                           f"slot were dropped ({gone['n_forced_dropped']} of them forced), struck through in the text")
+                n, were = gone["n_dropped"], ("slot", "was") if gone["n_dropped"] == 1 else ("slots", "were")
+                status += (f"; {n} {were[0]} of block {gone['block']} written after a still-masked slot {were[1]} "
+                           f"dropped ({gone['n_forced_dropped']} of them forced), struck through in the text")
             self.status = status
         else:
             dc = (self.trace.decode_config if self.trace is not None else None) or {}

@@ -288,7 +288,8 @@ class BlockDecoder(HookRegistry):
                         out = dataclasses.replace(out, **undeclared)
                     cost = meter.forward(n_commit, blk.L, None if out.expert_union is None else
                                          out.expert_union.tolist(), context_len=blk.pos0 - n_commit)
-                    emit(self._step_event(blk, step, out, n_commit + blk.L, t_obs - t0, dc.top_candidates, cost))
+                    emit(self._step_event(blk, step, out, n_commit + blk.L, t_obs - t0, dc.top_candidates, cost,
+                                          getattr(self.model, "last_routing", None)))
                     observer_s += time.perf_counter() - t_obs
                 blk.step += 1
                 if is_cancelled():
@@ -343,8 +344,11 @@ class BlockDecoder(HookRegistry):
                            "capabilities": self.capabilities.to_dict()})
 
     @staticmethod
-    def _step_event(blk: "BlockSlots", st: "StepDecision", out, n_fwd: int, wall_s: float, top_k: int, cost) -> StepEvent:
-        """Copy one iteration's tensors to the host (only called when a hook is registered)."""
+    def _step_event(blk: "BlockSlots", st: "StepDecision", out, n_fwd: int, wall_s: float, top_k: int, cost,
+                    routing=None) -> StepEvent:
+        """Copy one iteration's tensors to the host (only called when a hook is registered). ``routing``: a MoE
+        diffusion backbone's `RoutingStats` of this forward (``last_routing``: the block's own union, tokens per
+        expert, router entropy), None for any other backbone."""
         # three host copies (masks, ids, fp32 values): each torch op costs microseconds on the CPU and
         # each copy a sync on a GPU, so the [L] vectors and the top-K columns travel together
         k = min(top_k, st.probs.shape[-1])
@@ -370,6 +374,9 @@ class BlockDecoder(HookRegistry):
             n_tokens_forward=int(n_fwd), wall_s=float(wall_s), firings=tuple(st.firings),
             bytes_read=float(cost.bytes_read), flops=float(cost.flops),
             arithmetic_intensity=float(cost.arithmetic_intensity),
+            expert_union_block=None if routing is None or out.expert_union is None else routing.union_block.numpy(),
+            expert_counts=None if routing is None or out.expert_union is None else routing.counts.numpy(),
+            router_entropy=None if routing is None or out.expert_union is None else routing.entropy.numpy(),
         )
 
 

@@ -553,7 +553,8 @@ def test_a_stopped_run_says_what_it_kept_and_the_text_shows_only_that():
         assert gone and gone["n_dropped"] > 0, "no stop landed mid-block in 5 tries"
         st = run_stats(s.trace)
         assert s.status.startswith(f"stopped: kept {st['n_tokens']} tokens"), s.status
-        assert f"{gone['n_dropped']} slots of block {gone['block']} written after a still-masked slot" in s.status
+        slots = "1 slot" if gone["n_dropped"] == 1 else f"{gone['n_dropped']} slots"
+        assert f"{slots} of block {gone['block']} written after a still-masked slot" in s.status
         html = F.text_html(s.trace, len(s.trace) - 1, show_prompt=False)
         assert html.count('class="clover-dropped"') == gone["n_dropped"]
         shown_kept = html.count("border-radius:2px")  # a kept token's span

@@ -83,3 +83,25 @@ def test_the_notebook_explorer_shows_the_expert_union_with_the_blocks_share_and_
         assert "router entropy" in load.layout.title.text
     finally:
         ex.close()
+
+
+def test_the_block_decoder_records_the_routing_too(tiny):
+    """Threshold decoding (the block decoder, not LLaDA's sampler) records what the router chose as LLaDA's
+    sampler does: the union of the block's slots, the tokens per expert and the router's entropy (the
+    explorer's "tokens per expert" read "not applicable" for such a run)."""
+    from clover_engine.decoding import decoder_for
+    from clover_engine.decoding.config import DecodeConfig
+
+    model = load_model(tiny)
+    k = model.config.num_experts_per_tok
+    trace = decoder_for(model, None, DecodeConfig(block_size=8, threshold=0.9, max_new_tokens=24)).generate(
+        list(range(40, 60))).trace
+    assert len(trace) >= 3
+    for st in trace.steps:
+        counts = np.asarray(st.expert_counts)
+        assert counts.shape == (len(st.expert_union), model.config.num_experts)
+        # every position is recomputed (masked diffusion): history and block, k experts each
+        assert (counts.sum(1) == (st.position_start + len(st.tokens)) * k).all()
+        assert ((counts > 0).sum(1) == st.expert_union).all()
+        assert (st.expert_union_block <= st.expert_union).all() and (st.expert_union_block >= k).all()
+        assert np.isfinite(st.router_entropy).all() and (st.router_entropy >= 0).all()
