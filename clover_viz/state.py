@@ -150,8 +150,8 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         "Device for projected tokens/s and the roofline ('this-machine' is measured once)."))
     union_assumption = param.Selector(default="measured_vs_independent", objects=list(UNION_ASSUMPTIONS), doc=(
         "How the 35B-A3B expert union per forward is derived from the recorded run: from the union measured "
-        "against independent routing ('measured_vs_independent'), or as the measured fraction of experts "
-        "('measured_fraction', which saturates for models with few experts)."))  # clover_engine.cost.target_union
+        "against independent routing ('measured_vs_independent'), as the measured fraction of experts "
+        "('measured_fraction': saturates with few experts), or independent routing ('independent')."))
 
     # --- outputs (set by the state itself)
     trace = param.ClassSelector(class_=Trace, default=None, allow_None=True, doc="The run on display.")
