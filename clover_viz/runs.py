@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from clover_viz import colors as C
-from clover_engine.recording.events import BlockEnd, BlockStart, DecodeEnd, StepEvent
-from clover_engine.recording.trace import Trace
+from clover_engine.recording.events import BlockEnd, DecodeEnd, StepEvent
+from clover_engine.recording.trace import Trace, cut_after_forwards
 from clover_engine.units import format_si
 
 RUN_LABELS = ("previous", "this run")  # how every view names the two runs it compares
@@ -124,16 +124,8 @@ def kept_at_stop(trace: Trace, held: list[Any], keep_forwards: int = 1) -> tuple
     if not held or not isinstance(held[-1], DecodeEnd):
         raise ValueError("kept_at_stop needs the events after the Stop up to and including the DecodeEnd")
     end, body = held[-1], held[:-1]
-    n = cut = 0
-    for i, ev in enumerate(body):
-        if isinstance(ev, StepEvent):
-            if n == keep_forwards:
-                break
-            n += 1
-        cut = i + 1
+    cut = cut_after_forwards(body, keep_forwards)  # a block begun after the kept forward is not begun
     kept, dropped = body[:cut], [ev for ev in body[cut:] if isinstance(ev, StepEvent)]
-    while kept and isinstance(kept[-1], BlockStart):  # a block begun after the kept forward: not begun
-        kept.pop()
     steps = [ev for ev in kept if isinstance(ev, StepEvent)]
     if not dropped or not steps:
         return held, 0
@@ -144,15 +136,15 @@ def kept_at_stop(trace: Trace, held: list[Any], keep_forwards: int = 1) -> tuple
 
     if generated_ids(rebuilt(body)) != np.asarray(end.tokens).tolist():
         return held, 0  # the rule does not give this decoder's tokens: keep the run as it ended
-    last = steps[-1]
+    last, prefix = steps[-1], rebuilt(kept)
+    # the rule reads a block's last step, ended or not: the BlockEnd closing a cut block changes no token
+    tokens = np.asarray(generated_ids(prefix), dtype=np.int64)
     if not (isinstance(kept[-1], BlockEnd) and kept[-1].block_index == last.block_index):
-        prefix = rebuilt(kept)
         start = next((b for b in prefix.block_starts if b.block_index == last.block_index), None)
         pre = np.zeros(len(last.tokens), dtype=bool) if start is None else np.asarray(start.prefilled, dtype=bool)
         hit = _kept_of_block(last, pre, prefix.slot_index().eos_id)[1]
         kept.append(BlockEnd(last.block_index, last.position_start, np.asarray(last.tokens).copy(),
                              last.step_index + 1, hit))
-    tokens = np.asarray(generated_ids(rebuilt(kept)), dtype=np.int64)
     nfe = max(end.nfe - len(dropped), 1)
     wall_s = max(end.wall_s - sum(float(ev.wall_s) for ev in dropped), 0.0)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,20 @@ from clover_engine.recording.trace_files import (
 # StepEvent fields whose arrays hold token ids (-1 = none), for the vocabulary.
 _TOKEN_FIELDS = ("tokens", "candidate", "top_tokens", "previous_tokens")
 
+
+
+def cut_after_forwards(events: Sequence[BlockStart | StepEvent | BlockEnd | DecodeEnd], n_steps: int) -> int:
+    """How many of ``events`` (in decode order) a run keeps up to its ``n_steps``-th `StepEvent`: that
+    forward and a `BlockEnd` right after it, never a `BlockStart` or `DecodeEnd` after it."""
+    n = 0
+    for i, event in enumerate(events):
+        if isinstance(event, StepEvent):
+            if n == n_steps:
+                return i
+            n += 1
+        elif isinstance(event, (BlockStart, DecodeEnd)) and n == n_steps:
+            return i
+    return len(events)
 
 
 class Trace:
@@ -180,15 +194,8 @@ class Trace:
         """
         if n_steps < 0:
             raise ValueError(f"n_steps must be >= 0 (forwards to keep), got {n_steps}")
-        events, n, cut = list(self.iter_events()), 0, 0
-        for i, event in enumerate(events):
-            if isinstance(event, StepEvent):
-                if n == n_steps:
-                    break
-                n += 1
-            elif isinstance(event, (BlockStart, DecodeEnd)) and n == n_steps:
-                break
-            cut = i + 1
+        events = list(self.iter_events())
+        cut = cut_after_forwards(events, n_steps)
         head = Trace.from_events(events[:cut], decode_config=self.decode_config, model_id=self.model_id,
                                  token_text=self._token_text, prompt_ids=self.prompt_ids, meta=self.meta)
         head._vocab.update(self._vocab)
