@@ -41,6 +41,7 @@ MODEL_TYPES: dict[str, str] = {
     "fast_dllm_qwen": "clover_engine.backbones.block_causal:load_block_causal",
     "sdar": "clover_engine.backbones.block_causal:load_block_causal",
     "sdar_moe": "clover_engine.backbones.sdar_moe:load_sdar_moe",
+    "llada2_moe": "clover_engine.backbones.llada2_moe:load_llada2_moe",
     "diffusion_gemma": "clover_engine.backbones.diffusion_gemma.model:load_diffusion_gemma_model",
     "block-drafter": "clover_engine.backbones.drafter.model:load_drafter_model",
 }
@@ -60,6 +61,8 @@ DESCRIPTIONS: dict[str, str] = {
     "fast_dllm_qwen": "a Fast-dLLM v2 block-diffusion checkpoint (clover_engine.backbones.block_causal)",
     "sdar": "an SDAR block-diffusion checkpoint (clover_engine.backbones.block_causal)",
     "sdar_moe": "an SDAR MoE block-diffusion checkpoint, expert union observed (clover_engine.backbones.sdar_moe)",
+    "llada2_moe": "a LLaDA2.0 block-diffusion checkpoint, Ling-2.0 MoE layers, expert union observed "
+                  "(clover_engine.backbones.llada2_moe)",
     "diffusion_gemma": "transformers' DiffusionGemma, its own revisable sampler (clover_engine.backbones.diffusion_gemma)",
     "block-drafter": "a block drafter over a frozen pinned causal LM (clover_engine.backbones.drafter)",
 }

@@ -1,4 +1,4 @@
-"""The decoder that runs Fast-dLLM v2's and SDAR's official samplers on a block-causal model
+"""The decoder that runs Fast-dLLM v2's, SDAR's and LLaDA2.0's official samplers on a block-causal model
 (`clover_engine.backbones.block_causal.BlockCausalModel`) and reports them as the project's events.
 
 `BlockDiffusionDecoder.generate` prefills the prompt's whole blocks into the KV cache (one forward),
@@ -16,10 +16,18 @@ written by the commit forward; it shows as the next block's prefilled slot 0.
 
 The result's ``tokens`` follow the project's rule (cut before the first EOS / stop token); ``canvas``
 holds the answer exactly as the original returns it after the prompt (Fast-dLLM v2: through the stop
-token; SDAR: every slot of the blocks, MASK ids of blocks never decoded included).
+token; SDAR: every slot of the blocks, MASK ids of blocks never decoded included; LLaDA2.0: the first
+``gen_length`` slots, through the first end-of-text).
+
+LLaDA2.0's original has no KV cache: each step recomputes the prompt, the finished blocks and the block
+under its block-causal mask, and so does this decoder by default (``LLaDA2Sampler.kv_cache`` False: NFE = the
+denoising forwards, each priced over the whole window). With ``kv_cache`` the finished blocks are committed to
+the cache once, as for SDAR (one more forward per block, each denoising forward over the block only): the same
+logits in exact arithmetic, but in bf16 a forward over fewer rows rounds differently, and on the tiny fidelity
+checkpoints 16 of 36 answers then part from the original's on a near tie.
 
 Wing ``decoding``. `clover_engine.decoding.samplers.decoder_for` gives this decoder for a
-`FastDLLMv2Sampler` / `SDARSampler` config.
+`FastDLLMv2Sampler` / `SDARSampler` / `LLaDA2Sampler` config.
 """
 
 from __future__ import annotations
@@ -35,7 +43,8 @@ import torch
 
 from clover_engine.cost.meter import CostMeter
 from clover_engine.decoding.block_diffusion_samplers import (
-    BlockStep, FastDLLMv2Sampler, SDARSampler, fast_dllm_v2_step, sdar_num_transfer_tokens, sdar_step,
+    BlockStep, FastDLLMv2Sampler, LLaDA2Sampler, SDARSampler, fast_dllm_v2_step, llada2_step,
+    sdar_num_transfer_tokens, sdar_step,
 )
 from clover_engine.decoding.config import DecodeResult
 from clover_engine.decoding.hooks import Hook
@@ -58,12 +67,12 @@ class BlockDiffusionResult(DecodeResult):
 
 
 class BlockDiffusionDecoder(OfficialSamplerDecoder):
-    """Runs Fast-dLLM v2's or SDAR's official sampler on a block-causal model, with the project's events.
+    """Runs Fast-dLLM v2's, SDAR's or LLaDA2.0's official sampler on a block-causal model, with the project's events.
 
     Args:
         model: a `clover_engine.backbones.block_causal.BlockCausalModel`.
         tokenizer: for text prompts and answers, or None (prompts are token ids).
-        config: the default sampler: a `FastDLLMv2Sampler` or an `SDARSampler` (None: the family's own,
+        config: the default sampler: a `FastDLLMv2Sampler`, `SDARSampler` or `LLaDA2Sampler` (None: the family's own,
             with the originals' defaults and the checkpoint's trained block size).
 
     Raises:
@@ -71,14 +80,15 @@ class BlockDiffusionDecoder(OfficialSamplerDecoder):
     """
 
     family = "block_causal"
-    configs = (FastDLLMv2Sampler, SDARSampler)
-    runs = "Fast-dLLM v2's / SDAR's samplers"
+    configs = (FastDLLMv2Sampler, SDARSampler, LLaDA2Sampler)
+    runs = "Fast-dLLM v2's / SDAR's / LLaDA2.0's samplers"
 
     def __init__(self, model, tokenizer=None, config: FastDLLMv2Sampler | SDARSampler | None = None):
         super().__init__(model, tokenizer)
         mcfg = model.config
         self.config = self._own(config) or (
             FastDLLMv2Sampler(block_size=mcfg.block_size) if mcfg.family == "fast_dllm_v2"
+            else LLaDA2Sampler(block_length=mcfg.block_size, steps=mcfg.block_size) if mcfg.family == "llada2"
             else SDARSampler(block_length=mcfg.block_size, denoising_steps=mcfg.block_size))
 
     @torch.inference_mode()
@@ -92,7 +102,7 @@ class BlockDiffusionDecoder(OfficialSamplerDecoder):
             hooks: callables receiving every event of this decode only.
             record_trace: record a `clover_engine.recording.trace.Trace`.
             cancel: checked after every forward; when set, decoding stops (the block keeps its MASKs).
-            config: a `FastDLLMv2Sampler` or an `SDARSampler` for this call.
+            config: a `FastDLLMv2Sampler`, `SDARSampler` or `LLaDA2Sampler` for this call.
 
         Returns:
             `BlockDiffusionResult`; ``nfe`` counts every forward (prefill, denoising, commits).
@@ -115,7 +125,8 @@ class BlockDiffusionDecoder(OfficialSamplerDecoder):
         observers, trace, is_cancelled = self._observers(cfg, ids, hooks, record_trace, cancel)
         run = _Run(self, cfg, ids, observers, is_cancelled)
         t0 = time.perf_counter()
-        canvas, cancelled = run.fast_dllm_v2() if isinstance(cfg, FastDLLMv2Sampler) else run.sdar()
+        canvas, cancelled = (run.fast_dllm_v2() if isinstance(cfg, FastDLLMv2Sampler)
+                             else run.llada2() if isinstance(cfg, LLaDA2Sampler) else run.sdar())
         wall_s = time.perf_counter() - t0
         stops = run.stop_ids
         tokens, stop = [], "max_new_tokens"
@@ -182,7 +193,18 @@ class _Run(SamplerRun):
         self._routing = getattr(self.model, "last_routing", None)  # SDAR MoE: what the block's slots chose
         self._cost = None if self.meter is None else self.meter.forward(0, block.shape[1], self._union(),
                                                                           context_len=self.state.position)
-        self._last = logits
+        self._last, self._n_forward = logits, block.shape[1]
+        return logits
+
+    def recompute(self, window: torch.Tensor, L: int) -> torch.Tensor:
+        """One forward over the whole ``window`` [1, W] (prompt, finished blocks, the block: block-causal, no
+        cache, as LLaDA2.0's original runs every step); raw logits [1, L, V] of the block's slots."""
+        logits = self.model.recompute_logits(window, L)
+        self.nfe += 1
+        self._routing = getattr(self.model, "last_routing", None)
+        W = window.shape[1]
+        self._cost = None if self.meter is None else self.meter.forward(W - L, L, self._union(), context_len=0)
+        self._last, self._n_forward = logits, W
         return logits
 
     # ------------------------------------------------------------------ Fast-dLLM v2
@@ -278,6 +300,50 @@ class _Run(SamplerRun):
                 break
         return x[0, P:].tolist(), False
 
+    # ------------------------------------------------------------------ LLaDA2.0
+    def llada2(self) -> tuple[list[int], bool]:
+        """LLaDA2.0's ``generate`` loop (with the finished blocks in the KV cache: module docstring):
+        (the answer after the prompt, cancelled?)."""
+        cfg, bs, mask_id, P = self.cfg, self.bs, self.mask_id, self.P
+        num_blocks = (P + cfg.gen_length + bs - 1) // bs
+        x = torch.full((1, num_blocks * bs), mask_id, dtype=torch.long, device=self.device)
+        x[0, :P] = torch.tensor(self.ids, dtype=torch.long, device=self.device)
+        prefill_blocks = P // bs
+        if prefill_blocks and cfg.kv_cache:
+            self.commit(x[0, : prefill_blocks * bs])
+        steps = cfg.steps_per_block
+        quotas = sdar_num_transfer_tokens(bs, steps) if steps else []
+        for nb in range(prefill_blocks, num_blocks):
+            lo = nb * bs
+            if nb > prefill_blocks and cfg.kv_cache:
+                self.commit(x[0, lo - bs:lo])
+            cur = x[:, lo:lo + bs]
+            self._block_start(lo, cur[0])
+            n_steps = 0
+            for step_i in range(steps):
+                if not (cur == mask_id).any():
+                    break
+                t0 = time.perf_counter()
+                masked_before = cur[0] == mask_id
+                logits = self.denoise(cur) if cfg.kv_cache else self.recompute(x[:, :lo + bs], bs)
+                step = llada2_step(cur, logits, mask_id, int(quotas[step_i]), cfg, self.generator)
+                self._step_event(lo, n_steps, cur[0], masked_before, step, 0, logits[0], t0)
+                n_steps += 1
+                if self.is_cancelled():
+                    self._block_end(lo, cur[0], n_steps)
+                    return x[0, P:P + cfg.gen_length].tolist(), True
+                if cfg.eos_early_stop and any(int(t) in self.stop_ids for t in cur[0][step.transfer].tolist()):
+                    hits = [i for i, t in enumerate(x[0, :lo + bs].tolist()) if t in self.stop_ids]
+                    if not (x[0, P:hits[0]] == mask_id).any():
+                        self._block_end(lo, cur[0], n_steps)
+                        return x[0, P:hits[0] + 1].tolist(), False
+            self._block_end(lo, cur[0], n_steps)
+            if any(int(t) in self.stop_ids for t in x[0, P:lo + bs].tolist()):
+                break
+        out = x[0, P:P + cfg.gen_length].tolist()
+        ends = [i for i, t in enumerate(out) if t in self.stop_ids]
+        return (out[: ends[0] + 1] if ends else out), False
+
     # ------------------------------------------------------------------ events
     def _block_start(self, lo: int, block: torch.Tensor) -> None:
         if self.observers:
@@ -325,7 +391,7 @@ class _Run(SamplerRun):
             expert_union_block=None if routing is None else routing.union_block.numpy(),
             expert_counts=None if routing is None else routing.counts.numpy(),
             router_entropy=None if routing is None else routing.entropy.numpy(), state_norm=None,
-            memory_share=None, n_tokens_forward=int(L), wall_s=float(time.perf_counter() - t0), firings=(),
+            memory_share=None, n_tokens_forward=int(self._n_forward), wall_s=float(time.perf_counter() - t0), firings=(),
             bytes_read=float(cost.bytes_read), flops=float(cost.flops),
             arithmetic_intensity=float(cost.arithmetic_intensity)))
 

@@ -338,8 +338,144 @@ def sdar_step(cur: torch.Tensor, logits: torch.Tensor, mask_id: int, quota: int,
     return BlockStep(x0[0], x0_p[0], transfer_index[0], forced[0])
 
 
-SAMPLER_CONFIGS = (FastDLLMv2Sampler, SDARSampler)
+# ------------------------------------------------------------------------------------- LLaDA2.0
+@dataclass(frozen=True)
+class LLaDA2Sampler:
+    """LLaDA2.0's sampler (``generate`` of ``LLaDA2MoeModelLM``, the hub's ``modeling_llada2_moe.py``), its
+    parameters and defaults.
+
+    Attributes:
+        gen_length: answer budget; blocks up to ``ceil((P + gen_length) / block_length)`` (the original's
+            default is 2048; 128 here).
+        block_length: slots per block (default 32).
+        steps: denoising steps per block at most (default 32), capped at ``gen_length // minimal_topk``; the
+            block's slots are split evenly over them (`sdar_num_transfer_tokens`: the step's quota).
+        threshold: every masked slot whose probability is ``> threshold`` is written when they fill the
+            quota, else the quota's most probable masked slots (default 0.95).
+        temperature, top_k, top_p: the token draw (defaults 0.0 / None / None: the argmax, greedy).
+        eos_early_stop: stop as soon as an end-of-text is written with no MASK before it (default False: the
+            decode stops after the block holding one).
+        minimal_topk: caps ``steps`` at ``gen_length // minimal_topk`` (default 1).
+        stop_token_ids: the end-of-text ids (None: the model's EOS; the original's ``eos_id``, one id).
+        seed: seeds the draws at temperature > 0 (None: torch's global generator).
+        kv_cache: False (default, as the original): every forward recomputes the prompt and the finished
+            blocks with the block; True: they are committed to a KV cache once (fewer FLOPs; bf16 rounding then
+            differs from the original's, `clover_engine.decoding.block_diffusion_decoder`).
+        top_candidates: top tokens per slot kept in events.
+
+    Raises:
+        ValueError: a value out of range.
+    """
+
+    gen_length: int = 128
+    block_length: int = 32
+    steps: int = 32
+    threshold: float = 0.95
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    eos_early_stop: bool = False
+    minimal_topk: int = 1
+    stop_token_ids: tuple[int, ...] | None = None
+    seed: int | None = None
+    kv_cache: bool = False
+    top_candidates: int = 5
+
+    sampler = "llada2"
+    DECODER = DECODER
+    family = "llada2"
+
+    def __post_init__(self) -> None:
+        for name in ("gen_length", "block_length", "steps", "minimal_topk", "top_candidates"):
+            object.__setattr__(self, name, _int(name, getattr(self, name), 1))
+        object.__setattr__(self, "threshold", _real("threshold", self.threshold, 0.0, 1.0))
+        object.__setattr__(self, "temperature", _real("temperature", self.temperature, 0.0))
+        if self.top_k is not None:
+            object.__setattr__(self, "top_k", _int("top_k", self.top_k, 0))
+        if self.top_p is not None:
+            object.__setattr__(self, "top_p", _real("top_p", self.top_p, 0.0, 1.0, lo_open=True))
+        for name in ("eos_early_stop", "kv_cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.stop_token_ids is not None:
+            ids = (self.stop_token_ids,) if isinstance(self.stop_token_ids, int) else tuple(self.stop_token_ids)
+            object.__setattr__(self, "stop_token_ids", tuple(_int("stop_token_ids", t, 0) for t in ids))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", _int("seed", self.seed, 0))
+
+    @property
+    def canvas_length(self) -> int:
+        """The answer budget (``gen_length``)."""
+        return self.gen_length
+
+    @property
+    def steps_per_block(self) -> int:
+        """``min(steps, gen_length // minimal_topk)``, as the original caps it."""
+        return min(self.steps, self.gen_length // self.minimal_topk)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["stop_token_ids"] = None if self.stop_token_ids is None else list(self.stop_token_ids)
+        return {"sampler": self.sampler, **d}
+
+
+def llada2_sample(logits: torch.Tensor, cfg: LLaDA2Sampler,
+                  generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """LLaDA2.0's ``_sample_with_temperature_topk_topp``: (token [1, L] int64, its probability [1, L] fp32).
+
+    Greedy (temperature 0, no top-k / top-p): the argmax of the logits and its softmax probability;
+    otherwise the logits over the temperature, top-k and top-p filtered, one draw per slot.
+    """
+    orig_shape = logits.shape[:-1]
+    logits = logits.reshape(-1, logits.shape[-1])
+    if cfg.temperature == 0.0 and cfg.top_k in (None, 0) and (cfg.top_p is None or cfg.top_p >= 1.0):
+        probs = F.softmax(logits, dim=-1)
+        token = logits.argmax(dim=-1, keepdim=True)
+        return token.view(*orig_shape), probs.gather(-1, token).view(*orig_shape)
+    if cfg.temperature > 0 and cfg.temperature != 1.0:
+        logits = logits / cfg.temperature
+    logits = _top_k_logits(logits, cfg.top_k or 0)
+    if cfg.top_p is not None and cfg.top_p < 1.0:
+        logits = _top_p_logits(logits, cfg.top_p)
+    probs = F.softmax(logits, dim=-1)
+    token = torch.multinomial(probs, num_samples=1, generator=generator)
+    return token.view(*orig_shape), torch.gather(probs, -1, token).view(*orig_shape)
+
+
+def llada2_step(cur: torch.Tensor, logits: torch.Tensor, mask_id: int, quota: int, cfg: LLaDA2Sampler,
+                generator: torch.Generator | None) -> BlockStep:
+    """One denoising step of LLaDA2.0's ``generate`` on the block.
+
+    Every masked slot above the threshold is written when there are at least ``quota`` of them; else the
+    ``min(quota, masked slots)`` most probable masked slots (unlike SDAR's, the quota never takes a slot
+    already written).
+
+    Args:
+        cur: [1, L] int64, the block, written in place.
+        logits: [1, L, V] fp32 (row j predicts slot j, no shift).
+        mask_id: the MASK id. quota: this step's share of the block. cfg: the settings. generator: the draws.
+
+    Returns:
+        `BlockStep` (``forced``: slots written by the quota though not above the threshold).
+    """
+    active = cur == mask_id
+    x0, x0_p = llada2_sample(logits, cfg, generator)
+    transfer_index = torch.zeros_like(x0, dtype=torch.bool)
+    confidence = torch.where(active, x0_p, -torch.inf)
+    high_conf_mask = confidence[0] > cfg.threshold
+    if int(high_conf_mask.sum()) >= quota:
+        transfer_index[0] = high_conf_mask
+    else:
+        _, idx = torch.topk(confidence[0], k=min(quota, int(active.sum())))
+        transfer_index[0, idx] = True
+    if transfer_index.any():
+        cur[transfer_index] = x0[transfer_index]
+    return BlockStep(x0[0], x0_p[0], transfer_index[0], (transfer_index & ~high_conf_mask[None])[0])
+
+
+SAMPLER_CONFIGS = (FastDLLMv2Sampler, SDARSampler, LLaDA2Sampler)
 """The settings classes `clover_engine.decoding.block_diffusion_decoder.BlockDiffusionDecoder` runs."""
 
-__all__ = ["BlockStep", "FastDLLMv2Sampler", "SAMPLER_CONFIGS", "SDARSampler", "SDAR_REMASKING",
-           "fast_dllm_v2_sample", "fast_dllm_v2_step", "sdar_num_transfer_tokens", "sdar_sample", "sdar_step"]
+__all__ = ["BlockStep", "FastDLLMv2Sampler", "LLaDA2Sampler", "SAMPLER_CONFIGS", "SDARSampler", "SDAR_REMASKING",
+           "fast_dllm_v2_sample", "fast_dllm_v2_step", "llada2_sample", "llada2_step", "sdar_num_transfer_tokens",
+           "sdar_sample", "sdar_step"]
