@@ -171,6 +171,10 @@ def best_memory_mode(model_dir: str | Path) -> tuple[str, str]:
     if "masked-diffusion" in DESCRIPTIONS.get(str(model_type).lower(), ""):  # LLaDA, Dream, LLaDA-MoE
         return "state", (f"{d.name} keeps no history between forwards (each one re-reads the whole sequence, "
                          "bidirectionally); Clover's memory modes do not apply")
+    if str(model_type).lower() == "llada2_moe":
+        return "state", (f"{d.name} keeps its history in a KV cache under the block decoder; LLaDA2.0's own sampler "
+                         "re-reads the prompt and finished blocks every forward, as the original; Clover's memory "
+                         "modes do not apply")
     if model_type not in (None, "clover"):  # a transformers or block-causal backbone: its decoder runs `state` only
         return "state", f"{d.name} keeps its history in a KV cache; Clover's memory modes do not apply"
     return "state", f"{d.name} has no attention window"

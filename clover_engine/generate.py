@@ -24,7 +24,9 @@ A LLaDA or Dream checkpoint decodes with its own official sampler instead of the
 checkpoint likewise (`clover_engine.decoding.block_diffusion_samplers`): ``--sampler fast_dllm_v2``
 (``--block-size``, ``--small-block-size``, ``--threshold`` compared with ``>``) or ``--sampler sdar``
 (``--block-size`` its ``block_length``, ``--steps`` its ``denoising_steps``, ``--remasking-strategy``,
-``--threshold`` its ``confidence_threshold``, ``--temperature`` (default 1.0 there), ``--top-k``).
+``--threshold`` its ``confidence_threshold``, ``--temperature`` (default 1.0 there), ``--top-k``); a LLaDA2.0
+checkpoint with ``--sampler llada2`` (``--block-size`` its ``block_length``, ``--steps`` per block, ``--threshold``,
+``--temperature`` (0: greedy), ``--top-k``, ``--kv-cache``).
 
 Wing: ``entry points``.
 """
@@ -45,7 +47,7 @@ from clover_engine.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_MODEL  # noqa:
 from clover_engine.checkpoint import best_memory_mode, file_as_model_dir, find_model_dir, load_model, load_tokenizer
 from clover_engine.decoding import decoder_for
 from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
-from clover_engine.decoding.block_diffusion_samplers import SDAR_REMASKING, FastDLLMv2Sampler, SDARSampler
+from clover_engine.decoding.block_diffusion_samplers import SDAR_REMASKING, FastDLLMv2Sampler, LLaDA2Sampler, SDARSampler
 from clover_engine.decoding.masked_diffusion_samplers import DREAM_ALGS, LLADA_REMASKING, DreamSampler, LLaDASampler
 from clover_engine.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, example_names, example_prompt
 from clover_engine.prompting import model_input, trained_context_note
@@ -91,11 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-per-step", type=int, default=2, help="slots written per step by --policy top_k")
     p.add_argument("--max-entropy", type=float, default=0.5, help="entropy bound (nats) of --policy entropy")
     p.add_argument("--factor", type=float, default=1.0, help="Fast-dLLM factor of --policy factor")
-    p.add_argument("--sampler", default="block", choices=["block", "llada", "dream", "fast_dllm_v2", "sdar"],
+    p.add_argument("--sampler", default="block", choices=["block", "llada", "dream", "fast_dllm_v2", "sdar", "llada2"],
                    help="block: the block decoder with --policy (default); llada / dream: a masked diffusion "
                         "checkpoint's own official sampler over a canvas of --max-new-tokens slots right after the "
                         "prompt -- llada in blocks of --block-size, --steps forwards in all, --remasking; dream with "
-                        "--steps, --alg, --alg-temp (clover_engine.decoding.masked_diffusion_samplers)")
+                        "--steps, --alg, --alg-temp (clover_engine.decoding.masked_diffusion_samplers); fast_dllm_v2 / "
+                        "sdar / llada2: a block-causal checkpoint's own sampler in blocks of --block-size, llada2 with "
+                        "--steps per block (default --block-size), > --threshold, --temperature, --kv-cache "
+                        "(clover_engine.decoding.block_diffusion_samplers)")
+    p.add_argument("--kv-cache", action="store_true",
+                   help="--sampler llada2: keep the finished blocks in a KV cache (the original recomputes them "
+                        "every step, the default; the cache saves FLOPs, and bf16 rounding then differs)")
     p.add_argument("--small-block-size", type=int, default=8,
                    help="--sampler fast_dllm_v2: slots per sub-block (default %(default)s, the original's)")
     p.add_argument("--remasking-strategy", default="low_confidence_dynamic", choices=list(SDAR_REMASKING),
@@ -308,7 +316,7 @@ def _decode_config(args):
                         repetition_penalty=args.repetition_penalty, eos_bias_soft_limit=args.eos_bias_soft_limit)
 
 
-def _official_sampler(args, caps) -> LLaDASampler | DreamSampler | FastDLLMv2Sampler | SDARSampler:
+def _official_sampler(args, caps) -> LLaDASampler | DreamSampler | FastDLLMv2Sampler | SDARSampler | LLaDA2Sampler:
     """The official sampler that ``--sampler`` names, from the command line's settings.
 
     Raises:
@@ -316,10 +324,15 @@ def _official_sampler(args, caps) -> LLaDASampler | DreamSampler | FastDLLMv2Sam
             multiple of ``--block-size``, ``--steps`` of the block count; Fast-dLLM v2: ``--block-size`` a
             multiple of ``--small-block-size``; SDAR: a temperature of 0).
     """
-    if args.sampler in ("fast_dllm_v2", "sdar"):
+    if args.sampler in ("fast_dllm_v2", "sdar", "llada2"):
         if caps.family != "block_causal":
-            raise ValueError(f"--sampler {args.sampler} runs on a Fast-dLLM v2 or SDAR checkpoint; {args.model} is a "
-                             f"{caps.family} model -- leave --sampler out to use the block decoder")
+            raise ValueError(f"--sampler {args.sampler} runs on a Fast-dLLM v2, SDAR or LLaDA2.0 checkpoint; {args.model} "
+                             f"is a {caps.family} model -- leave --sampler out to use the block decoder")
+        if args.sampler == "llada2":
+            return LLaDA2Sampler(gen_length=args.max_new_tokens, block_length=args.block_size,
+                                 steps=args.steps or args.block_size, threshold=args.threshold,
+                                 temperature=args.temperature, top_k=args.top_k or None, seed=args.seed,
+                                 kv_cache=args.kv_cache)
         if args.sampler == "fast_dllm_v2":
             return FastDLLMv2Sampler(max_new_tokens=args.max_new_tokens, block_size=args.block_size,
                                      small_block_size=min(args.small_block_size, args.block_size),

@@ -36,22 +36,22 @@ from clover_viz.runs import prompt_of
 from clover_engine.cost import DEVICES
 from clover_engine.recording.trace import Trace
 from clover_engine.decoding.decoder import DecodeConfig
-from clover_engine.decoding.block_diffusion_samplers import FastDLLMv2Sampler, SDARSampler
+from clover_engine.decoding.block_diffusion_samplers import FastDLLMv2Sampler, LLaDA2Sampler, SDARSampler
 from clover_engine.decoding.masked_diffusion_samplers import DreamSampler, LLaDASampler
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX = 1, 2048
 MEMORY_MODES = ("state", "state+window")
-OFFICIAL_SAMPLERS = ("llada", "dream", "fast_dllm_v2", "sdar")
+OFFICIAL_SAMPLERS = ("llada", "dream", "fast_dllm_v2", "sdar", "llada2")
 """Policies that are a public diffusion family's own official sampler (`official_sampler`), offered beside
 the block decoder's slot policies."""
 SAMPLER_FAMILIES = {"llada": "masked_diffusion", "dream": "masked_diffusion", "fast_dllm_v2": "block_causal",
-                    "sdar": "block_causal"}
+                    "sdar": "block_causal", "llada2": "block_causal"}
 """Official sampler -> the `Capabilities.family` of the models it runs on."""
 THRESHOLD_UNUSED = {"verify": "not used by verify: the base decides",
                     "llada": "not used by the llada sampler: its schedule decides",
                     "dream": "not used by the dream sampler: its schedule decides"}
-"""Policy -> why the threshold control is off (fast_dllm_v2 and sdar read it: ``> threshold``)."""
+"""Policy -> why the threshold control is off (fast_dllm_v2, sdar and llada2 read it: ``> threshold``)."""
 DEVICE_CHOICES = tuple(DEVICES) + ("this-machine",)
 MAX_PROMPT_CHARS = 2_000_000  # the prompt box's limit: > 30x the largest bundled context (65,536 tokens)
 # what the page calls each setting (the refusals name the control, not the parameter)
@@ -91,7 +91,7 @@ def _is_number(value: Any) -> bool:
 
 
 def official_sampler(name: str, loaded: LoadedModel | None, max_new_tokens: int, block_size: int,
-                     threshold: float = 0.9) -> LLaDASampler | DreamSampler | FastDLLMv2Sampler | SDARSampler:
+                     threshold: float = 0.9) -> LLaDASampler | DreamSampler | FastDLLMv2Sampler | SDARSampler | LLaDA2Sampler:
     """The explorer's settings as a public family's official sampler (`clover_engine.decoding.masked_diffusion_samplers`,
     `clover_engine.decoding.block_diffusion_samplers`):
 
@@ -104,6 +104,9 @@ def official_sampler(name: str, loaded: LoadedModel | None, max_new_tokens: int,
     * ``sdar``: blocks of ``block_size``, ``block_size`` denoising steps, ``low_confidence_dynamic`` with
       ``confidence_threshold = threshold``, the original's draw (temperature 1.0) seeded with 0 so a run
       can be repeated.
+    * ``llada2``: blocks of ``block_size``, ``block_size`` steps each at most, every masked slot ``> threshold``
+      (else the step's quota of the most probable), greedy tokens, the window recomputed every step as the
+      original does.
 
     Raises:
         ValueError: a model of another family, or a budget LLaDA cannot split into blocks, with what to change.
@@ -111,13 +114,16 @@ def official_sampler(name: str, loaded: LoadedModel | None, max_new_tokens: int,
     family = loaded.capabilities.family if loaded is not None else None
     want = SAMPLER_FAMILIES[name]
     if family != want:
-        kind = "a LLaDA or Dream" if want == "masked_diffusion" else "a Fast-dLLM v2 or SDAR"
+        kind = "a LLaDA or Dream" if want == "masked_diffusion" else "a Fast-dLLM v2, SDAR or LLaDA2.0"
         raise ValueError(f"policy {name!r} is an official sampler that runs on {kind} checkpoint; this model is a "
                          f"{family} model -- pick another policy")
     if want == "block_causal":
         own = getattr(loaded.config, "family", None)
         if own != name:
             raise ValueError(f"policy {name!r} runs on {name} checkpoints; this one is {own} -- pick policy {own!r}")
+        if name == "llada2":
+            return LLaDA2Sampler(gen_length=max_new_tokens, block_length=block_size, steps=block_size,
+                                 threshold=threshold)
         if name == "fast_dllm_v2":
             sub = 8 if block_size % 8 == 0 else block_size
             return FastDLLMv2Sampler(max_new_tokens=max_new_tokens, block_size=block_size, small_block_size=sub,
@@ -139,6 +145,8 @@ def controls_of(dc: Any) -> tuple[int, float | None]:
     name = getattr(dc, "sampler", None)
     if name == "sdar":
         return int(dc.block_length), float(dc.confidence_threshold)
+    if name == "llada2":
+        return int(dc.block_length), float(dc.threshold)
     if name == "llada":
         return int(dc.block_length), None
     if name == "dream":
@@ -153,6 +161,8 @@ def with_controls(dc: Any, block_size: int, threshold: float) -> Any:
     name = getattr(dc, "sampler", None)
     if name == "sdar":
         return dataclasses.replace(dc, block_length=block_size, confidence_threshold=threshold)
+    if name == "llada2":  # its steps follow the block, as the explorer sets them
+        return dataclasses.replace(dc, block_length=block_size, steps=block_size, threshold=threshold)
     if name == "fast_dllm_v2":
         sub = dc.small_block_size if block_size % dc.small_block_size == 0 else block_size
         return dataclasses.replace(dc, block_size=block_size, small_block_size=sub, threshold=threshold)
@@ -172,6 +182,10 @@ def sampler_summary(dc: Any) -> str:
     if name == "sdar":
         return (f"the sdar sampler, blocks of {dc.block_length}, {dc.denoising_steps} steps each, "
                 f"{dc.remasking_strategy} > {dc.confidence_threshold:.2f}, temperature {dc.temperature:g}")
+    if name == "llada2":
+        return (f"the llada2 sampler, blocks of {dc.block_length}, {dc.steps_per_block} steps each at most, "
+                f"> {dc.threshold:.2f}, " + ("greedy" if dc.temperature == 0 else f"temperature {dc.temperature:g}")
+                + (", finished blocks in a KV cache" if dc.kv_cache else ", the window recomputed each step"))
     if name in OFFICIAL_SAMPLERS:  # llada / dream: their schedule, no threshold
         return (f"the {name} sampler, canvas {dc.canvas_length}, {dc.steps} steps"
                 + (f", blocks of {dc.block_length}" if name == "llada" else ""))

@@ -4,10 +4,12 @@ Wing: ``backbones``. LLaDA2.0 (inclusionAI, "LLaDA2.0: Scaling Up Diffusion Lang
 hub ``inclusionAI/LLaDA2.0-mini`` -- 16 B parameters, about 1.4 B active -- and ``-flash``, 100 B / 6.1 B)
 writes its answer a block at a time: blocks aligned to absolute positions, attention full within a block
 and causal across blocks, the block being written denoised in parallel. That is SDAR's attention, so the
-model runs on the project's block-causal machinery (`clover_engine.backbones.block_causal`): every
-finished block's K/V is committed to a cache once. (The hub's ``generate`` recomputes the whole prefix
-under its block-causal mask at every step; with attention causal across blocks, the prefix's keys and
-values do not depend on the block being written, so the cache gives the same logits.)
+model runs on the project's block-causal machinery (`clover_engine.backbones.block_causal`): the block
+decoder commits every finished block's K/V to a cache once. The hub's ``generate`` instead recomputes the
+prompt and the finished blocks under its block-causal mask at every step, and LLaDA2.0's own sampler here
+does the same (`LLaDA2MoeModel.recompute_logits`): equal logits in exact arithmetic, but in bf16 a forward
+over fewer rows rounds differently, enough to part answers on a near tie
+(`clover_engine.decoding.block_diffusion_samplers.LLaDA2Sampler.kv_cache`).
 
 The decoder layers are the hub's ``modeling_llada2_moe.py`` (Ling-2.0 / BailingMoeV2 layout), computed here
 with the same tensor operations in the same order:

@@ -204,8 +204,9 @@ def state_norm_figure(trace: Any) -> go.Figure:
         return _empty_figure("Recurrent state norm per layer", "no steps yet")
     if _not_applicable(trace, "state_norm"):
         caps = (getattr(trace, "meta", None) or {}).get("capabilities") or {}
-        why = ("history is recomputed every forward" if caps.get("cost_family") == "recompute"
-               else "history is a KV cache")
+        dc = getattr(trace, "decode_config", None) or {}
+        recomputed = caps.get("cost_family") == "recompute" or (dc.get("sampler") == "llada2" and not dc.get("kv_cache"))
+        why = "history is recomputed every forward" if recomputed else "history is a KV cache"
         return _empty_figure("Recurrent state norm per layer", NOT_APPLICABLE + f" ({why})")
     idx = _index(trace)
     blocks = sorted(idx.steps_of)

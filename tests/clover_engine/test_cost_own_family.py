@@ -31,11 +31,18 @@ def _trace(kind: str, tmp_path):
         cfg = (LLaDASampler(gen_length=32, block_length=16, steps=8) if kind == "llada-moe"  # the canvas sampler
                else DecodeConfig(block_size=8, threshold=0.9, max_new_tokens=32))  # the block decoder
         return decoder_for(model, None, cfg).generate(PROMPT).trace
+    if kind.startswith("llada2"):  # LLaDA2.0's sampler: each forward recomputes the window, or uses the KV cache
+        from clover_engine.backbones.llada2_moe import write_tiny_llada2_moe  # local: one case needs it
+        from clover_engine.decoding.block_diffusion_samplers import LLaDA2Sampler  # local: one case needs it
+
+        model = load_model(write_tiny_llada2_moe(tmp_path / kind, seed=4))
+        cfg = LLaDA2Sampler(gen_length=32, block_length=8, steps=8, kv_cache=kind == "llada2-kv")
+        return decoder_for(model, None, cfg).generate(PROMPT).trace
     model = load_model(write_tiny_block_causal(tmp_path / kind, kind, seed=5))
     return decoder_for(model).generate(PROMPT).trace
 
 
-@pytest.mark.parametrize("kind", ["llada-moe", "llada-moe-blocks", "sdar", "fast_dllm_qwen"])
+@pytest.mark.parametrize("kind", ["llada-moe", "llada-moe-blocks", "sdar", "fast_dllm_qwen", "llada2", "llada2-kv"])
 def test_the_recorded_model_is_priced_by_its_own_family_with_its_measured_union(kind, tmp_path):
     trace = _trace(kind, tmp_path)
     steps = trace.steps
@@ -47,7 +54,7 @@ def test_the_recorded_model_is_priced_by_its_own_family_with_its_measured_union(
     bf16 = project_trace(trace, "h200", weight_bytes=2, fallback_union="independent")
     assert bf16.source.bytes_read < as_run.bytes_read and bf16.source.flops == pytest.approx(as_run.flops)
     assert bf16.source.tokens_per_s == pytest.approx(bf16.tokens_written / sum(bf16.source.time_s_per_forward))
-    if kind.startswith("llada-moe"):  # the union its router chose, per forward (mean over layers), not an assumption
+    if kind.startswith("llada"):  # the union its router chose, per forward (mean over layers), not an assumption
         unions = [float(st.expert_union.mean()) for st in steps]
         assert list(bf16.source.expert_union_per_forward) == pytest.approx(unions)
         assert max(unions) < trace.meta["model_config"]["num_experts"] or len(set(unions)) > 1
