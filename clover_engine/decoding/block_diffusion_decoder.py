@@ -43,8 +43,8 @@ import torch
 
 from clover_engine.cost.meter import CostMeter
 from clover_engine.decoding.block_diffusion_samplers import (
-    BlockStep, FastDLLMv2Sampler, LLaDA2Sampler, SDARSampler, fast_dllm_v2_step, llada2_step,
-    sdar_num_transfer_tokens, sdar_step,
+    BlockStep, FastDLLMv2Sampler, LLaDA21Sampler, LLaDA2Sampler, SDARSampler, fast_dllm_v2_step, llada21_step,
+    llada2_step, sdar_num_transfer_tokens, sdar_step,
 )
 from clover_engine.decoding.config import DecodeResult
 from clover_engine.decoding.hooks import Hook
@@ -60,10 +60,12 @@ class BlockDiffusionResult(DecodeResult):
     Attributes:
         canvas: the answer as the original returns it after the prompt (module docstring).
         settings: the sampler's settings (``to_dict()``).
+        n_edits: written tokens replaced by another (LLaDA2.1's token editing; 0 for the other samplers).
     """
 
     canvas: list[int] = dataclasses.field(default_factory=list)
     settings: dict = dataclasses.field(default_factory=dict)
+    n_edits: int = 0
 
 
 class BlockDiffusionDecoder(OfficialSamplerDecoder):
@@ -80,8 +82,8 @@ class BlockDiffusionDecoder(OfficialSamplerDecoder):
     """
 
     family = "block_causal"
-    configs = (FastDLLMv2Sampler, SDARSampler, LLaDA2Sampler)
-    runs = "Fast-dLLM v2's / SDAR's / LLaDA2.0's samplers"
+    configs = (FastDLLMv2Sampler, SDARSampler, LLaDA2Sampler, LLaDA21Sampler)
+    runs = "Fast-dLLM v2's / SDAR's / LLaDA2.0's / LLaDA2.1's samplers"
 
     def __init__(self, model, tokenizer=None, config: FastDLLMv2Sampler | SDARSampler | None = None):
         super().__init__(model, tokenizer)
@@ -126,7 +128,8 @@ class BlockDiffusionDecoder(OfficialSamplerDecoder):
         run = _Run(self, cfg, ids, observers, is_cancelled)
         t0 = time.perf_counter()
         canvas, cancelled = (run.fast_dllm_v2() if isinstance(cfg, FastDLLMv2Sampler)
-                             else run.llada2() if isinstance(cfg, LLaDA2Sampler) else run.sdar())
+                             else run.llada2() if isinstance(cfg, LLaDA2Sampler)
+                             else run.llada21() if isinstance(cfg, LLaDA21Sampler) else run.sdar())
         wall_s = time.perf_counter() - t0
         stops = run.stop_ids
         tokens, stop = [], "max_new_tokens"
@@ -143,7 +146,7 @@ class BlockDiffusionDecoder(OfficialSamplerDecoder):
             tokens, ids, run.nfe, run.n_forced, wall_s, stop, self.tokenizer, trace=trace,
             bytes_read=None if run.meter is None else run.meter.bytes_read,
             flops=None if run.meter is None else run.meter.flops, observer_s=run.observer_s,
-            canvas=canvas, settings=cfg.to_dict())
+            canvas=canvas, settings=cfg.to_dict(), n_edits=run.n_edits)
         if observers:
             run.emit(result.end_event())
         return result
@@ -169,7 +172,7 @@ class _Run(SamplerRun):
         self.generator = None if cfg.seed is None else torch.Generator().manual_seed(cfg.seed)
         self.meter = (CostMeter(mcfg, self.model.dtype.itemsize, "state", 0, self.bs, dec.capabilities)
                       if observers else None)
-        self.n_forced, self.n_blocks = 0, 0
+        self.n_forced, self.n_blocks, self.n_edits = 0, 0, 0
 
     # ------------------------------------------------------------------ forwards
     def commit(self, ids) -> torch.Tensor:
@@ -344,6 +347,46 @@ class _Run(SamplerRun):
         ends = [i for i, t in enumerate(out) if t in self.stop_ids]
         return (out[: ends[0] + 1] if ends else out), False
 
+    # ------------------------------------------------------------------ LLaDA2.1
+    def llada21(self) -> tuple[list[int], bool]:
+        """LLaDA2.1's ``generate`` loop, with token editing (`LLaDA21Sampler`): (the answer after the prompt,
+        cancelled?)."""
+        cfg, bs, mask_id, P = self.cfg, self.bs, self.mask_id, self.P
+        num_blocks = (P + cfg.gen_length + bs - 1) // bs
+        x = torch.full((1, num_blocks * bs), mask_id, dtype=torch.long, device=self.device)
+        x[0, :P] = torch.tensor(self.ids, dtype=torch.long, device=self.device)
+        for nb in range(P // bs, num_blocks):
+            lo = nb * bs
+            cur = x[:, lo:lo + bs]
+            editable = torch.arange(lo, lo + bs, device=self.device) >= P  # the prompt is never edited
+            self._block_start(lo, cur[0])
+            post_steps, n_steps = 0, 0
+            while True:
+                before, masked_before = cur[0].clone(), cur[0] == mask_id
+                if not masked_before.any():
+                    post_steps += 1
+                if post_steps > cfg.max_post_steps:
+                    break
+                t0 = time.perf_counter()
+                logits = self.recompute(x[:, :lo + bs], bs)
+                step, edited = llada21_step(cur, logits, mask_id, editable, cfg, self.generator)
+                self._step_event(lo, n_steps, cur[0], masked_before, step, 0, logits[0], t0, edited=edited,
+                                 before=before, shown=editable)
+                self.n_edits += int(edited.sum())
+                n_steps += 1
+                if self.is_cancelled():
+                    self._block_end(lo, cur[0], n_steps)
+                    return x[0, P:P + cfg.gen_length].tolist(), True
+                if not masked_before.any() and not edited.any():
+                    break
+            self._block_end(lo, cur[0], n_steps)
+            answer = x[0, P:lo + bs]
+            if cfg.eos_early_stop and not (answer == mask_id).any() and any(int(t) in self.stop_ids for t in answer.tolist()):
+                break
+        out = x[0, P:P + cfg.gen_length].tolist()
+        ends = [i for i, t in enumerate(out) if t in self.stop_ids]
+        return (out[: ends[0] + 1] if ends else out), False
+
     # ------------------------------------------------------------------ events
     def _block_start(self, lo: int, block: torch.Tensor) -> None:
         if self.observers:
@@ -358,8 +401,12 @@ class _Run(SamplerRun):
         self.n_blocks += 1
 
     def _step_event(self, lo: int, i: int, block: torch.Tensor, masked_before: torch.Tensor, step: BlockStep,
-                    offset: int, logits: torch.Tensor, t0: float) -> None:
-        """A `StepEvent` over the whole block; ``step`` covers slots ``offset ..`` (a Fast-dLLM v2 sub-block)."""
+                    offset: int, logits: torch.Tensor, t0: float, edited: torch.Tensor | None = None,
+                    before: torch.Tensor | None = None, shown: torch.Tensor | None = None) -> None:
+        """A `StepEvent` over the whole block; ``step`` covers slots ``offset ..`` (a Fast-dLLM v2 sub-block).
+        LLaDA2.1's edits: ``edited`` [L] the written slots given another token (``rewritten``, or ``remasked``
+        when that token is MASK), ``before`` [L] the block before the step, ``shown`` [L] the slots whose
+        candidates the event keeps (every slot the sampler re-predicts)."""
         n = step.transfer.shape[0]
         self.n_forced += int((step.forced & masked_before[offset:offset + n]).sum())
         if not self.observers:
@@ -367,6 +414,12 @@ class _Run(SamplerRun):
         L, k = block.shape[0], self.cfg.top_candidates
         mb = masked_before.cpu().numpy()
         span = slice(offset, offset + n)
+        revised = {}
+        if edited is not None:
+            ed, now = edited.cpu().numpy(), block.cpu().numpy()
+            revised = dict(rewritten=ed & (now != self.mask_id), remasked=ed & (now == self.mask_id),
+                           previous_tokens=np.where(ed, before.cpu().numpy(), -1).astype(np.int64))
+        seen = mb | (shown.cpu().numpy() if shown is not None else False)
 
         def full(values, fill, dtype):
             out = np.full(L, fill, dtype=dtype)
@@ -375,6 +428,8 @@ class _Run(SamplerRun):
 
         wrote = full(step.transfer.cpu().numpy(), False, bool) & mb
         forced = full(step.forced.cpu().numpy(), False, bool) & wrote
+        if revised:
+            wrote = wrote | revised["rewritten"]
         cand = full(step.candidate.cpu().numpy(), -1, np.int64)
         prob = full(step.prob.float().cpu().numpy(), np.nan, np.float32)
         probs = torch.softmax(logits.float(), dim=-1)
@@ -383,9 +438,9 @@ class _Run(SamplerRun):
         cost, routing = self._cost, self._routing
         self.emit(StepEvent(
             block_index=self.n_blocks, step_index=i, position_start=lo, tokens=block.cpu().numpy().copy(),
-            masked_before=mb, confidence=np.where(mb, prob, np.float32(np.nan)).astype(np.float32),
-            candidate=np.where(mb, cand, -1), top_tokens=np.where(mb[:, None], topt, -1),
-            top_probs=np.where(mb[:, None], tops, np.float32(np.nan)).astype(np.float32), accepted=wrote,
+            masked_before=mb, confidence=np.where(seen, prob, np.float32(np.nan)).astype(np.float32),
+            candidate=np.where(seen, cand, -1), top_tokens=np.where(seen[:, None], topt, -1),
+            top_probs=np.where(seen[:, None], tops, np.float32(np.nan)).astype(np.float32), accepted=wrote,
             forced=forced, eos_filled=np.zeros(L, dtype=bool),
             expert_union=None if routing is None else routing.union.numpy(),
             expert_union_block=None if routing is None else routing.union_block.numpy(),
@@ -393,7 +448,7 @@ class _Run(SamplerRun):
             router_entropy=None if routing is None else routing.entropy.numpy(), state_norm=None,
             memory_share=None, n_tokens_forward=int(self._n_forward), wall_s=float(time.perf_counter() - t0), firings=(),
             bytes_read=float(cost.bytes_read), flops=float(cost.flops),
-            arithmetic_intensity=float(cost.arithmetic_intensity)))
+            arithmetic_intensity=float(cost.arithmetic_intensity), **revised))
 
 
 __all__ = ["BlockDiffusionDecoder", "BlockDiffusionResult"]

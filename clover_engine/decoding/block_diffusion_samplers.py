@@ -389,19 +389,7 @@ class LLaDA2Sampler:
         for name in ("gen_length", "block_length", "steps", "minimal_topk", "top_candidates"):
             object.__setattr__(self, name, _int(name, getattr(self, name), 1))
         object.__setattr__(self, "threshold", _real("threshold", self.threshold, 0.0, 1.0))
-        object.__setattr__(self, "temperature", _real("temperature", self.temperature, 0.0))
-        if self.top_k is not None:
-            object.__setattr__(self, "top_k", _int("top_k", self.top_k, 0))
-        if self.top_p is not None:
-            object.__setattr__(self, "top_p", _real("top_p", self.top_p, 0.0, 1.0, lo_open=True))
-        for name in ("eos_early_stop", "kv_cache"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.stop_token_ids is not None:
-            ids = (self.stop_token_ids,) if isinstance(self.stop_token_ids, int) else tuple(self.stop_token_ids)
-            object.__setattr__(self, "stop_token_ids", tuple(_int("stop_token_ids", t, 0) for t in ids))
-        if self.seed is not None:
-            object.__setattr__(self, "seed", _int("seed", self.seed, 0))
+        _check_llada2_draw(self)
 
     @property
     def canvas_length(self) -> int:
@@ -417,6 +405,24 @@ class LLaDA2Sampler:
         d = asdict(self)
         d["stop_token_ids"] = None if self.stop_token_ids is None else list(self.stop_token_ids)
         return {"sampler": self.sampler, **d}
+
+
+def _check_llada2_draw(cfg) -> None:
+    """Check and normalise what `LLaDA2Sampler` and `LLaDA21Sampler` share: the draw, the booleans, the stop ids
+    and the seed (a ValueError names the field)."""
+    object.__setattr__(cfg, "temperature", _real("temperature", cfg.temperature, 0.0))
+    if cfg.top_k is not None:
+        object.__setattr__(cfg, "top_k", _int("top_k", cfg.top_k, 0))
+    if cfg.top_p is not None:
+        object.__setattr__(cfg, "top_p", _real("top_p", cfg.top_p, 0.0, 1.0, lo_open=True))
+    for name in ("eos_early_stop", "kv_cache"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ValueError(f"{name} must be True or False, got {getattr(cfg, name)!r}")
+    if cfg.stop_token_ids is not None:
+        ids = (cfg.stop_token_ids,) if isinstance(cfg.stop_token_ids, int) else tuple(cfg.stop_token_ids)
+        object.__setattr__(cfg, "stop_token_ids", tuple(_int("stop_token_ids", t, 0) for t in ids))
+    if cfg.seed is not None:
+        object.__setattr__(cfg, "seed", _int("seed", cfg.seed, 0))
 
 
 def llada2_sample(logits: torch.Tensor, cfg: LLaDA2Sampler,
@@ -473,9 +479,127 @@ def llada2_step(cur: torch.Tensor, logits: torch.Tensor, mask_id: int, quota: in
     return BlockStep(x0[0], x0_p[0], transfer_index[0], (transfer_index & ~high_conf_mask[None])[0])
 
 
-SAMPLER_CONFIGS = (FastDLLMv2Sampler, SDARSampler, LLaDA2Sampler)
+@dataclass(frozen=True)
+class LLaDA21Sampler:
+    """LLaDA2.1's sampler (``generate`` of its hub ``modeling_llada2_moe.py``): LLaDA2.0's blocks and attention, with
+    **token editing** -- a written slot of the block is rewritten when the model now predicts another token for it
+    with probability ``> editing_threshold`` (token-to-token, T2T, beside mask-to-token, M2T; Bie et al.,
+    "LLaDA2.1: Speeding Up Text Diffusion via Token Editing", arXiv:2602.08676, 2026).
+
+    Per block, every forward recomputes the window (the prompt, the finished blocks, the block) and writes: the
+    masked slots above ``threshold`` if there are at least ``num_to_transfer`` of them, else the
+    ``num_to_transfer`` most probable masked slots; and every edit. Once no slot is masked the block goes on
+    with editing-only forwards until one edits nothing, or ``max_post_steps`` of them ran. The prompt is never
+    edited.
+
+    Attributes:
+        gen_length: answer budget; blocks up to ``ceil((P + gen_length) / block_length)`` (the original's default
+            2048; 128 here). block_length: slots per block (default 32).
+        threshold: mask-to-token threshold, ``>`` (default 0.95). editing_threshold: token-to-token threshold,
+            ``>`` (default 0.9; 1.0 turns editing off).
+        max_post_steps: editing-only forwards per block at most (default 16).
+        num_to_transfer: masked slots written per forward when too few pass ``threshold`` (default 1).
+        temperature, top_k, top_p: the token draw (defaults 0.0 / None / None: greedy).
+        eos_early_stop: stop after a block once the answer has no MASK left and holds an end-of-text (default
+            False: every block of the budget is decoded, and the answer is cut at the first end-of-text).
+        stop_token_ids: the end-of-text ids (None: the model's EOS; the original's ``eos_id``).
+        seed: seeds the draws at temperature > 0. top_candidates: top tokens per slot kept in events.
+
+    One divergence, where the original never returns: at temperature 0 a forward whose only writes put the MASK id
+    itself into masked slots repeats for ever; here the most probable of those slots takes its best token other
+    than MASK instead (a forced fill).
+
+    Raises:
+        ValueError: a value out of range.
+    """
+
+    gen_length: int = 128
+    block_length: int = 32
+    threshold: float = 0.95
+    editing_threshold: float = 0.9
+    max_post_steps: int = 16
+    num_to_transfer: int = 1
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    eos_early_stop: bool = False
+    stop_token_ids: tuple[int, ...] | None = None
+    seed: int | None = None
+    top_candidates: int = 5
+
+    sampler = "llada21"
+    DECODER = DECODER
+    family = "llada2"
+
+    def __post_init__(self) -> None:
+        for name in ("gen_length", "block_length", "num_to_transfer", "top_candidates"):
+            object.__setattr__(self, name, _int(name, getattr(self, name), 1))
+        object.__setattr__(self, "max_post_steps", _int("max_post_steps", self.max_post_steps, 0))
+        for name in ("threshold", "editing_threshold"):
+            object.__setattr__(self, name, _real(name, getattr(self, name), 0.0, 1.0))
+        _check_llada2_draw(self)
+
+    kv_cache = False  # every forward recomputes the window, as the original
+
+    @property
+    def canvas_length(self) -> int:
+        """The answer budget (``gen_length``)."""
+        return self.gen_length
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["stop_token_ids"] = None if self.stop_token_ids is None else list(self.stop_token_ids)
+        return {"sampler": self.sampler, **d}
+
+
+def llada21_step(cur: torch.Tensor, logits: torch.Tensor, mask_id: int, editable: torch.Tensor,
+                 cfg: LLaDA21Sampler, generator: torch.Generator | None) -> tuple[BlockStep, torch.Tensor]:
+    """One forward's writes of LLaDA2.1's ``generate`` on the block: mask-to-token, then token-to-token edits.
+
+    Args:
+        cur: [1, L] int64, the block, written in place.
+        logits: [1, L, V] fp32 (row j predicts slot j).
+        mask_id: the MASK id. editable: [L] bool, the block's slots that are not the prompt's.
+        cfg: the settings. generator: the draws.
+
+    Returns:
+        (`BlockStep` -- ``transfer``: masked slots written, ``forced``: of them the ones below the threshold --,
+        ``edited`` [L] bool: written slots given another token).
+    """
+    old = cur[0].clone()
+    active = cur == mask_id
+    x0, x0_p = llada2_sample(logits, cfg, generator)
+    mask_transfer = torch.zeros_like(x0, dtype=torch.bool)
+    high_conf_mask = torch.zeros_like(active[0])
+    if active.sum() > 0:
+        mask_confidence = torch.where(active, x0_p, -torch.inf)
+        high_conf_mask = (mask_confidence[0] > cfg.threshold) & active[0]
+        if int(high_conf_mask.sum()) >= cfg.num_to_transfer:
+            mask_transfer[0] = high_conf_mask
+        else:
+            _, idx = torch.topk(mask_confidence[0], k=min(cfg.num_to_transfer, int(active.sum())))
+            mask_transfer[0, idx] = True
+    editable_positions = ~active[0] & editable
+    editing_confidence = torch.where(editable_positions, x0_p[0], -torch.inf)
+    edited = (editing_confidence > cfg.editing_threshold) & editable_positions & (x0[0] != old)
+    final = mask_transfer[0] | edited
+    if final.any():
+        cur[0, final] = x0[0, final]
+    forced = mask_transfer[0] & ~high_conf_mask
+    if cfg.temperature == 0 and mask_transfer.any() and not edited.any() and bool((cur[0, mask_transfer[0]] == mask_id).all()):
+        # every slot written took the MASK id itself: the original would repeat this forward for ever
+        j = int(torch.where(mask_transfer[0], x0_p[0], -torch.inf).argmax())
+        best = logits[0, j].clone()
+        best[mask_id] = -torch.inf
+        cur[0, j] = x0[0, j] = int(best.argmax())
+        x0_p[0, j] = torch.softmax(logits[0, j], -1)[cur[0, j]]
+        forced[j] = True
+    return BlockStep(x0[0], x0_p[0], mask_transfer[0], forced), edited
+
+
+SAMPLER_CONFIGS = (FastDLLMv2Sampler, SDARSampler, LLaDA2Sampler, LLaDA21Sampler)
 """The settings classes `clover_engine.decoding.block_diffusion_decoder.BlockDiffusionDecoder` runs."""
 
-__all__ = ["BlockStep", "FastDLLMv2Sampler", "LLaDA2Sampler", "SAMPLER_CONFIGS", "SDARSampler", "SDAR_REMASKING",
-           "fast_dllm_v2_sample", "fast_dllm_v2_step", "llada2_sample", "llada2_step", "sdar_num_transfer_tokens",
+__all__ = ["BlockStep", "FastDLLMv2Sampler", "LLaDA21Sampler", "LLaDA2Sampler", "SAMPLER_CONFIGS", "SDARSampler", "SDAR_REMASKING",
+           "fast_dllm_v2_sample", "fast_dllm_v2_step", "llada21_step", "llada2_sample", "llada2_step", "sdar_num_transfer_tokens",
            "sdar_sample", "sdar_step"]

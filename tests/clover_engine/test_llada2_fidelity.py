@@ -1,4 +1,5 @@
-"""LLaDA2.0 decodes token for token, and routes expert for expert, as its official code.
+"""LLaDA2.0 decodes token for token, and routes expert for expert, as its official code; LLaDA2.1 (token editing)
+decodes token for token as its own.
 
 The tiny checkpoints of ``tests/fidelity/llada2_cases.py`` (three architecture variants: 8 experts in 4 groups,
 top-2, a shared expert, a dense first layer; 16 experts top-4 with two shared experts and biases; 8 experts in one
@@ -9,7 +10,9 @@ in bf16 by `clover_engine.backbones.llada2_moe` and decoded by
 original recomputes them at every step. The answer must equal, token for token, and each MoE layer's top-k
 experts for every token of the first forward must equal, in the router's order, what LLaDA2.0's ``generate``
 on its official modeling file (bf16, SDPA) wrote into ``tests/data/llada2_fidelity.json``
-(``tests/fidelity/make_llada2_expected.py``, at the commits the file names). No official code is needed here.
+(``tests/fidelity/make_llada2_expected.py``, at the commits the file names). LLaDA2.1's cases run
+`clover_engine.decoding.block_diffusion_samplers.LLaDA21Sampler` on the same checkpoints against LLaDA2.1's
+``generate`` (``tests/data/llada21_fidelity.json``), and its edits show as revisions. No official code is needed here.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from clover_engine.backbones.block_causal import block_causal_mask
 from clover_engine.backbones.llada2_moe import LLaDA2MoeModel, load_llada2_moe
 from clover_engine.checkpoint import load_model
 from clover_engine.decoding.block_diffusion_decoder import BlockDiffusionDecoder
-from clover_engine.decoding.block_diffusion_samplers import LLaDA2Sampler
+from clover_engine.decoding.block_diffusion_samplers import LLaDA21Sampler, LLaDA2Sampler
 from clover_engine.recording.events import StepEvent
-from fidelity.llada2_cases import VARIANTS, build_checkpoint, cases
+from fidelity.llada2_cases import VARIANTS, build_checkpoint, cases, cases21
 
 DATA = json.loads((Path(__file__).resolve().parents[1] / "data" / "llada2_fidelity.json").read_text())
 CASES = {c["id"]: c for c in DATA["cases"]}
+DATA21 = json.loads((Path(__file__).resolve().parents[1] / "data" / "llada21_fidelity.json").read_text())
+CASES21 = {c["id"]: c for c in DATA21["cases"]}
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +170,40 @@ def test_the_sampler_refuses_bad_settings():
         LLaDA2Sampler(steps=0)
     with pytest.raises(ValueError, match="eos_early_stop"):
         LLaDA2Sampler(eos_early_stop="yes")
+
+
+def test_the_llada21_data_covers_its_cases():
+    assert [c["id"] for c in cases21()] == list(CASES21)
+    assert [c["prompt"] for c in cases21()] == [c["prompt"] for c in DATA21["cases"]]
+    assert DATA21["official"]["llada21_modeling"]["commit"] == "ca176752fbceec49c6b4777a2c18ae88e4eb10ed"
+    assert {c["sampler"]["editing_threshold"] for c in CASES21.values()} >= {0.3, 0.5, 0.9, 1.0}
+
+
+@pytest.mark.parametrize("case_id", list(CASES21))
+def test_llada21_decodes_token_for_token_as_its_generate_with_token_editing(models, case_id):
+    case = CASES21[case_id]
+    events = []
+    result = BlockDiffusionDecoder(models[case["seed"]]).generate(
+        case["prompt"], config=LLaDA21Sampler(**case["sampler"]), hooks=[events.append])
+    matched = sum(a == b for a, b in zip(result.canvas, case["canvas"]))
+    assert result.canvas == case["canvas"], f"{matched}/{len(case['canvas'])} tokens match"
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    assert result.nfe == len(steps)  # every forward recomputes the window: no prefill, no commits
+    # every edit is an event's revision: the slot held another written token before, and says which
+    revisions = sum(int(e.rewritten.sum() + e.remasked.sum()) for e in steps)
+    assert revisions == result.n_edits
+    for e in steps:
+        assert (e.previous_tokens[e.rewritten] >= 0).all() and (e.previous_tokens[~(e.rewritten | e.remasked)] == -1).all()
+        assert (e.tokens[e.rewritten] != e.previous_tokens[e.rewritten]).all()
+    if case["sampler"]["editing_threshold"] >= 1.0:
+        assert result.n_edits == 0
+
+
+def test_llada21_edits_show_as_revised_blocks(models):
+    from clover_engine.recording.slot_index import SlotIndex
+
+    case = next(c for c in CASES21.values() if c["sampler"]["editing_threshold"] == 0.3)
+    result = BlockDiffusionDecoder(models[case["seed"]]).generate(case["prompt"], config=LLaDA21Sampler(**case["sampler"]))
+    assert result.n_edits > 0
+    index = SlotIndex(result.trace)
+    assert index.revised and index.revisable  # the views read the blocks step by step

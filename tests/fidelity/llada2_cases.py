@@ -93,5 +93,34 @@ def cases() -> list[dict]:
     return out
 
 
+
+
+def cases21() -> list[dict]:
+    """LLaDA2.1's cases, on the same checkpoints: ``sampler`` holds the keyword arguments of its ``generate`` under
+    `clover_engine.decoding.block_diffusion_samplers.LLaDA21Sampler`'s names -- the defaults (``threshold`` 0.95,
+    ``editing_threshold`` 0.9), the Speedy mode's low thresholds (many edits), editing off with two slots per
+    forward, a short editing budget, the early stop, and a sampled draw."""
+    out = []
+    gen = 32
+    for seed in SEEDS:
+        for plen in (16, 13):
+            prompt = prompt_for(seed, plen)
+            settings = [
+                dict(block_length=8, threshold=0.95, editing_threshold=0.9),
+                dict(block_length=8, threshold=0.5, editing_threshold=0.3),
+                dict(block_length=16, threshold=0.95, editing_threshold=1.0, num_to_transfer=2),
+                dict(block_length=8, threshold=0.7, editing_threshold=0.5, max_post_steps=2),
+                dict(block_length=8, threshold=0.7, editing_threshold=0.5, stop_token_ids=[STOP_IDS[seed, plen]],
+                     eos_early_stop=True),
+                dict(block_length=8, threshold=0.7, editing_threshold=0.5, temperature=0.8, top_p=0.9, seed=seed),
+            ]
+            for s in settings:
+                sampler = dict(dict(gen_length=gen, stop_token_ids=[EOS_ID]), **s)
+                key = "-".join(f"{k}={v}" for k, v in sampler.items())
+                out.append(dict(family="llada21", seed=seed, prompt=prompt, sampler=sampler,
+                                id=f"llada21-seed{seed}-P{plen}-{key}"))
+    return out
+
+
 __all__ = ["EOS_ID", "MASK_ID", "SEEDS", "SHARPEN", "STOP_IDS", "VARIANTS", "VOCAB", "build_checkpoint", "cases",
-           "config_of", "prompt_for"]
+           "cases21", "config_of", "prompt_for"]

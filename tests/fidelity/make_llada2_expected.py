@@ -8,7 +8,12 @@ GitHub, local mirrors with ``--mirrors DIR``, or a folder that already holds the
 ``--official-dir DIR``) and run by ``run_official_llada2.py`` in a SEPARATE virtualenv with transformers 4.53
 (``--official-python``); the results are written as JSON. No official source file enters the repository.
 
+With ``--llada21`` it writes ``tests/data/llada21_fidelity.json`` instead: LLaDA2.1's ``generate`` (token editing,
+``llada2_cases.cases21``) from its modeling file as the dllm library ships it, run by ``run_official_llada21.py``
+with transformers 4.57 (the file needs it).
+
 Usage: ``.venv/bin/python tests/fidelity/make_llada2_expected.py --official-python /tmp/official-venv/bin/python``
+and ``... --llada21 --official-python /tmp/official-venv-457/bin/python --mirrors /work/.mirror``
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from make_masked_diffusion_expected import fetch_official, write_data  # noqa: E402
-from llada2_cases import MASK_ID, SHARPEN, VARIANTS, build_checkpoint, cases, config_of  # noqa: E402
+from llada2_cases import MASK_ID, SHARPEN, VARIANTS, build_checkpoint, cases, cases21, config_of  # noqa: E402
 
 OUT = HERE.parent / "data" / "llada2_fidelity.json"
+OUT21 = HERE.parent / "data" / "llada21_fidelity.json"
 
 OFFICIAL = {
     # the hub's modeling_llada2_moe.py (inclusionAI/LLaDA2.0-mini; "Copyright 2025 Antgroup"), as a public GitHub
@@ -40,41 +46,56 @@ OFFICIAL = {
 }
 
 
+OFFICIAL21 = {
+    # LLaDA2.1's hub modeling file ("Copyright 2025 Antgroup"; generate() with editing_threshold / max_post_steps), as
+    # the dllm library ships it beside its configuration (model_type renamed llada21_moe there)
+    "llada21_modeling": dict(repo="ZHZisZZ/dllm", commit="ca176752fbceec49c6b4777a2c18ae88e4eb10ed", files={
+        "llada21_hub/modeling_llada21_moe.py": "dllm/pipelines/llada21/models/modeling_llada21_moe.py",
+        "llada21_hub/configuration_llada21_moe.py": "dllm/pipelines/llada21/models/configuration_llada21_moe.py"}),
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--official-python", required=True, help="python of the virtualenv with transformers 4.53")
     ap.add_argument("--mirrors", type=Path, default=None, help="local git mirrors instead of GitHub")
     ap.add_argument("--official-dir", type=Path, default=None,
                     help="a folder already holding llada2_hub/modeling_llada2_moe.py and configuration_llada2_moe.py")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--llada21", action="store_true", help="LLaDA2.1's cases (token editing) instead")
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    all_cases = cases()
+    all_cases = cases21() if args.llada21 else cases()
+    official = OFFICIAL21 if args.llada21 else OFFICIAL
+    runner = "run_official_llada21.py" if args.llada21 else "run_official_llada2.py"
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         checkpoints = {str(seed): str(build_checkpoint(seed, tmp / f"llada2-{seed}")) for seed in VARIANTS}
         if args.official_dir is not None:
             shutil.copytree(args.official_dir, tmp / "official")
-            (tmp / "official" / "llada2_hub" / "__init__.py").touch()
+            for hub in (tmp / "official").iterdir():
+                (hub / "__init__.py").touch()
         else:
-            fetch_official(tmp / "official", args.mirrors, OFFICIAL)
+            fetch_official(tmp / "official", args.mirrors, official)
         job = dict(cases=all_cases, checkpoints=checkpoints, mask_id=MASK_ID)
         (tmp / "job.json").write_text(json.dumps(job))
-        subprocess.run([args.official_python, str(HERE / "run_official_llada2.py"), str(tmp / "official"),
+        subprocess.run([args.official_python, str(HERE / runner), str(tmp / "official"),
                         str(tmp / "job.json"), str(tmp / "out.json")], check=True)
         results = json.loads((tmp / "out.json").read_text())
         versions = subprocess.run([args.official_python, "-c", "import torch, transformers; "
                                    "print(torch.__version__, transformers.__version__)"],
                                   check=True, capture_output=True, text=True).stdout.split()
+    about = ("Answers of LLaDA2.1's generate (token editing; official, bf16, SDPA) on its modeling code, tiny random "
+             "checkpoints" if args.llada21 else
+             "Answers of LLaDA2.0's generate (official, bf16, SDPA) on its official modeling code, tiny random "
+             "checkpoints, with the first forward's logits and router choices")
     data = dict(
-        about="Answers of LLaDA2.0's generate (official, bf16, SDPA) on its official modeling code, tiny random "
-              "checkpoints, with the first forward's logits and router choices; written by "
-              "tests/fidelity/make_llada2_expected.py",
+        about=about + "; written by tests/fidelity/make_llada2_expected.py",
         official={k: dict(repo=v["repo"], commit=v["commit"], files=sorted(v["files"].values()))
-                  for k, v in OFFICIAL.items()},
+                  for k, v in official.items()},
         official_env=dict(torch=versions[0], transformers=versions[1], dtype="bfloat16", attention="sdpa"),
         models={str(seed): dict(config_of(seed), sharpen=SHARPEN) for seed in VARIANTS},
         cases=[dict(c, **results[c["id"]]) for c in all_cases])
-    write_data(args.out, data)
+    write_data(args.out or (OUT21 if args.llada21 else OUT), data)
 
 
 if __name__ == "__main__":
