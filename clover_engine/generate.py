@@ -26,7 +26,8 @@ checkpoint likewise (`clover_engine.decoding.block_diffusion_samplers`): ``--sam
 (``--block-size`` its ``block_length``, ``--steps`` its ``denoising_steps``, ``--remasking-strategy``,
 ``--threshold`` its ``confidence_threshold``, ``--temperature`` (default 1.0 there), ``--top-k``); a LLaDA2.0
 checkpoint with ``--sampler llada2`` (``--block-size`` its ``block_length``, ``--steps`` per block, ``--threshold``,
-``--temperature`` (0: greedy), ``--top-k``, ``--kv-cache``).
+``--temperature`` (0: greedy), ``--top-k``, ``--kv-cache``), and LLaDA2.1's token editing with ``--sampler llada21``
+(``--threshold``, ``--editing-threshold``, ``--max-post-steps``).
 
 Wing: ``entry points``.
 """
@@ -47,7 +48,9 @@ from clover_engine.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_MODEL  # noqa:
 from clover_engine.checkpoint import best_memory_mode, file_as_model_dir, find_model_dir, load_model, load_tokenizer
 from clover_engine.decoding import decoder_for
 from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
-from clover_engine.decoding.block_diffusion_samplers import SDAR_REMASKING, FastDLLMv2Sampler, LLaDA2Sampler, SDARSampler
+from clover_engine.decoding.block_diffusion_samplers import (
+    SDAR_REMASKING, FastDLLMv2Sampler, LLaDA21Sampler, LLaDA2Sampler, SDARSampler,
+)
 from clover_engine.decoding.masked_diffusion_samplers import DREAM_ALGS, LLADA_REMASKING, DreamSampler, LLaDASampler
 from clover_engine.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, example_names, example_prompt
 from clover_engine.prompting import model_input, trained_context_note
@@ -93,14 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-per-step", type=int, default=2, help="slots written per step by --policy top_k")
     p.add_argument("--max-entropy", type=float, default=0.5, help="entropy bound (nats) of --policy entropy")
     p.add_argument("--factor", type=float, default=1.0, help="Fast-dLLM factor of --policy factor")
-    p.add_argument("--sampler", default="block", choices=["block", "llada", "dream", "fast_dllm_v2", "sdar", "llada2"],
+    p.add_argument("--sampler", default="block", choices=["block", "llada", "dream", "fast_dllm_v2", "sdar", "llada2", "llada21"],
                    help="block: the block decoder with --policy (default); llada / dream: a masked diffusion "
                         "checkpoint's own official sampler over a canvas of --max-new-tokens slots right after the "
                         "prompt -- llada in blocks of --block-size, --steps forwards in all, --remasking; dream with "
                         "--steps, --alg, --alg-temp (clover_engine.decoding.masked_diffusion_samplers); fast_dllm_v2 / "
                         "sdar / llada2: a block-causal checkpoint's own sampler in blocks of --block-size, llada2 with "
-                        "--steps per block (default --block-size), > --threshold, --temperature, --kv-cache "
+                        "--steps per block (default --block-size), > --threshold, --temperature, --kv-cache; llada21: "
+                        "LLaDA2.1's token editing, --editing-threshold, --max-post-steps "
                         "(clover_engine.decoding.block_diffusion_samplers)")
+    p.add_argument("--editing-threshold", type=float, default=0.9,
+                   help="--sampler llada21: a written slot is rewritten when another token's probability is above "
+                        "this (default %(default)s, the original's; 1.0 = no editing)")
+    p.add_argument("--max-post-steps", type=int, default=16,
+                   help="--sampler llada21: editing-only forwards per block at most (default %(default)s)")
     p.add_argument("--kv-cache", action="store_true",
                    help="--sampler llada2: keep the finished blocks in a KV cache (the original recomputes them "
                         "every step, the default; the cache saves FLOPs, and bf16 rounding then differs)")
@@ -214,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = " ".join(f"{k}={v}" for k, v in dc.to_dict().items() if k not in ("sampler", "top_candidates"))
         own_line = (f"[{Path(args.model).name}] {args.sampler} sampler {settings} | tokens={len(result.tokens)} "
                     f"NFE={result.nfe} tokens/forward={len(result.tokens) / max(result.nfe, 1):.2f} "
-                    f"forced={result.n_forced} stop={result.stop_reason} | threads={threads}")
+                    f"forced={result.n_forced}" + (f" edits={result.n_edits}" if args.sampler == "llada21" else "")
+                    + f" stop={result.stop_reason} | threads={threads}")
     elif caps.sampler != "block":  # a sampler of its own (DiffusionGemma): the block settings do not apply
         family, revisable = FAMILY_NAMES.get(caps.family, caps.family), "revisable; " if caps.revises_commits else ""
         own_line = (f"[{Path(args.model).name}] {family}, canvas {trained} ({revisable}block_size, threshold and "
@@ -316,7 +326,8 @@ def _decode_config(args):
                         repetition_penalty=args.repetition_penalty, eos_bias_soft_limit=args.eos_bias_soft_limit)
 
 
-def _official_sampler(args, caps) -> LLaDASampler | DreamSampler | FastDLLMv2Sampler | SDARSampler | LLaDA2Sampler:
+def _official_sampler(args, caps) -> (LLaDASampler | DreamSampler | FastDLLMv2Sampler | SDARSampler | LLaDA2Sampler
+                                      | LLaDA21Sampler):
     """The official sampler that ``--sampler`` names, from the command line's settings.
 
     Raises:
@@ -324,10 +335,14 @@ def _official_sampler(args, caps) -> LLaDASampler | DreamSampler | FastDLLMv2Sam
             multiple of ``--block-size``, ``--steps`` of the block count; Fast-dLLM v2: ``--block-size`` a
             multiple of ``--small-block-size``; SDAR: a temperature of 0).
     """
-    if args.sampler in ("fast_dllm_v2", "sdar", "llada2"):
+    if args.sampler in ("fast_dllm_v2", "sdar", "llada2", "llada21"):
         if caps.family != "block_causal":
             raise ValueError(f"--sampler {args.sampler} runs on a Fast-dLLM v2, SDAR or LLaDA2.0 checkpoint; {args.model} "
                              f"is a {caps.family} model -- leave --sampler out to use the block decoder")
+        if args.sampler == "llada21":
+            return LLaDA21Sampler(gen_length=args.max_new_tokens, block_length=args.block_size, threshold=args.threshold,
+                                  editing_threshold=args.editing_threshold, max_post_steps=args.max_post_steps,
+                                  temperature=args.temperature, top_k=args.top_k or None, seed=args.seed)
         if args.sampler == "llada2":
             return LLaDA2Sampler(gen_length=args.max_new_tokens, block_length=args.block_size,
                                  steps=args.steps or args.block_size, threshold=args.threshold,

@@ -329,7 +329,7 @@ def summary_cards_html(st: dict[str, Any] | None, prev: dict[str, Any] | None = 
     def settings(x: dict[str, Any]) -> str:
         if x.get("policy") in ("verify", "llada", "dream"):  # the threshold is not read
             return f"{x.get('block_size')} · {x['policy']}"
-        if x.get("policy") in ("fast_dllm_v2", "sdar", "llada2") and x.get("threshold") is not None:  # read, with >
+        if x.get("policy") in ("fast_dllm_v2", "sdar", "llada2", "llada21") and x.get("threshold") is not None:
             return f"{x.get('block_size')} · {x['threshold']:.2f} · {x['policy']}"
         thr = x.get("threshold")
         return f"{x.get('block_size')} · {thr:.2f}" if thr is not None else str(x.get("block_size"))

@@ -36,22 +36,22 @@ from clover_viz.runs import prompt_of
 from clover_engine.cost import DEVICES
 from clover_engine.recording.trace import Trace
 from clover_engine.decoding.decoder import DecodeConfig
-from clover_engine.decoding.block_diffusion_samplers import FastDLLMv2Sampler, LLaDA2Sampler, SDARSampler
+from clover_engine.decoding.block_diffusion_samplers import FastDLLMv2Sampler, LLaDA21Sampler, LLaDA2Sampler, SDARSampler
 from clover_engine.decoding.masked_diffusion_samplers import DreamSampler, LLaDASampler
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX = 1, 2048
 MEMORY_MODES = ("state", "state+window")
-OFFICIAL_SAMPLERS = ("llada", "dream", "fast_dllm_v2", "sdar", "llada2")
+OFFICIAL_SAMPLERS = ("llada", "dream", "fast_dllm_v2", "sdar", "llada2", "llada21")
 """Policies that are a public diffusion family's own official sampler (`official_sampler`), offered beside
 the block decoder's slot policies."""
 SAMPLER_FAMILIES = {"llada": "masked_diffusion", "dream": "masked_diffusion", "fast_dllm_v2": "block_causal",
-                    "sdar": "block_causal", "llada2": "block_causal"}
+                    "sdar": "block_causal", "llada2": "block_causal", "llada21": "block_causal"}
 """Official sampler -> the `Capabilities.family` of the models it runs on."""
 THRESHOLD_UNUSED = {"verify": "not used by verify: the base decides",
                     "llada": "not used by the llada sampler: its schedule decides",
                     "dream": "not used by the dream sampler: its schedule decides"}
-"""Policy -> why the threshold control is off (fast_dllm_v2, sdar and llada2 read it: ``> threshold``)."""
+"""Policy -> why the threshold control is off (fast_dllm_v2, sdar, llada2 and llada21 read it: ``> threshold``)."""
 DEVICE_CHOICES = tuple(DEVICES) + ("this-machine",)
 MAX_PROMPT_CHARS = 2_000_000  # the prompt box's limit: > 30x the largest bundled context (65,536 tokens)
 # what the page calls each setting (the refusals name the control, not the parameter)
@@ -91,7 +91,8 @@ def _is_number(value: Any) -> bool:
 
 
 def official_sampler(name: str, loaded: LoadedModel | None, max_new_tokens: int, block_size: int,
-                     threshold: float = 0.9) -> LLaDASampler | DreamSampler | FastDLLMv2Sampler | SDARSampler | LLaDA2Sampler:
+                     threshold: float = 0.9
+                     ) -> LLaDASampler | DreamSampler | FastDLLMv2Sampler | SDARSampler | LLaDA2Sampler | LLaDA21Sampler:
     """The explorer's settings as a public family's official sampler (`clover_engine.decoding.masked_diffusion_samplers`,
     `clover_engine.decoding.block_diffusion_samplers`):
 
@@ -107,6 +108,8 @@ def official_sampler(name: str, loaded: LoadedModel | None, max_new_tokens: int,
     * ``llada2``: blocks of ``block_size``, ``block_size`` steps each at most, every masked slot ``> threshold``
       (else the step's quota of the most probable), greedy tokens, the window recomputed every step as the
       original does.
+    * ``llada21``: LLaDA2.1's sampler on the same checkpoints: blocks of ``block_size``, masked slots ``> threshold``,
+      written slots rewritten above the original's ``editing_threshold`` 0.9 (the edits show as revisions).
 
     Raises:
         ValueError: a model of another family, or a budget LLaDA cannot split into blocks, with what to change.
@@ -119,8 +122,10 @@ def official_sampler(name: str, loaded: LoadedModel | None, max_new_tokens: int,
                          f"{family} model -- pick another policy")
     if want == "block_causal":
         own = getattr(loaded.config, "family", None)
-        if own != name:
+        if own != name and not (name == "llada21" and own == "llada2"):
             raise ValueError(f"policy {name!r} runs on {name} checkpoints; this one is {own} -- pick policy {own!r}")
+        if name == "llada21":
+            return LLaDA21Sampler(gen_length=max_new_tokens, block_length=block_size, threshold=threshold)
         if name == "llada2":
             return LLaDA2Sampler(gen_length=max_new_tokens, block_length=block_size, steps=block_size,
                                  threshold=threshold)
@@ -145,7 +150,7 @@ def controls_of(dc: Any) -> tuple[int, float | None]:
     name = getattr(dc, "sampler", None)
     if name == "sdar":
         return int(dc.block_length), float(dc.confidence_threshold)
-    if name == "llada2":
+    if name in ("llada2", "llada21"):
         return int(dc.block_length), float(dc.threshold)
     if name == "llada":
         return int(dc.block_length), None
@@ -161,6 +166,8 @@ def with_controls(dc: Any, block_size: int, threshold: float) -> Any:
     name = getattr(dc, "sampler", None)
     if name == "sdar":
         return dataclasses.replace(dc, block_length=block_size, confidence_threshold=threshold)
+    if name == "llada21":
+        return dataclasses.replace(dc, block_length=block_size, threshold=threshold)
     if name == "llada2":  # its steps follow the block, as the explorer sets them
         return dataclasses.replace(dc, block_length=block_size, steps=block_size, threshold=threshold)
     if name == "fast_dllm_v2":
@@ -182,6 +189,10 @@ def sampler_summary(dc: Any) -> str:
     if name == "sdar":
         return (f"the sdar sampler, blocks of {dc.block_length}, {dc.denoising_steps} steps each, "
                 f"{dc.remasking_strategy} > {dc.confidence_threshold:.2f}, temperature {dc.temperature:g}")
+    if name == "llada21":
+        return (f"the llada21 sampler, blocks of {dc.block_length}, > {dc.threshold:.2f}, written slots edited "
+                f"> {dc.editing_threshold:.2f} (up to {dc.max_post_steps} editing-only forwards a block), "
+                + ("greedy" if dc.temperature == 0 else f"temperature {dc.temperature:g}"))
     if name == "llada2":
         return (f"the llada2 sampler, blocks of {dc.block_length}, {dc.steps_per_block} steps each at most, "
                 f"> {dc.threshold:.2f}, " + ("greedy" if dc.temperature == 0 else f"temperature {dc.temperature:g}")

@@ -1,8 +1,9 @@
-"""The official samplers of Fast-dLLM v2 and SDAR as named policies: their settings (`FastDLLMv2Sampler`,
-`SDARSampler`, with the originals' parameter names and defaults) and one denoising step of each
-(`fast_dllm_v2_step`, `sdar_step`), written with the same tensor operations in the same order as the
-originals, so that a decode is token for token theirs (``tests/clover_engine/test_block_diffusion_fidelity.py``
-checks it against outputs of the official code committed under ``tests/data/``).
+"""The official samplers of Fast-dLLM v2, SDAR, LLaDA2.0 and LLaDA2.1 as named policies: their settings
+(`FastDLLMv2Sampler`, `SDARSampler`, `LLaDA2Sampler`, `LLaDA21Sampler`, with the originals' parameter names and
+defaults) and one denoising step of each (`fast_dllm_v2_step`, `sdar_step`, `llada2_step`, `llada21_step`),
+written with the same tensor operations in the same order as the originals, so that a decode is token for token
+theirs (``tests/clover_engine/test_block_diffusion_fidelity.py`` and ``test_llada2_fidelity.py`` check it against
+outputs of the official code committed under ``tests/data/``).
 
 Both run on a block-causal model (`clover_engine.backbones.block_causal.BlockCausalModel`): blocks aligned to
 absolute positions, the prompt's whole blocks prefilled into the KV cache, one block denoised at a time
@@ -24,6 +25,12 @@ against the cache, and a finished block committed by one more forward over it.
   slots). As in the original, a quota larger than the masks left takes non-masked slots too (their
   drawn token overwrites them). SDAR's ``entropy_bounded`` is refused: in the pinned original it
   raises ``NameError`` (``transfer_index`` is never created in that branch).
+
+* **LLaDA2.0** (``generate`` of the hub's ``modeling_llada2_moe.py``): SDAR's blocks and quota schedule, greedy by
+  default, every masked slot ``> threshold`` when they fill the step's quota, else the quota's most probable
+  masked slots; each forward recomputes the prompt and the finished blocks (`LLaDA2Sampler`).
+* **LLaDA2.1** (its hub ``generate``): the same blocks with token editing -- written slots rewritten above
+  ``editing_threshold`` -- and editing-only forwards once a block has no MASK left (`LLaDA21Sampler`).
 
 One divergence, where the original never returns: Fast-dLLM v2 does not exclude the MASK id from the
 candidates, so at temperature 0 a step whose every written slot takes the MASK id repeats for ever (the

@@ -1,7 +1,7 @@
 """The explorer in a browser on LLaDA2.0: a tiny ``llada2_moe`` checkpoint decoded with its own sampler (policy
 ``llada2``) -- the block fills in, the summary shows its block size and threshold, the experts tab shows the
 expert union per layer and forward, and the Cost tab prices each forward over the window it recomputed, by the
-measured union. Screenshots land in the test's temporary folder (and in ``$CLOVER_SCREENSHOTS`` when set).
+measured union; then LLaDA2.1's sampler (policy ``llada21``, token editing) on the same model. Screenshots land in the test's temporary folder (and in ``$CLOVER_SCREENSHOTS`` when set).
 
 Run: ``.venv/bin/python -m pytest tests/apps/test_browser_llada2.py -q``
 """
@@ -73,5 +73,16 @@ def test_llada2_decodes_with_its_sampler_and_shows_its_experts_and_their_bytes(s
             assert state.cost_projection().source is not None
             pg.wait_for_timeout(1000)
             _shot(pg, tmp_path, "explorer-llada2-cost.png")
+            # LLaDA2.1's sampler on the same model: token editing, its edits the block view's revisions
+            pg.set_viewport_size({"width": 1400, "height": 1000})
+            pg.get_by_label("Policy").first.select_option("llada21")
+            pg.get_by_role("button", name=re.compile("Generate")).first.click()
+            pg.get_by_text("8 · 0.90 · llada21").first.wait_for(timeout=TIMEOUT_MS * 2)
+            pg.locator('.clover-status[data-running="0"]', has_text=re.compile(r"^done")).first.wait_for(
+                timeout=TIMEOUT_MS * 2)
+            trace = state.trace
+            assert trace.decode_config["sampler"] == "llada21" and trace.decode_config["editing_threshold"] == 0.9
+            pg.locator(".clover-status").first.scroll_into_view_if_needed()
+            _shot(pg, tmp_path, "explorer-llada21.png")
         finally:
             browser.close()
