@@ -59,3 +59,13 @@ def test_dtype_agreement_bf16_writes_the_fp32_tokens_teacher_forced():
 def test_sweep_scaling_gives_the_same_results_with_one_and_two_workers():
     out = _run("benchmarks/sweep_scaling.py", "--tasks", "1")
     assert "results identical: True" in out, out
+
+
+def test_llada2_recompute_vs_cache_prints_both_modes_and_their_ratios():
+    out = _run("benchmarks/llada2_recompute_vs_cache.py", "--hidden", "128", "--layers", "2", "--prompt", "16",
+               "--gen-length", "32", "--block", "8", "--repeats", "1", "--threads", "1")
+    rows = {ln[:22].strip(): ln[22:].split() for ln in out.splitlines() if ln.startswith(("recompute (", "kv cache "))}
+    assert set(rows) == {"recompute (original)", "kv cache"}, out
+    assert int(rows["kv cache"][0]) > int(rows["recompute (original)"][0])  # prefill and commits on top
+    assert re.search(r"recompute / cache: [\d.]+x wall, [\d.]+x FLOPs, [\d.]+x bytes read", out), out
+    assert re.search(r"answers agree on \d+ of \d+ tokens", out), out
