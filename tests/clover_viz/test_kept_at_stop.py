@@ -33,6 +33,13 @@ def _decoder(kind: str, tmp_path):
         return decoder_for(model, None, DecodeConfig(block_size=8, threshold=0.9, max_new_tokens=64))
     if kind == "sdar":
         return decoder_for(load_model(write_tiny_block_causal(tmp_path / "sdar", "sdar", seed=2)))
+    if kind.startswith("llada2"):  # LLaDA2.0's sampler; LLaDA2.1's with token editing (low thresholds: many edits)
+        from clover_engine.backbones.llada2_moe import write_tiny_llada2_moe  # local: two cases need it
+        from clover_engine.decoding.block_diffusion_samplers import LLaDA21Sampler, LLaDA2Sampler  # local: as above
+
+        cfg = (LLaDA2Sampler(gen_length=32, block_length=8, steps=8, threshold=0.99) if kind == "llada2"
+               else LLaDA21Sampler(gen_length=32, block_length=8, threshold=0.6, editing_threshold=0.4))
+        return decoder_for(load_model(write_tiny_llada2_moe(tmp_path / kind, seed=1, sharpen=12.0)), None, cfg)
     # LLaDA's sampler with one token per step (steps == gen_length), two blocks of 16
     cfg = LLaDASampler(gen_length=32, block_length=16, steps=32)
     return decoder_for(load_model(write_tiny_llada_moe(tmp_path / "llada-moe", seed=3)), None, cfg)
@@ -49,7 +56,7 @@ def _run(dec, stop_after: int) -> Trace:
     return dec.generate(PROMPT, hooks=[hook], cancel=lambda: len(seen) >= stop_after).trace
 
 
-@pytest.mark.parametrize("kind", ["clover", "sdar", "llada-moe"])
+@pytest.mark.parametrize("kind", ["clover", "sdar", "llada-moe", "llada2", "llada21"])
 def test_a_run_cut_back_equals_the_decoder_stopped_one_forward_after_the_shown(kind, tmp_path):
     dec = _decoder(kind, tmp_path)
     ahead = _run(dec, 14)  # the decode ran ahead of its page to forward 14 before it heard the Stop
