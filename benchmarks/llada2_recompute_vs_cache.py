@@ -31,7 +31,7 @@ from clover_engine.backbones.llada2_moe import LLaDA2Arch, LLaDA2LM, save_llada2
 from clover_engine.backbones.llada_moe import fill_random
 from clover_engine.checkpoint import load_model
 from clover_engine.decoding.block_diffusion_decoder import BlockDiffusionDecoder
-from clover_engine.decoding.block_diffusion_samplers import LLaDA2Sampler
+from clover_engine.decoding.llada2_samplers import LLaDA2Sampler
 from clover_engine.threads import add_threads_argument, configure_threads
 
 

@@ -48,9 +48,8 @@ from clover_engine.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_MODEL  # noqa:
 from clover_engine.checkpoint import best_memory_mode, file_as_model_dir, find_model_dir, load_model, load_tokenizer
 from clover_engine.decoding import decoder_for
 from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
-from clover_engine.decoding.block_diffusion_samplers import (
-    SDAR_REMASKING, FastDLLMv2Sampler, LLaDA21Sampler, LLaDA2Sampler, SDARSampler,
-)
+from clover_engine.decoding.block_diffusion_samplers import SDAR_REMASKING, FastDLLMv2Sampler, SDARSampler
+from clover_engine.decoding.llada2_samplers import LLaDA21Sampler, LLaDA2Sampler
 from clover_engine.decoding.masked_diffusion_samplers import DREAM_ALGS, LLADA_REMASKING, DreamSampler, LLaDASampler
 from clover_engine.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, example_names, example_prompt
 from clover_engine.prompting import model_input, trained_context_note

@@ -36,7 +36,8 @@ from clover_viz.runs import prompt_of
 from clover_engine.cost import DEVICES
 from clover_engine.recording.trace import Trace
 from clover_engine.decoding.decoder import DecodeConfig
-from clover_engine.decoding.block_diffusion_samplers import FastDLLMv2Sampler, LLaDA21Sampler, LLaDA2Sampler, SDARSampler
+from clover_engine.decoding.block_diffusion_samplers import FastDLLMv2Sampler, SDARSampler
+from clover_engine.decoding.llada2_samplers import LLaDA21Sampler, LLaDA2Sampler
 from clover_engine.decoding.masked_diffusion_samplers import DreamSampler, LLaDASampler
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)

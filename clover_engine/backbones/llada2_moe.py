@@ -9,7 +9,7 @@ decoder commits every finished block's K/V to a cache once. The hub's ``generate
 prompt and the finished blocks under its block-causal mask at every step, and LLaDA2.0's own sampler here
 does the same (`LLaDA2MoeModel.recompute_logits`): equal logits in exact arithmetic, but in bf16 a forward
 over fewer rows rounds differently, enough to part answers on a near tie
-(`clover_engine.decoding.block_diffusion_samplers.LLaDA2Sampler.kv_cache`).
+(`clover_engine.decoding.llada2_samplers.LLaDA2Sampler.kv_cache`).
 
 The decoder layers are the hub's ``modeling_llada2_moe.py`` (Ling-2.0 / BailingMoeV2 layout), computed here
 with the same tensor operations in the same order:

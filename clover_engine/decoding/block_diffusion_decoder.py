@@ -43,9 +43,9 @@ import torch
 
 from clover_engine.cost.meter import CostMeter
 from clover_engine.decoding.block_diffusion_samplers import (
-    BlockStep, FastDLLMv2Sampler, LLaDA21Sampler, LLaDA2Sampler, SDARSampler, fast_dllm_v2_step, llada21_step,
-    llada2_step, sdar_num_transfer_tokens, sdar_step,
+    BlockStep, FastDLLMv2Sampler, SDARSampler, fast_dllm_v2_step, sdar_num_transfer_tokens, sdar_step,
 )
+from clover_engine.decoding.llada2_samplers import LLaDA21Sampler, LLaDA2Sampler, llada21_step, llada2_step
 from clover_engine.decoding.config import DecodeResult
 from clover_engine.decoding.hooks import Hook
 from clover_engine.decoding.official_sampler import OfficialSamplerDecoder, SamplerRun

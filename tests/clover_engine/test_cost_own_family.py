@@ -33,7 +33,7 @@ def _trace(kind: str, tmp_path):
         return decoder_for(model, None, cfg).generate(PROMPT).trace
     if kind.startswith("llada2"):  # LLaDA2.0's sampler: each forward recomputes the window, or uses the KV cache
         from clover_engine.backbones.llada2_moe import write_tiny_llada2_moe  # local: one case needs it
-        from clover_engine.decoding.block_diffusion_samplers import LLaDA2Sampler  # local: one case needs it
+        from clover_engine.decoding.llada2_samplers import LLaDA2Sampler  # local: one case needs it
 
         model = load_model(write_tiny_llada2_moe(tmp_path / kind, seed=4))
         cfg = LLaDA2Sampler(gen_length=32, block_length=8, steps=8, kv_cache=kind == "llada2-kv")

@@ -6,12 +6,12 @@ top-2, a shared expert, a dense first layer; 16 experts top-4 with two shared ex
 group, top-3, no shared expert, full-head RoPE) are re-created from their seeds with the project's code, loaded
 in bf16 by `clover_engine.backbones.llada2_moe` and decoded by
 `clover_engine.decoding.block_diffusion_decoder.BlockDiffusionDecoder` with
-`clover_engine.decoding.block_diffusion_samplers.LLaDA2Sampler` -- the finished blocks in a KV cache, where the
-original recomputes them at every step. The answer must equal, token for token, and each MoE layer's top-k
+`clover_engine.decoding.llada2_samplers.LLaDA2Sampler` -- every forward recomputing the prompt and the finished
+blocks, as the original does (with the KV cache, bf16 rounding parts 16 of the answers). The answer must equal, token for token, and each MoE layer's top-k
 experts for every token of the first forward must equal, in the router's order, what LLaDA2.0's ``generate``
 on its official modeling file (bf16, SDPA) wrote into ``tests/data/llada2_fidelity.json``
 (``tests/fidelity/make_llada2_expected.py``, at the commits the file names). LLaDA2.1's cases run
-`clover_engine.decoding.block_diffusion_samplers.LLaDA21Sampler` on the same checkpoints against LLaDA2.1's
+`clover_engine.decoding.llada2_samplers.LLaDA21Sampler` on the same checkpoints against LLaDA2.1's
 ``generate`` (``tests/data/llada21_fidelity.json``), and its edits show as revisions. No official code is needed here.
 """
 
@@ -28,7 +28,7 @@ from clover_engine.backbones.block_causal import block_causal_mask
 from clover_engine.backbones.llada2_moe import LLaDA2MoeModel, load_llada2_moe
 from clover_engine.checkpoint import load_model
 from clover_engine.decoding.block_diffusion_decoder import BlockDiffusionDecoder
-from clover_engine.decoding.block_diffusion_samplers import LLaDA21Sampler, LLaDA2Sampler
+from clover_engine.decoding.llada2_samplers import LLaDA21Sampler, LLaDA2Sampler
 from clover_engine.recording.events import StepEvent
 from fidelity.llada2_cases import VARIANTS, build_checkpoint, cases, cases21
 

@@ -13,7 +13,7 @@ import torch
 
 from clover_engine.backbones.llada2_moe import LLaDA2MoeModel, group_limited_top_k, write_tiny_llada2_moe
 from clover_engine.checkpoint import load_model, load_tokenizer
-from clover_engine.decoding.block_diffusion_samplers import LLaDA2Sampler
+from clover_engine.decoding.llada2_samplers import LLaDA2Sampler
 
 from test_hub import ROOT, hub_env, put_in_cache  # noqa: E402
 
@@ -119,7 +119,7 @@ def test_llada21_edits_from_the_cli_and_in_the_notebook_explorer(tiny, tmp_path)
     from clover_viz.session_settings import controls_of, official_sampler, sampler_summary, with_controls
     from clover_viz.widgets import Explorer
 
-    from clover_engine.decoding.block_diffusion_samplers import LLaDA21Sampler
+    from clover_engine.decoding.llada2_samplers import LLaDA21Sampler
 
     cfg = LLaDA21Sampler(gen_length=16, block_length=8, threshold=0.5, editing_threshold=0.3)
     assert controls_of(cfg) == (8, 0.5) and with_controls(cfg, 16, 0.7).block_length == 16
@@ -142,7 +142,7 @@ def test_llada21_edits_from_the_cli_and_in_the_notebook_explorer(tiny, tmp_path)
 def test_llada21_step_never_writes_mask_for_ever():
     """The original at temperature 0 repeats a forward whose only write is the MASK id itself for ever; here the
     slot takes its best other token, a forced fill."""
-    from clover_engine.decoding.block_diffusion_samplers import LLaDA21Sampler, llada21_step
+    from clover_engine.decoding.llada2_samplers import LLaDA21Sampler, llada21_step
 
     mask_id = 5
     cur = torch.tensor([[7, mask_id, mask_id]])

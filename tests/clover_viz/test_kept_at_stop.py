@@ -35,7 +35,7 @@ def _decoder(kind: str, tmp_path):
         return decoder_for(load_model(write_tiny_block_causal(tmp_path / "sdar", "sdar", seed=2)))
     if kind.startswith("llada2"):  # LLaDA2.0's sampler; LLaDA2.1's with token editing (low thresholds: many edits)
         from clover_engine.backbones.llada2_moe import write_tiny_llada2_moe  # local: two cases need it
-        from clover_engine.decoding.block_diffusion_samplers import LLaDA21Sampler, LLaDA2Sampler  # local: as above
+        from clover_engine.decoding.llada2_samplers import LLaDA21Sampler, LLaDA2Sampler  # local: as above
 
         cfg = (LLaDA2Sampler(gen_length=32, block_length=8, steps=8, threshold=0.99) if kind == "llada2"
                else LLaDA21Sampler(gen_length=32, block_length=8, threshold=0.6, editing_threshold=0.4))

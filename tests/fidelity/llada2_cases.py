@@ -1,7 +1,7 @@
 """The fidelity cases of LLaDA2.0 and the tiny checkpoints they run on, shared by
 ``tests/fidelity/make_llada2_expected.py`` (which runs the official code on them and writes
 ``tests/data/llada2_fidelity.json``) and ``tests/clover_engine/test_llada2_fidelity.py`` (which decodes them with
-the project's `clover_engine.backbones.llada2_moe` and `clover_engine.decoding.block_diffusion_samplers.LLaDA2Sampler`
+the project's `clover_engine.backbones.llada2_moe` and `clover_engine.decoding.llada2_samplers.LLaDA2Sampler`
 as `clover_engine.decoding.block_diffusion_decoder.BlockDiffusionDecoder` runs it).
 
 A checkpoint is a tiny random LLaDA2.0 (`clover_engine.backbones.llada2_moe.tiny_config`: 3 layers, hidden 64,
@@ -70,7 +70,7 @@ def prompt_for(seed: int, length: int) -> list[int]:
 
 def cases() -> list[dict]:
     """Every case: ``id``, ``seed``, ``prompt`` and ``sampler``: the keyword arguments of LLaDA2.0's ``generate``
-    under `clover_engine.decoding.block_diffusion_samplers.LLaDA2Sampler`'s names (``stop_token_ids``: the
+    under `clover_engine.decoding.llada2_samplers.LLaDA2Sampler`'s names (``stop_token_ids``: the
     original's one ``eos_id``; ``seed``: ``torch.manual_seed`` before a sampled case)."""
     out = []
     gen = 32
@@ -97,7 +97,7 @@ def cases() -> list[dict]:
 
 def cases21() -> list[dict]:
     """LLaDA2.1's cases, on the same checkpoints: ``sampler`` holds the keyword arguments of its ``generate`` under
-    `clover_engine.decoding.block_diffusion_samplers.LLaDA21Sampler`'s names -- the defaults (``threshold`` 0.95,
+    `clover_engine.decoding.llada2_samplers.LLaDA21Sampler`'s names -- the defaults (``threshold`` 0.95,
     ``editing_threshold`` 0.9), the Speedy mode's low thresholds (many edits), editing off with two slots per
     forward, a short editing budget, the early stop, and a sampled draw."""
     out = []
