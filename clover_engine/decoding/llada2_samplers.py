@@ -234,16 +234,8 @@ class LLaDA21Sampler:
         _check_llada2_draw(self)
 
     kv_cache = False  # every forward recomputes the window, as the original
-
-    @property
-    def canvas_length(self) -> int:
-        """The answer budget (``gen_length``)."""
-        return self.gen_length
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["stop_token_ids"] = None if self.stop_token_ids is None else list(self.stop_token_ids)
-        return {"sampler": self.sampler, **d}
+    canvas_length = LLaDA2Sampler.canvas_length  # the answer budget (gen_length)
+    to_dict = LLaDA2Sampler.to_dict  # the settings, stop ids as a list
 
 
 def llada21_step(cur: torch.Tensor, logits: torch.Tensor, mask_id: int, editable: torch.Tensor,
