@@ -8,6 +8,11 @@ GitHub, local mirrors with ``--mirrors DIR``, or a folder that already holds the
 ``--official-dir DIR``) and run by ``run_official_llada2.py`` in a SEPARATE virtualenv with transformers 4.53
 (``--official-python``); the results are written as JSON. No official source file enters the repository.
 
+The official code runs in fp32 (the runner's docstring says why and how): its answers are then the same on
+every x86 CPU. Check that before committing new data by running the script twice, once with
+``ATEN_CPU_CAPABILITY=default`` in the environment (PyTorch's plain kernels) and once without, and diffing the
+two files: tokens and routers must be equal and logits within 1e-4.
+
 With ``--llada21`` it writes ``tests/data/llada21_fidelity.json`` instead: LLaDA2.1's ``generate`` (token editing,
 ``llada2_cases.cases21``) from its modeling file as the dllm library ships it, run by ``run_official_llada21.py``
 with transformers 4.57 (the file needs it).
@@ -81,18 +86,19 @@ def main() -> None:
         subprocess.run([args.official_python, str(HERE / runner), str(tmp / "official"),
                         str(tmp / "job.json"), str(tmp / "out.json")], check=True)
         results = json.loads((tmp / "out.json").read_text())
-        versions = subprocess.run([args.official_python, "-c", "import torch, transformers; "
-                                   "print(torch.__version__, transformers.__version__)"],
+        versions = subprocess.run([args.official_python, "-c", "import torch, transformers; print(torch.__version__, "
+                                   "transformers.__version__, torch.backends.cpu.get_cpu_capability())"],
                                   check=True, capture_output=True, text=True).stdout.split()
-    about = ("Answers of LLaDA2.1's generate (token editing; official, bf16, SDPA) on its modeling code, tiny random "
+    about = ("Answers of LLaDA2.1's generate (token editing; official, fp32, SDPA) on its modeling code, tiny random "
              "checkpoints" if args.llada21 else
-             "Answers of LLaDA2.0's generate (official, bf16, SDPA) on its official modeling code, tiny random "
+             "Answers of LLaDA2.0's generate (official, fp32, SDPA) on its official modeling code, tiny random "
              "checkpoints, with the first forward's logits and router choices")
     data = dict(
         about=about + "; written by tests/fidelity/make_llada2_expected.py",
         official={k: dict(repo=v["repo"], commit=v["commit"], files=sorted(v["files"].values()))
                   for k, v in official.items()},
-        official_env=dict(torch=versions[0], transformers=versions[1], dtype="bfloat16", attention="sdpa"),
+        official_env=dict(torch=versions[0], transformers=versions[1], dtype="float32", attention="sdpa",
+                          made_with_cpu_capability=versions[2]),
         models={str(seed): dict(config_of(seed), sharpen=SHARPEN) for seed in VARIANTS},
         cases=[dict(c, **results[c["id"]]) for c in all_cases])
     write_data(args.out or (OUT21 if args.llada21 else OUT), data)
