@@ -92,8 +92,62 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-BROWSER_TIMEOUT_MS = 45_000
-"""Per-wait timeout of the browser tests (each test is bounded by its waits)."""
+BROWSER_TIMEOUT_MS = int(__import__("os").environ.get("CLOVER_BROWSER_TIMEOUT_MS", "120000"))
+"""Per-wait timeout of the browser tests (each test is bounded by its waits), in ms: 120 s, longer than the
+slowest honest wait seen on a 2-core machine with both cores busy (a page's first render, a decode under load).
+A wait that succeeds returns as soon as the page is ready, so a long bound costs nothing on a quiet machine;
+``$CLOVER_BROWSER_TIMEOUT_MS`` overrides it."""
+
+
+def scroll_into_view(locator, timeout_ms: int | None = None) -> None:
+    """Scroll ``locator``'s element into view, re-querying it when a redraw replaced it meanwhile.
+
+    Panel / Bokeh redraw a view by replacing its DOM nodes; Playwright resolves a locator to one node and
+    fails with "Element is not attached to the DOM" when that node is detached between the resolve and the
+    scroll. The locator is then resolved again (to the new node), until ``timeout_ms`` (default
+    `BROWSER_TIMEOUT_MS`).
+
+    Raises:
+        playwright's ``Error``: another failure, or still detached at the deadline.
+    """
+    import time
+
+    from playwright.sync_api import Error
+
+    deadline = time.monotonic() + (timeout_ms or BROWSER_TIMEOUT_MS) / 1000
+    while True:
+        try:
+            locator.scroll_into_view_if_needed(timeout=max(1000, int((deadline - time.monotonic()) * 1000)))
+            return
+        except Error as e:
+            if "not attached" not in str(e) or time.monotonic() > deadline:
+                raise
+
+
+def wait_for_state(predicate, describe, timeout_ms: int | None = None) -> None:
+    """Poll ``predicate()`` (a served session's state, read from the test's thread) until true.
+
+    The page shows a state as soon as the server pushes the first param of it, while the server's thread may
+    still be setting the rest (a finished load: ``loading`` off, then the label, then ``model_ok``); a test that
+    reads the state right after the page changed races that thread. ``describe()`` goes into the failure.
+
+    Raises:
+        AssertionError: still false after ``timeout_ms`` (default `BROWSER_TIMEOUT_MS`).
+    """
+    import time
+
+    deadline = time.monotonic() + (timeout_ms or BROWSER_TIMEOUT_MS) / 1000
+    while not predicate():
+        assert time.monotonic() < deadline, describe()
+        time.sleep(0.1)
+
+
+def wait_for_empty_value(page, locator, timeout_ms: int | None = None) -> None:
+    """Wait until ``locator``'s input element has an empty ``value``, re-querying it on every poll (an element
+    handle held across a redraw would keep watching a detached node and time out)."""
+    from playwright.sync_api import expect
+
+    expect(locator).to_have_value("", timeout=timeout_ms or BROWSER_TIMEOUT_MS)
 
 
 def smollm2_base_installed() -> bool:

@@ -27,6 +27,7 @@ import time
 
 import pytest
 from helpers import BROWSER_TIMEOUT_MS as TIMEOUT_MS
+from helpers import wait_for_empty_value
 
 pytest.importorskip("panel")
 
@@ -92,7 +93,7 @@ def test_opening_the_same_trace_again_loads_it_again(page, tmp_path):
             assert not loaded.is_visible()
     # the file box forgets the pick: the status line names what is shown, and picking the same
     # file again is a change for a real browser (Playwright's set_input_files fires one anyway)
-    pg.wait_for_function("(el) => el.value === ''", arg=box.element_handle(), timeout=TIMEOUT_MS)
+    wait_for_empty_value(pg, box)
 
 
 def test_opening_the_same_bad_file_again_says_so_again(page, tmp_path):
@@ -117,7 +118,7 @@ def test_opening_the_same_bad_file_again_says_so_again(page, tmp_path):
             _generate(pg, state)
             assert state.error == ""
             refused.wait_for(state="hidden", timeout=TIMEOUT_MS)
-    pg.wait_for_function("(el) => el.value === ''", arg=box.element_handle(), timeout=TIMEOUT_MS)
+    wait_for_empty_value(pg, box)
 
 
 def test_every_file_input_of_the_app_is_cleared_after_a_pick():

@@ -12,6 +12,7 @@ import time
 
 import pytest
 from helpers import BROWSER_TIMEOUT_MS as TIMEOUT_MS
+from helpers import wait_for_empty_value
 
 pytest.importorskip("panel")
 
@@ -49,7 +50,7 @@ def test_an_oversized_and_a_malformed_upload_change_nothing(page, tmp_path):
                                                        r"takes trace files up to 4 KB")).first
     refused.wait_for(timeout=TIMEOUT_MS)
     assert received == []  # refused in the browser: nothing was sent
-    pg.wait_for_function("(el) => el.value === ''", arg=box.element_handle(), timeout=TIMEOUT_MS)
+    wait_for_empty_value(pg, box)
 
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"PAR1 this is not a trace")

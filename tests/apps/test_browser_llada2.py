@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import BROWSER_TIMEOUT_MS as TIMEOUT_MS
-from helpers import CHROMIUM_ARGS
+from helpers import CHROMIUM_ARGS, scroll_into_view
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_llada2_decodes_with_its_sampler_and_shows_its_experts_and_their_bytes(s
             load = pg.get_by_text(re.compile(r"Tokens per expert over the run -- router entropy")).first
             load.wait_for(timeout=TIMEOUT_MS)
             pg.set_viewport_size({"width": 1400, "height": 1700})  # the whole tab in one picture
-            load.scroll_into_view_if_needed()
+            scroll_into_view(load)
             _shot(pg, tmp_path, "explorer-llada2-experts.png")
             pg.get_by_text("Cost", exact=True).first.click()
             pg.get_by_text(re.compile(r"projected tiny-llada2 on h800 \(bf16\)")).first.wait_for(timeout=TIMEOUT_MS)
@@ -82,7 +82,7 @@ def test_llada2_decodes_with_its_sampler_and_shows_its_experts_and_their_bytes(s
                 timeout=TIMEOUT_MS * 2)
             trace = state.trace
             assert trace.decode_config["sampler"] == "llada21" and trace.decode_config["editing_threshold"] == 0.9
-            pg.locator(".clover-status").first.scroll_into_view_if_needed()
+            scroll_into_view(pg.locator(".clover-status").first)
             _shot(pg, tmp_path, "explorer-llada21.png")
         finally:
             browser.close()

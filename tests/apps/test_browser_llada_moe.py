@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import BROWSER_TIMEOUT_MS as TIMEOUT_MS
-from helpers import CHROMIUM_ARGS
+from helpers import CHROMIUM_ARGS, scroll_into_view
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +61,10 @@ def test_llada_moe_decodes_and_shows_its_experts_and_their_bytes(served_app, tmp
                 timeout=TIMEOUT_MS)
             load = pg.get_by_text(re.compile(r"Tokens per expert over the run -- router entropy")).first
             load.wait_for(timeout=TIMEOUT_MS)
-            load.scroll_into_view_if_needed()
+            scroll_into_view(load)
             pg.get_by_text(re.compile("history is recomputed every forward")).first.wait_for(timeout=TIMEOUT_MS)
             pg.set_viewport_size({"width": 1400, "height": 1700})  # the whole tab in one picture
-            load.scroll_into_view_if_needed()
+            scroll_into_view(load)
             _shot(pg, tmp_path, "explorer-llada-moe-experts.png")
             pg.get_by_text("Cost", exact=True).first.click()
             # the model itself projected onto the device by its own family with its measured union (not "n/a"),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from helpers import BROWSER_TIMEOUT_MS as TIMEOUT_MS
-from helpers import CHROMIUM_ARGS, smollm2_base_installed
+from helpers import CHROMIUM_ARGS, smollm2_base_installed, wait_for_state
 
 ROOT = Path(__file__).resolve().parents[2]
 LOAD_DELAY_S = 4.0
@@ -92,7 +92,8 @@ def test_a_load_shows_progress_stalls_no_other_tab_and_a_plain_question_is_answe
 
             # tab A: loaded; a plain question is decoded in the chat template and answered
             a.locator('.clover-status[data-loading="0"]').first.wait_for(timeout=TIMEOUT_MS * 4)
-            assert state_a.model_ok and "smollm2-bd" in state_a.model_label, state_a.model_label
+            wait_for_state(lambda: state_a.model_ok and "smollm2-bd" in state_a.model_label,
+                           lambda: (state_a.model_label, state_a.error, state_a.status))
             box = a.locator("textarea").first
             box.fill(QUESTION)
             box.blur()

@@ -19,7 +19,7 @@ import time
 
 import pytest
 from helpers import BROWSER_TIMEOUT_MS as TIMEOUT_MS
-from helpers import CHROMIUM_ARGS, smollm2_base_installed, uncache_models
+from helpers import CHROMIUM_ARGS, smollm2_base_installed, uncache_models, wait_for_state
 
 from clover_engine.backbones.registry import BUILD_LOCK
 from clover_viz import models
@@ -74,6 +74,8 @@ def test_eight_threads_and_two_pages_load_three_smollm2_models_at_once_and_nothi
                 t.join(timeout=600)
             for (pg, state), name in zip(pages, ("smollm2-bd", "smollm2-drafter")):
                 pg.locator('.clover-status[data-loading="0"]').first.wait_for(timeout=TIMEOUT_MS * 6)
+                wait_for_state(lambda: (state.model_ok and name in state.model_label) or bool(state.error),
+                               lambda: (state.model_label, state.error))
                 assert state.model_ok and name in state.model_label, (state.model_label, state.error)
                 assert not state.error, state.error
         finally:

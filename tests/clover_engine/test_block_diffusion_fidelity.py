@@ -30,6 +30,8 @@ from clover_engine.decoding.samplers import decoder_for  # noqa: E402
 from clover_engine.recording.events import BlockStart, StepEvent  # noqa: E402
 from fidelity.block_diffusion_cases import build_checkpoint, cases  # noqa: E402
 
+pytestmark = pytest.mark.stored_reference  # .ci/run reruns it on PyTorch's plain kernels
+
 DATA = json.loads((Path(__file__).resolve().parents[1] / "data" / "block_diffusion_fidelity.json").read_text())
 CASES = {c["id"]: c for c in DATA["cases"]}
 FAMILIES = sorted({c["family"] for c in DATA["cases"]})

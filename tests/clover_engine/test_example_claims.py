@@ -20,6 +20,8 @@ from clover_engine.decoding.samplers import decoder_for
 from clover_engine.examples import CHAT_EXAMPLE_PROMPTS, EXAMPLE_CLAIMS, EXAMPLE_PROMPTS, example_note, example_prompt
 from clover_viz.models import resolve_model
 
+pytestmark = pytest.mark.stored_reference  # .ci/run reruns it on PyTorch's plain kernels
+
 
 _MODELS: dict = {}
 

@@ -37,6 +37,8 @@ from clover_engine.decoding.llada2_samplers import LLaDA21Sampler, LLaDA2Sampler
 from clover_engine.recording.events import StepEvent
 from fidelity.llada2_cases import VARIANTS, build_checkpoint, cases, cases21
 
+pytestmark = pytest.mark.stored_reference  # .ci/run reruns it on PyTorch's plain kernels
+
 DATA = json.loads((Path(__file__).resolve().parents[1] / "data" / "llada2_fidelity.json").read_text())
 CASES = {c["id"]: c for c in DATA["cases"]}
 DATA21 = json.loads((Path(__file__).resolve().parents[1] / "data" / "llada21_fidelity.json").read_text())

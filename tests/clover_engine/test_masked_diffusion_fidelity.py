@@ -29,6 +29,8 @@ from clover_engine.decoding.samplers import decoder_for  # noqa: E402
 from clover_engine.recording.events import BlockStart, StepEvent  # noqa: E402
 from fidelity.masked_diffusion_cases import build_checkpoint, cases  # noqa: E402
 
+pytestmark = pytest.mark.stored_reference  # .ci/run reruns it on PyTorch's plain kernels
+
 DATA = json.loads((Path(__file__).resolve().parents[1] / "data" / "masked_diffusion_fidelity.json").read_text())
 CASES = {c["id"]: c for c in DATA["cases"]}
 

@@ -34,6 +34,8 @@ from clover_engine.decoding.masked_diffusion_samplers import LLaDASampler
 from clover_engine.recording.events import StepEvent
 from fidelity.moe_cases import SDAR_VARIANTS, VARIANTS, build_checkpoint, build_sdar_checkpoint, cases
 
+pytestmark = pytest.mark.stored_reference  # .ci/run reruns it on PyTorch's plain kernels
+
 DATA = json.loads((Path(__file__).resolve().parents[1] / "data" / "moe_fidelity.json").read_text())
 CASES = {c["id"]: c for c in DATA["cases"] if c["family"] == "lladamoe"}
 SDAR_CASES = {c["id"]: c for c in DATA["cases"] if c["family"] == "sdar_moe"}

@@ -205,12 +205,14 @@ def load_base(name: str = "smollm2-135m-instruct", dtype: torch.dtype = torch.fl
 
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if cdir.exists():  # another process won the race
+        try:
+            os.replace(tmp, cdir)  # atomic; refused when another process put its (complete) copy there first
+        except OSError:
+            if not (cdir / "done").is_file():
+                raise
             import shutil
 
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            os.replace(tmp, cdir)
+            shutil.rmtree(tmp, ignore_errors=True)  # another process won the race: its copy is the same
     with quiet_loading():
         lm = AutoModelForCausalLM.from_pretrained(str(cdir), dtype=dtype).eval()
     try:
