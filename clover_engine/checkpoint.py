@@ -140,7 +140,7 @@ CONVERT_FIRST: dict[str, str] = {"qwen3_5_moe": "qwen3_5_moe", "qwen3_5_moe_text
 """``model_type`` -> ``clover_engine.convert --from`` value, for formats that load after conversion to Clover."""
 
 
-def best_memory_mode(model_dir: str | Path) -> tuple[str, str]:
+def best_memory_mode(model_dir: str | Path, name: str | None = None) -> tuple[str, str]:
     """The memory mode to decode `model_dir` in by default, and why.
 
     The mode whose ``bd32`` row of the checkpoint's ``eval.json`` (written by ``python -m
@@ -149,15 +149,21 @@ def best_memory_mode(model_dir: str | Path) -> tuple[str, str]:
     else ``state``. A model format without memory modes (adapters, transformers bases) reads as
     ``state``, the only mode its decoder runs.
 
+    Args:
+        model_dir: the checkpoint directory.
+        name: the model's name in the reason (default the directory's name; a hub id for a hub snapshot, whose
+            directory is named by a commit hash).
+
     Returns:
         (``"state"`` or ``"state+window"``, a one-line reason for labels).
     """
     d = Path(model_dir)
+    label = name or d.name
     try:
         agent = json.loads((d / "eval.json").read_text(encoding="utf-8"))["agent"]
         win, st = agent["bd32-window"]["exact_match"], agent["bd32-state"]["exact_match"]
         mode = "state+window" if win >= st else "state"
-        return mode, (f"best measured mode of {d.name} (eval.json: exact tool calls at block 32 "
+        return mode, (f"best measured mode of {label} (eval.json: exact tool calls at block 32 "
                       f"{win:.0%} with the window, {st:.0%} in state)")
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -167,17 +173,17 @@ def best_memory_mode(model_dir: str | Path) -> tuple[str, str]:
     except (OSError, ValueError, AttributeError):
         window, model_type = 0, None
     if window:
-        return "state+window", f"{d.name} has an attention window (W={window}) and no eval.json"
+        return "state+window", f"{label} has an attention window (W={window}) and no eval.json"
     if "masked-diffusion" in DESCRIPTIONS.get(str(model_type).lower(), ""):  # LLaDA, Dream, LLaDA-MoE
-        return "state", (f"{d.name} keeps no history between forwards (each one re-reads the whole sequence, "
+        return "state", (f"{label} keeps no history between forwards (each one re-reads the whole sequence, "
                          "bidirectionally); Clover's memory modes do not apply")
     if str(model_type).lower() == "llada2_moe":
-        return "state", (f"{d.name} keeps its history in a KV cache under the block decoder; LLaDA2.0's own sampler "
+        return "state", (f"{label} keeps its history in a KV cache under the block decoder; LLaDA2.0's own sampler "
                          "re-reads the prompt and finished blocks every forward, as the original; Clover's memory "
                          "modes do not apply")
     if model_type not in (None, "clover"):  # a transformers or block-causal backbone: its decoder runs `state` only
-        return "state", f"{d.name} keeps its history in a KV cache; Clover's memory modes do not apply"
-    return "state", f"{d.name} has no attention window"
+        return "state", f"{label} keeps its history in a KV cache; Clover's memory modes do not apply"
+    return "state", f"{label} has no attention window"
 
 
 def supported_formats() -> dict[str, str]:

@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         trained = caps.largest_trained_block
         block = getattr(dc, "block_size", None) or getattr(dc, "block_length", None)
         if trained is not None and block is not None and caps.sampler == "block" and block > trained:
-            print(f"note: block_size {block} is larger than any block {Path(args.model).name} was trained "
+            print(f"note: block_size {block} is larger than any block {_model_name(args)} was trained "
                   f"on (at most {trained}): expect worse text; --block-size {trained} or less stays in "
                   "distribution", file=sys.stderr)
         long_prompt = trained_context_note(len(decoder.encode_prompt(args.prompt)), caps)
@@ -217,20 +217,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(result.text)
+    name = _model_name(args)
     own_line = None  # the summary of a sampler other than the block decoder's (its settings, not block/threshold)
+    # forced fills that wrote slots past the kept answer (end-of-text, anything after the first EOS): forwards, not
+    # tokens -- the forced count and the trust note read the kept answer only
+    verify = getattr(dc, "policy", None) == "verify"  # a verify run's tokens are its base's own: no forced fill
+    past = 0 if verify else forced_past_answer(result.trace, len(result.prompt_ids) + len(result.tokens))
     if args.sampler != "block":
         settings = " ".join(f"{k}={v}" for k, v in dc.to_dict().items() if k not in ("sampler", "top_candidates"))
-        own_line = (f"[{Path(args.model).name}] {args.sampler} sampler {settings} | tokens={len(result.tokens)} "
+        own_line = (f"[{name}] {args.sampler} sampler {settings} | tokens={len(result.tokens)} "
                     f"NFE={result.nfe} tokens/forward={len(result.tokens) / max(result.nfe, 1):.2f} "
-                    f"forced={result.n_forced}" + (f" edits={result.n_edits}" if args.sampler == "llada21" else "")
+                    f"forced={result.n_forced - past}" + (f" (+{past} past the answer)" if past else "")
+                    + (f" edits={result.n_edits}" if args.sampler == "llada21" else "")
                     + f" stop={result.stop_reason} | threads={threads}")
     elif caps.sampler != "block":  # a sampler of its own (DiffusionGemma): the block settings do not apply
         family, revisable = FAMILY_NAMES.get(caps.family, caps.family), "revisable; " if caps.revises_commits else ""
-        own_line = (f"[{Path(args.model).name}] {family}, canvas {trained} ({revisable}block_size, threshold and "
+        own_line = (f"[{name}] {family}, canvas {trained} ({revisable}block_size, threshold and "
                     f"policy do not apply) | tokens={len(result.tokens)} denoising steps={result.nfe} "
                     f"stop={result.stop_reason} | threads={threads}")
     if own_line is not None:
         print(own_line)
+        guessed = forced_share_note(len(result.tokens), result.n_forced - past, Path(args.model_dir).name)
+        if guessed:  # how much to trust the text above (the family samplers' quota fills are forced fills too)
+            print(f"note: {guessed}", file=sys.stderr)
         if args.trace is not None:
             print(f"trace saved to {result.trace.save(args.trace)}")
         return 0
@@ -242,13 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         counts = (f"NFE={result.nfe} tokens/forward={result.tokens_per_forward:.2f} forced={result.n_forced}")
     print(
-        f"[{Path(args.model).name}] block_size={dc.block_size} {_policy_label(dc)} "
+        f"[{name}] block_size={dc.block_size} {_policy_label(dc)} "
         f"memory_mode={dc.memory_mode}{_mode_note(args)} | "
         f"tokens={len(result.tokens)} {counts} tokens/s={result.tokens_per_s:.1f} stop={result.stop_reason} | "
         f"read {result.bytes_read / 1e6:.1f} MB, {result.flops / 1e9:.2f} GFLOP (cost model) | "
         f"device={result.trace.meta.get('device', args.device)} threads={threads}"
     )
-    past = 0 if dc.policy == "verify" else forced_past_answer(result.trace, len(result.prompt_ids) + len(result.tokens))
     if past:  # forced fills that wrote end-of-text slots after the kept answer: not tokens, but forwards
         print(f"note: {past} of the {result.n_forced} forced fills wrote end-of-text slots at or after the answer's "
               "end; they cost forwards but are not tokens", file=sys.stderr)
@@ -317,8 +325,9 @@ def _decode_config(args):
 
     if args.memory_mode is None:  # the model's best measured mode, labelled in the summary line
         model_dir = getattr(args, "model_dir", args.model)  # a hub id's snapshot (`_resolve_model`)
-        args.memory_mode, args.memory_mode_why = (best_memory_mode(model_dir) if Path(model_dir).is_dir()
-                                                  else ("state", None))
+        args.memory_mode, args.memory_mode_why = (
+            best_memory_mode(model_dir, name=getattr(args, "model_id", None)) if Path(model_dir).is_dir()
+            else ("state", None))
     return DecodeConfig(block_size=args.block_size, threshold=args.threshold, max_new_tokens=args.max_new_tokens,
                         max_steps=args.max_steps, policy=args.policy, tokens_per_step=args.tokens_per_step,
                         max_entropy=args.max_entropy, factor=args.factor, memory_mode=args.memory_mode,
@@ -384,6 +393,11 @@ def forced_past_answer(trace, end_position: int) -> int:
     return n
 
 
+def _model_name(args) -> str:
+    """The model's name in the summary line: its hub id when ``--model`` named one, else the folder's name."""
+    return getattr(args, "model_id", None) or Path(args.model).name
+
+
 def _mode_note(args) -> str:
     """`` (default: <why>)`` when the memory mode was chosen by `best_memory_mode`, else ``""``."""
     why = getattr(args, "memory_mode_why", None)
@@ -442,7 +456,7 @@ def _main_parallel(args, threads: int) -> int:
         else:  # one process: nothing split
             read = f"read {result.bytes_read / 1e6:.1f} MB (cost model)"
         print(
-            f"[{Path(args.model).name}] {label} block_size={dc.block_size} threshold={dc.threshold} "
+            f"[{_model_name(args)}] {label} block_size={dc.block_size} threshold={dc.threshold} "
             f"memory_mode={dc.memory_mode}{_mode_note(args)} | "
             f"tokens={len(result.tokens)} NFE={result.nfe} tokens/forward={result.tokens_per_forward:.2f} "
             f"forced={result.n_forced} tokens/s={result.tokens_per_s:.1f} stop={result.stop_reason} | "

@@ -136,11 +136,7 @@ def official_sampler(name: str, loaded: LoadedModel | None, max_new_tokens: int,
                                      threshold=threshold)
         return SDARSampler(gen_length=max_new_tokens, block_length=block_size, denoising_steps=block_size,
                            confidence_threshold=threshold, seed=0)
-    if name == "llada":
-        if max_new_tokens % block_size:
-            raise ValueError(f"the llada sampler splits its canvas of max_new_tokens={max_new_tokens} slots into "
-                             f"blocks of block_size={block_size}; pick a budget that is a multiple of it (e.g. "
-                             f"{max(block_size, max_new_tokens // block_size * block_size)})")
+    if name == "llada":  # a budget that does not split into blocks: the sampler refuses it, saying what works
         return LLaDASampler(gen_length=max_new_tokens, block_length=block_size, steps=max_new_tokens)
     return DreamSampler(max_new_tokens=max_new_tokens, steps=max_new_tokens, alg="maskgit_plus")
 

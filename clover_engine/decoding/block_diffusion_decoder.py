@@ -89,7 +89,9 @@ class BlockDiffusionDecoder(OfficialSamplerDecoder):
         super().__init__(model, tokenizer)
         mcfg = model.config
         self.config = self._own(config) or (
-            FastDLLMv2Sampler(block_size=mcfg.block_size) if mcfg.family == "fast_dllm_v2"
+            FastDLLMv2Sampler(block_size=mcfg.block_size, max_new_tokens=2048 // mcfg.block_size * mcfg.block_size,
+                              small_block_size=8 if mcfg.block_size % 8 == 0 else mcfg.block_size)
+            if mcfg.family == "fast_dllm_v2"
             else LLaDA2Sampler(block_length=mcfg.block_size, steps=mcfg.block_size) if mcfg.family == "llada2"
             else SDARSampler(block_length=mcfg.block_size, denoising_steps=mcfg.block_size))
 

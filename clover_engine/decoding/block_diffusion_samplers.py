@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from clover_engine.decoding.masked_diffusion_samplers import _int, _real
+from clover_engine.decoding.masked_diffusion_samplers import _int, _real, check_whole_blocks
 
 DECODER = "clover_engine.decoding.block_diffusion_decoder:BlockDiffusionDecoder"
 """``"module:Class"`` of the decoder that runs these samplers (`clover_engine.decoding.samplers.decoder_for`)."""
@@ -56,8 +56,9 @@ class FastDLLMv2Sampler:
     """Fast-dLLM v2's sampler (``Fast_dLLM_QwenForCausalLM.generate``), its parameters and defaults.
 
     Attributes:
-        max_new_tokens: answer budget; ``max_new_tokens // block_size`` blocks are decoded (the original has no
-            default; 2048 here).
+        max_new_tokens: answer budget, a multiple of ``block_size``: ``max_new_tokens // block_size`` blocks are
+            decoded (the original has no default; 2048 here). A remainder, which the original drops silently, is
+            refused with the values that work (`check_whole_blocks`).
         block_size: slots per block, the KV-cache granularity (default 32, the trained block).
         small_block_size: slots per sub-block, a divisor of ``block_size`` (default 8).
         threshold: a masked slot is written when its probability is ``> threshold`` (the original's default 1.0:
@@ -71,7 +72,8 @@ class FastDLLMv2Sampler:
     it is an approximation its authors ship off by default.
 
     Raises:
-        ValueError: a value out of range, or ``block_size`` not a multiple of ``small_block_size``.
+        ValueError: a value out of range, ``block_size`` not a multiple of ``small_block_size``, or
+            ``max_new_tokens`` not a multiple of ``block_size``.
     """
 
     max_new_tokens: int = 2048
@@ -97,6 +99,9 @@ class FastDLLMv2Sampler:
         if self.block_size % self.small_block_size:
             raise ValueError(f"block_size {self.block_size} must be a multiple of small_block_size "
                              f"{self.small_block_size} (Fast-dLLM v2 decodes block_size // small_block_size sub-blocks)")
+        # the original decodes max_new_tokens // block_size blocks: a remainder would be dropped without a word
+        check_whole_blocks("Fast-dLLM v2", self.max_new_tokens, "max_new_tokens", self.block_size, "block_size",
+                           block_ok=lambda b: b % self.small_block_size == 0)
         for name in ("stop_token", "seed"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _int(name, getattr(self, name), 0))

@@ -63,6 +63,37 @@ def _real(name: str, val, lo: float, hi: float | None = None, lo_open: bool = Fa
     return float(val)
 
 
+def check_whole_blocks(family: str, budget: int, budget_field: str, block: int, block_field: str,
+                       block_ok=None) -> None:
+    """Refuse an answer budget that does not split into whole blocks, before any forward, saying what works.
+
+    The samplers that decode the answer block by block (LLaDA's ``generate`` asserts ``gen_length %
+    block_length == 0``; Fast-dLLM v2's decodes ``max_new_tokens // block_size`` blocks, so a remainder is
+    silently dropped and a budget under one block decodes nothing) share this one refusal, so every family says
+    it the same way: the sampler's own field names, the command line's flags and the explorer's controls, and a
+    value of each that works -- the budget rounded up to whole blocks, or the largest block size <= ``block``
+    that divides the budget (and satisfies ``block_ok``, e.g. Fast-dLLM v2's sub-blocks).
+
+    Args:
+        family: the sampler's name in the message (e.g. ``"LLaDA"``).
+        budget, budget_field: the answer budget in tokens and the sampler's name for it.
+        block, block_field: the block size in tokens and the sampler's name for it.
+        block_ok: ``int -> bool``, extra conditions on a suggested block size (default: any).
+
+    Raises:
+        ValueError: ``budget % block != 0``.
+    """
+    if budget % block == 0:
+        return
+    up = -(-budget // block) * block
+    down = next((b for b in range(min(block, budget), 0, -1) if budget % b == 0 and (block_ok is None or block_ok(b))),
+                None)
+    fix = f"--max-new-tokens {up}" + (f" or --block-size {down}" if down is not None else "")
+    raise ValueError(f"{family}'s sampler decodes the answer in whole blocks: {budget_field} {budget} must be a "
+                     f"multiple of {block_field} {block} -- use {fix} (in the explorer: max new tokens {up}"
+                     + (f", or block size {down}" if down is not None else "") + ")")
+
+
 @dataclass(frozen=True)
 class LLaDASampler:
     """LLaDA's semi-autoregressive sampler (``generate`` of ML-GSAI/LLaDA), its parameters and defaults.
@@ -100,12 +131,11 @@ class LLaDASampler:
         object.__setattr__(self, "temperature", _real("temperature", self.temperature, 0.0))
         if self.remasking not in LLADA_REMASKING:
             raise ValueError(f"remasking must be one of {LLADA_REMASKING}, got {self.remasking!r}")
-        if self.gen_length % self.block_length:
-            raise ValueError(f"gen_length {self.gen_length} must be a multiple of block_length {self.block_length} "
-                             "(LLaDA's generate asserts it)")
+        check_whole_blocks("LLaDA", self.gen_length, "gen_length", self.block_length, "block_length")
         if self.steps % self.num_blocks:
+            up = -(-self.steps // self.num_blocks) * self.num_blocks
             raise ValueError(f"steps {self.steps} must be a multiple of the {self.num_blocks} blocks "
-                             f"(gen_length // block_length; LLaDA's generate asserts it)")
+                             f"(gen_length // block_length; LLaDA's generate asserts it) -- use --steps {up}")
         if self.seed is not None:
             object.__setattr__(self, "seed", _int("seed", self.seed, 0))
 
@@ -381,5 +411,5 @@ SAMPLER_CONFIGS = (LLaDASampler, DreamSampler)
 """The official samplers' settings classes; `clover_engine.decoding.masked_diffusion_decoder` runs them."""
 
 __all__ = ["DREAM_ALGS", "DreamSampler", "LLADA_REMASKING", "LLaDASampler", "SAMPLER_CONFIGS", "SamplerStep",
-           "dream_sample_tokens", "dream_step", "dream_timesteps", "llada_gumbel", "llada_num_transfer_tokens",
+           "check_whole_blocks", "dream_sample_tokens", "dream_step", "dream_timesteps", "llada_gumbel", "llada_num_transfer_tokens",
            "llada_step"]

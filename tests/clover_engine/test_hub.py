@@ -204,7 +204,9 @@ def test_clover_explorer_generate_with_a_hub_id_end_to_end(hub_home, tmp_path):
                            "--block-size", "4", "--max-new-tokens", "4", "--trace", str(trace)],
                           capture_output=True, text=True, env=hub_env(hub_home), cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "[clover-test] block_size=4" in proc.stdout and "trace saved to" in proc.stdout
+    # the summary and its memory-mode reason name the model by its hub id, not by its snapshot's commit folder
+    assert f"[{REPO}] block_size=4" in proc.stdout and "trace saved to" in proc.stdout
+    assert REV not in proc.stdout + proc.stderr and f"(default: {REPO} has an attention window" in proc.stdout, proc.stdout
     assert Trace.load(trace).model_id == REPO  # traces name the hub model, not its snapshot folder
 
     bad = subprocess.run([sys.executable, "-m", "clover_explorer", "generate", "--model", "nobody/no-such-model",

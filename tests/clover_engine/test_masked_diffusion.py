@@ -308,7 +308,7 @@ def test_the_explorer_offers_the_official_samplers_as_policies(tmp_path):
         shown = s.trace
         s.policy, s.max_new_tokens = "llada", 20  # 20 slots do not split into blocks of 8
         assert not s.generate()
-        assert "multiple of it" in s.error and s.trace is shown
+        assert "must be a multiple of block_length 8" in s.error and "--max-new-tokens 24" in s.error and s.trace is shown
         assert not s.branch_settings(0) and "not branched" in s.error
         s.policy = "low_confidence"
         panel._sync()
