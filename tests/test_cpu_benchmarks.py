@@ -69,3 +69,16 @@ def test_llada2_recompute_vs_cache_prints_both_modes_and_their_ratios():
     assert int(rows["kv cache"][0]) > int(rows["recompute (original)"][0])  # prefill and commits on top
     assert re.search(r"recompute / cache: [\d.]+x wall, [\d.]+x FLOPs, [\d.]+x bytes read", out), out
     assert re.search(r"answers agree on \d+ of \d+ tokens", out), out
+
+
+def test_browser_tests_under_load_keeps_cores_busy_and_reports_each_run(tmp_path):
+    # small: one spinning process and a quick module, twice (RESULTS.md records the real three runs of tests/apps)
+    out = _run("benchmarks/browser_tests_under_load.py", "--runs", "2", "--busy", "1", "--logs", str(tmp_path),
+               "tests/test_stored_references.py")
+    rows = [ln for ln in out.splitlines() if ln.startswith("| ") and not ln.startswith("| run")]
+    assert len(rows) == 2 and all(r.split("|")[2].strip() == "0" and "passed" in r for r in rows), out
+    assert "2 of 2 runs passed" in out and (tmp_path / "run2.log").is_file()
+    bad = subprocess.run([sys.executable, "benchmarks/browser_tests_under_load.py", "--runs", "1", "--busy", "0",
+                          "--logs", str(tmp_path), "tests/no_such_test.py"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=600, check=False)
+    assert bad.returncode == 1 and "0 of 1 runs passed; failed: [1]" in bad.stdout, bad.stdout + bad.stderr
