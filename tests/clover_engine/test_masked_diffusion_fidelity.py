@@ -30,6 +30,10 @@ from clover_engine.recording.events import BlockStart, StepEvent  # noqa: E402
 from fidelity.masked_diffusion_cases import build_checkpoint, cases  # noqa: E402
 
 pytestmark = pytest.mark.stored_reference  # .ci/run reruns it on PyTorch's plain kernels
+LOGIT_ATOL = 1e-4
+"""Tolerance of the first forward's max logits against the official fp32 ones (stored to 5 decimals): the official
+code itself moved by up to 2.0e-5 when rerun on PyTorch's plain kernels (ATEN_CPU_CAPABILITY=default) instead of
+AVX-512, with every token, argmax and router choice unchanged -- those are compared exactly."""
 
 DATA = json.loads((Path(__file__).resolve().parents[1] / "data" / "masked_diffusion_fidelity.json").read_text())
 CASES = {c["id"]: c for c in DATA["cases"]}
@@ -70,7 +74,7 @@ def test_the_first_forward_equals_the_official_models(models):
         out = model(torch.full((1, G), model.config.mask_token_id), model.setup_state(1, "state"), commit_ids=ids)
         logits = out.logits[0].float().detach()
         assert logits.argmax(-1).tolist() == case["first_argmax"]
-        np.testing.assert_allclose(logits.max(-1).values.numpy(), case["first_max"], atol=2e-5)
+        np.testing.assert_allclose(logits.max(-1).values.numpy(), case["first_max"], rtol=0, atol=LOGIT_ATOL)
         assert P + G <= model.config.max_position_embeddings
 
 
