@@ -22,6 +22,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from clover_engine.threads import add_threads_argument  # noqa: E402
 
 
 def spin(n: int) -> list[subprocess.Popen]:
@@ -29,12 +32,16 @@ def spin(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
-def run_once(tests: list[str], log: Path) -> tuple[int, float, str]:
-    """One pytest run of ``tests``; returns (exit code, wall seconds, pytest's last line); the output goes to ``log``."""
+def run_once(tests: list[str], log: Path, threads: int | None = None) -> tuple[int, float, str]:
+    """One pytest run of ``tests`` (torch ``threads`` per test process: the tests' own default, 1, when None);
+    returns (exit code, wall seconds, pytest's last line); the output goes to ``log``."""
+    env = dict(os.environ)
+    if threads is not None:
+        env.update(CLOVER_TORCH_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
     t0 = time.monotonic()
     with log.open("w") as out:
         rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=ROOT,
-                            stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+                            stdout=out, stderr=subprocess.STDOUT, check=False, env=env).returncode
     lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
     return rc, time.monotonic() - t0, lines[-1] if lines else ""
 
@@ -45,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--busy", type=int, default=os.cpu_count() or 1, help="spinning processes (default: one per core)")
     ap.add_argument("--logs", type=Path, default=Path("runs/browser-under-load"), help="one pytest log per run")
     ap.add_argument("tests", nargs="*", default=["tests/apps"], help="pytest paths (default tests/apps)")
+    add_threads_argument(ap)
+    ap.set_defaults(threads=None)  # None: the tests' own setting (tests/conftest.py: one torch thread)
+    next(a for a in ap._actions if a.dest == "threads").help = (
+        "torch CPU threads in each test process, passed as CLOVER_TORCH_THREADS and OMP_NUM_THREADS (default: "
+        "the tests' own setting, one thread)")
     args = ap.parse_args(argv)
     if args.runs < 1 or args.busy < 0:
         ap.error("--runs must be >= 1 and --busy >= 0")
@@ -53,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in tqdm(range(1, args.runs + 1), desc=f"runs with {args.busy} busy cores", unit="run"):
         spinners = spin(args.busy)
         try:
-            rc, wall, last = run_once(args.tests, args.logs / f"run{i}.log")
+            rc, wall, last = run_once(args.tests, args.logs / f"run{i}.log", args.threads)
         finally:
             for p in spinners:
                 p.kill()

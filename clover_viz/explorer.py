@@ -183,11 +183,16 @@ def create_app(model_dir: str | None = None, dev_sharpen_random: bool | None = N
 
         pn.state.onload(arm_uploads)
 
+        # Names the session's end uses, bound now: served as the script itself (``clover-explorer serve``), this
+        # module's globals are the session's, and Panel clears them when it destroys the session -- before the
+        # destroyed-callbacks run (a global looked up then is "not defined").
+        release = release_js_callbacks
+
         def end_session(_context: Any) -> None:
             closed.set()
             callback.stop()
             state.close()
-            release_js_callbacks(app.sidebar, app.main)  # Panel's registry would keep the whole session alive
+            release(app.sidebar, app.main)  # Panel's registry would keep the whole session alive
 
         pn.state.on_session_destroyed(end_session)
     return template
