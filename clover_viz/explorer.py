@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import logging
 import threading
 import time
 from typing import Any
@@ -186,13 +187,16 @@ def create_app(model_dir: str | None = None, dev_sharpen_random: bool | None = N
         # Names the session's end uses, bound now: served as the script itself (``clover-explorer serve``), this
         # module's globals are the session's, and Panel clears them when it destroys the session -- before the
         # destroyed-callbacks run (a global looked up then is "not defined").
-        release = release_js_callbacks
+        release, log, ended = release_js_callbacks, logging.getLogger("clover_viz.explorer"), []
 
         def end_session(_context: Any) -> None:
             closed.set()
             callback.stop()
             state.close()
-            release(app.sidebar, app.main)  # Panel's registry would keep the whole session alive
+            n = release(app.sidebar, app.main)  # Panel's registry would keep the whole session alive
+            if not ended:  # once per session (a closed tab ends it here first, then the server destroys it)
+                ended.append(True)
+                log.info("Clover Explorer: a session ended: its work stopped, %d JS callbacks released", n)
 
         pn.state.on_session_destroyed(end_session)
     return template
@@ -206,6 +210,8 @@ def serve_session() -> None:
     `MODEL_ROOTS`, read when this module was first imported, saw them only when this module was the
     served script itself (``clover-explorer serve``), not when ``apps/explorer.py`` imported it."""
     exit_promptly_on_signals()  # SIGTERM / Ctrl-C end the server within 2 s, even mid-forward (once per process)
+    # the server's log (INFO, beside Bokeh's own connection lines) says when a session ended and was released
+    logging.getLogger("clover_viz.explorer").setLevel(logging.INFO)
     create_app(model_roots=model_roots(sys.argv[1:], bundled=bundled_dir())).servable(title=TITLE)
 
 

@@ -19,6 +19,7 @@ Tests: ``.venv/bin/python -m pytest tests/apps/test_explorer_app.py tests/clover
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -28,8 +29,27 @@ from clover_viz import models
 from clover_viz.examples import EXAMPLE_PROMPTS, YOUR_PROMPT, examples_for
 from clover_viz.models import LoadedModel, resolve_model
 from clover_engine.backbones import load_progress
+from clover_engine.backbones.causal_lm.adapter import base_is_cached
 from clover_engine.backbones.load_progress import LoadProgress
 from clover_engine.checkpoint import best_memory_mode
+
+
+def first_load_note(spec: models.ModelSpec) -> str:
+    """What a long load's status adds when the model's first load builds a cache (else ``""``): a SmolLM2 adapter
+    whose base is not yet dequantised (`clover_engine.backbones.causal_lm.adapter.base_is_cached`) takes about a
+    minute, with no bytes to count meanwhile. Any other model -- and a SmolLM2 adapter whose base is cached --
+    gets nothing: its bytes are counted instead."""
+    if spec.kind != "checkpoint" or not spec.path:
+        return ""
+    try:
+        base = json.loads((Path(spec.path) / "config.json").read_text(encoding="utf-8")).get("base")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if not base:
+        return ""
+    if base_is_cached(base):
+        return ""
+    return f" (the first load of {Path(spec.path).name} dequantises its base {base}: about a minute)"
 
 
 class SessionModels:
@@ -100,7 +120,8 @@ class SessionModels:
         self._give_up_pending_load()  # superseded by this one
         cancel = threading.Event()  # `cancel_load` (Stop): the build stops at its next tensor or chunk
         box: dict[str, Any] = {"spec": spec, "model_dir": self.model_dir, "t0": time.monotonic(), "note": note,
-                               "cancel": cancel, "progress": LoadProgress(should_stop=cancel.is_set)}
+                               "cancel": cancel, "progress": LoadProgress(should_stop=cancel.is_set),
+                               "first_load": first_load_note(spec)}
         loader = self._loader
 
         def work() -> None:
@@ -179,8 +200,8 @@ class SessionModels:
                 status = f"{box['note']}loading {self._model_name()} ... {done + ', ' if done else ''}{secs} s"
             frac = box["progress"].fraction
             self.load_percent = -1 if queued or frac is None else int(100 * frac)
-            if secs >= 5 and not queued and box["progress"].phase in ("", "building"):
-                status += " (a first load of a SmolLM2 model dequantises its base: about a minute)"
+            if secs >= 5 and not queued and box["progress"].phase in ("", "building") and box.get("first_load"):
+                status += box["first_load"]
             if self.status != status and not self.running:
                 self.status = status
             return

@@ -113,3 +113,25 @@ def test_an_interrupted_blocking_load_keeps_nothing_and_poisons_nothing(moe_dir)
     assert BUILD_LOCK.acquire(blocking=False)
     BUILD_LOCK.release()
     assert models.load_model_cached(spec).model is not None
+
+
+def test_only_a_first_smollm2_load_is_told_it_dequantises_its_base(tmp_path, monkeypatch):
+    """The long-load hint ("dequantises its base: about a minute") is for a SmolLM2 adapter whose base is not in the
+    cache yet; any other model (and a cached base) shows its byte count alone -- a tab joining a Clover model's
+    load was once told about SmolLM2."""
+    from clover_viz.models import resolve_model
+    from clover_viz.session_models import first_load_note
+
+    monkeypatch.setenv("CLOVER_CACHE", str(tmp_path / "empty-cache"))
+    note = first_load_note(resolve_model("smollm2-bd"))
+    assert "first load of smollm2-bd dequantises its base smollm2-135m-instruct" in note
+    for other in ("clover-tiny", "clover-test"):
+        assert first_load_note(resolve_model(other)) == "", other
+    done = tmp_path / "cache"
+    from clover_engine.backbones.causal_lm.adapter import BASES, _base_cache
+
+    monkeypatch.setenv("CLOVER_CACHE", str(done))
+    marker = _base_cache(BASES["smollm2-135m-instruct"]) / "done"
+    marker.parent.mkdir(parents=True)
+    marker.write_text("{}")
+    assert first_load_note(resolve_model("smollm2-bd")) == ""  # a cached base loads in seconds: nothing to warn of
