@@ -516,9 +516,12 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
                       else f"Decoding failed: {type(exc).__name__}: {exc}")
         with param.parameterized.batch_call_watchers(self):
             self.running = False
+            # the status line never keeps reading "decoding ..." after a failure: it says what is shown now
+            produced = len(self.trace) if self.trace is not None else 0
+            what = "not branched" if branch else f"decoding failed ({type(exc).__name__})"
+            self.status = (f"{what}: see the error (the run on display is unchanged)" if produced == 0 else
+                           f"{what} after {produced} forwards: see the error (the forwards before it are shown)")
             if self.trace is not None and len(self.trace) == 0:  # nothing produced: show the runs of before again
-                if branch:
-                    self.status = "not branched: see the error (the run on display is unchanged)"
                 self.trace, self.previous, pos = run.restore if run is not None else (self.previous, None, 0)
                 self.n_steps = len(self.trace) if self.trace is not None else 0
                 self.position = min(pos, max(self.n_steps - 1, 0))

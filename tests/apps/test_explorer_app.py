@@ -645,3 +645,19 @@ def test_one_saved_trace_shows_the_same_summary_in_the_app_and_the_notebook(tmp_
                 "clover-stop", "clover-settings", "clover-model"}
     assert set(in_app) == expected and in_app == in_notebook, (in_app, in_notebook)
     assert in_app["clover-settings"] == "8 · 0.95" and in_app["clover-stop"] != "running"
+
+
+def test_a_failed_decode_ends_the_decoding_status(state):
+    """A policy the model cannot run fails on Generate: the error says why, and the status line stops reading
+    "decoding with ..." (it once kept saying so for as long as the page was open)."""
+    state.tick(0.02)
+    shown = state.trace
+    state.policy = "verify"  # clover-test drafts for no target
+    assert state.generate()
+    assert state.wait(60)
+    for _ in range(3):
+        state.tick(0.02)
+    assert not state.running
+    assert state.error.startswith("Decoding failed: ValueError: policy 'verify' needs a model that drafts"), state.error
+    assert state.status == "decoding failed (ValueError): see the error (the run on display is unchanged)", state.status
+    assert state.trace is shown
