@@ -129,15 +129,24 @@ class Explorer(ExplorerDecoding):
             best measured memory mode); for a model object ``DecodeConfig()``.
         prompt: the prompt `decode` uses when called without one (default: the loaded model's
             default example, as in the app).
+        model, trace: keyword names for ``model_or_trace`` (``Explorer(model="org/name")``,
+            ``Explorer(trace="run.parquet")``), as the app and the CLI name them; give one of the three.
 
     Raises:
-        TypeError: for anything else, naming what was expected.
+        TypeError: for anything else, naming what was expected; for two of ``model_or_trace`` /
+            ``model`` / ``trace`` at once.
         ValueError: for a path that is neither a trace file nor a directory, or a trace
             file / checkpoint that does not load.
     """
 
     def __init__(self, model_or_trace: Any = None, tokenizer: Any = None, decode_config: Any = None,
-                 prompt: str | None = None) -> None:
+                 prompt: str | None = None, *, model: Any = None, trace: Any = None) -> None:
+        named = {k: v for k, v in (("model_or_trace", model_or_trace), ("model", model), ("trace", trace))
+                 if v is not None}
+        if len(named) > 1:
+            raise TypeError(f"Explorer takes one model or trace; got {' and '.join(named)} -- pass one of them "
+                            "(positionally, or as model= / trace=)")
+        model_or_trace = next(iter(named.values()), None)
         settings: dict[str, Any] = {"auto_redecode": False}
         if prompt:
             settings["prompt"] = prompt

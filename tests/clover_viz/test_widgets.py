@@ -67,6 +67,21 @@ def test_explorer_from_a_trace_file(tmp_path, trace):
     ex.close()
 
 
+def test_explorer_takes_model_and_trace_by_keyword(tmp_path, trace):
+    """``Explorer(model="...")`` as the app's and the CLI's ``--model`` names it (a TypeError once), and
+    ``Explorer(trace=...)``; two sources at once are refused, naming both."""
+    ex = Explorer(model="clover-tiny")
+    assert ex.state.loaded_model.model_id.endswith("clover-tiny") and ex.config is not None
+    ex.close()
+    ex = Explorer(trace=str(trace.save(tmp_path / "run.parquet")))
+    assert len(ex.trace) == len(trace)
+    ex.close()
+    with pytest.raises(TypeError, match="Explorer takes one model or trace; got model and trace"):
+        Explorer(model="clover-tiny", trace=trace)
+    with pytest.raises(TypeError, match="got model_or_trace and model"):
+        Explorer("clover-tiny", model="clover-tiny")
+
+
 def test_decode_streams_into_the_same_figures_and_redecode_compares(monkeypatch):
     from record_trace import loud_clover_test  # tests/clover_viz/record_trace.py
 
