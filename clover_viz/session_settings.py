@@ -294,7 +294,10 @@ class SessionSettings:
                 try:
                     resolve_model(value, self.dev_sharpen_random, roots=self._model_roots)
                 except (ValueError, TypeError, OSError) as exc:
-                    return f"Model not loaded: {exc}. Kept {self.model_dir}."
+                    # "Kept" names a model only when one is loaded (a first load that failed left none)
+                    kept = (f"Kept {self.model_dir}." if self.model_ok else
+                            "No model is loaded: pick a bundled model, or name a folder or hub id this server lists.")
+                    return f"Model not loaded: {exc}. {kept}"
         else:
             ok = True
         return None if ok else self.setting_refusal(name, shown_value(value))

@@ -661,3 +661,15 @@ def test_a_failed_decode_ends_the_decoding_status(state):
     assert state.error.startswith("Decoding failed: ValueError: policy 'verify' needs a model that drafts"), state.error
     assert state.status == "decoding failed (ValueError): see the error (the run on display is unchanged)", state.status
     assert state.trace is shown
+
+
+def test_a_refused_model_name_says_kept_only_when_a_model_is_loaded(state):
+    """The refusal of a model name ends "Kept <model>." while a model is loaded; after a load that failed there
+    is none to keep, and the message says so instead of naming the name that did not load."""
+    assert state.load_model() is not None and state.model_ok
+    assert state.setting_problem("model_dir", "no/such/model").endswith("Kept clover-test.")
+    state.model_dir = "no/such/model"  # fails: no model is loaded now
+    assert not state.model_ok
+    msg = state.setting_problem("model_dir", "./no-such-folder")
+    assert msg.startswith("Model not loaded:") and "Kept" not in msg and msg.endswith(
+        "No model is loaded: pick a bundled model, or name a folder or hub id this server lists."), msg
