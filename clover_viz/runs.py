@@ -267,6 +267,14 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
     }
 
 
+def failed_status(exc: BaseException, branch: bool, produced: int) -> str:
+    """The status line after a decode (or a branch) failed with ``exc`` having recorded ``produced`` forwards: it
+    says so and what the page shows now, so that it never keeps reading "decoding ..." (the error line says why)."""
+    what = "not branched" if branch else f"decoding failed ({type(exc).__name__})"
+    return (f"{what}: see the error (the run on display is unchanged)" if produced == 0 else
+            f"{what} after {produced} forwards: see the error (the forwards before it are shown)")
+
+
 def past_training_note(block_size: int | None, trained: int | None) -> str:
     """`` · block 64 is past the model's training (blocks <= 32): expect worse text`` when a run's
     block_size exceeds the largest block the model was trained on (its `Capabilities.largest_trained_block`;
@@ -392,7 +400,8 @@ def diff_caption(cmp: dict[str, Any]) -> str:
     return ""
 
 
-__all__ = ["RUN_LABELS", "SUMMARY_CSS", "compare", "diff_caption", "dropped_at_stop", "forced_past_answer",
+__all__ = ["RUN_LABELS", "SUMMARY_CSS", "compare", "diff_caption", "dropped_at_stop", "failed_status",
+           "forced_past_answer",
            "generated_ids", "long_prompt_note", "model_of", "prompt_of", "run_stats", "summary_cards_html"]
 
 

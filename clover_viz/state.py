@@ -53,8 +53,8 @@ import param
 
 from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, YOUR_PROMPT
 from clover_viz.models import DEFAULT_MODEL_DIR, DEV_WEIGHT_SCALE, LoadedModel, load_model_cached
-from clover_viz.runs import (chat_template_note, compare, dropped_at_stop, forced_past_answer, generated_ids,
-                             kept_at_stop, long_prompt_note, past_training_note)
+from clover_viz.runs import (chat_template_note, compare, dropped_at_stop, failed_status, forced_past_answer,
+                             generated_ids, kept_at_stop, long_prompt_note, past_training_note)
 from clover_viz.session_branches import SessionBranches
 from clover_viz.session_cost import SessionCost
 from clover_viz.session_models import SessionModels
@@ -516,11 +516,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
                       else f"Decoding failed: {type(exc).__name__}: {exc}")
         with param.parameterized.batch_call_watchers(self):
             self.running = False
-            # the status line never keeps reading "decoding ..." after a failure: it says what is shown now
-            produced = len(self.trace) if self.trace is not None else 0
-            what = "not branched" if branch else f"decoding failed ({type(exc).__name__})"
-            self.status = (f"{what}: see the error (the run on display is unchanged)" if produced == 0 else
-                           f"{what} after {produced} forwards: see the error (the forwards before it are shown)")
+            self.status = failed_status(exc, branch, len(self.trace) if self.trace is not None else 0)
             if self.trace is not None and len(self.trace) == 0:  # nothing produced: show the runs of before again
                 self.trace, self.previous, pos = run.restore if run is not None else (self.previous, None, 0)
                 self.n_steps = len(self.trace) if self.trace is not None else 0
