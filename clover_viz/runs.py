@@ -401,8 +401,8 @@ def diff_caption(cmp: dict[str, Any]) -> str:
 
 
 __all__ = ["RUN_LABELS", "SUMMARY_CSS", "compare", "diff_caption", "dropped_at_stop", "failed_status",
-           "forced_past_answer",
-           "generated_ids", "long_prompt_note", "model_of", "prompt_of", "run_stats", "summary_cards_html"]
+           "forced_past_answer", "generated_ids", "long_prompt_note", "model_of", "prompt_of", "run_stats",
+           "summary_cards_html"]
 
 
 # ------------------------------------------------------------------------ two runs compared
