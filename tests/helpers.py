@@ -83,6 +83,30 @@ def chromium_executable() -> str | None:
     return None
 
 
+def chromium_or_skip() -> str:
+    """Debian's chromium for a browser test (`chromium_executable`), with Playwright importable; else the test is
+    skipped, saying what to install (`.ci/run` installs both, so CI never skips here)."""
+    import pytest
+
+    pytest.importorskip("playwright.sync_api")
+    chromium = chromium_executable()
+    if chromium is None:
+        pytest.skip("no chromium executable found (install Debian's package: apt-get install -y chromium)")
+    return chromium
+
+
+def stop_process(proc, timeout_s: float = 30.0) -> None:
+    """End a server the test started: SIGTERM, then SIGKILL when it is still up after ``timeout_s``."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     import socket

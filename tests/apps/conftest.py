@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import BROWSER_TIMEOUT_MS, CHROMIUM_ARGS, chromium_executable, free_port
+from helpers import BROWSER_TIMEOUT_MS, CHROMIUM_ARGS, chromium_or_skip, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_MS = BROWSER_TIMEOUT_MS
@@ -39,10 +39,7 @@ def _load_app_module():
 @pytest.fixture(scope="module")
 def served_app(app_settings):
     pytest.importorskip("panel")
-    pytest.importorskip("playwright.sync_api")
-    chromium = chromium_executable()
-    if chromium is None:
-        pytest.skip("no chromium executable found (install Debian's package: apt-get install -y chromium)")
+    chromium = chromium_or_skip()
     import panel as pn
 
     app_module = _load_app_module()

@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import CHROMIUM_ARGS, chromium_executable, free_port
+from helpers import CHROMIUM_ARGS, chromium_or_skip, free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = "01_block_decoding_loop.ipynb"
@@ -42,10 +42,7 @@ WARM_UP = "import torch, plotly, ipywidgets, clover_viz, clover_engine.checkpoin
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     pytest.importorskip("jupyterlab")
-    pytest.importorskip("playwright.sync_api")
-    chromium = chromium_executable()
-    if chromium is None:
-        pytest.skip("no chromium executable found (install Debian's package: apt-get install -y chromium)")
+    chromium = chromium_or_skip()
     work = tmp_path_factory.mktemp("lab")
     for name in ("00_quickstart.ipynb", TUTORIAL):
         shutil.copy(ROOT / "notebooks" / name, work / name)
@@ -78,11 +75,7 @@ def lab(tmp_path_factory):
             yield base, browser, work
         finally:
             browser.close()
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_process(proc, 20)
             log.close()
 
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import BROWSER_TIMEOUT_MS, CHROMIUM_ARGS, chromium_executable, free_port
+from helpers import BROWSER_TIMEOUT_MS, CHROMIUM_ARGS, chromium_or_skip, free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = 2
@@ -36,10 +36,7 @@ SERVERS = {
 @pytest.mark.parametrize("how", list(SERVERS))
 def test_closed_tabs_end_their_sessions_without_a_warning(how, tmp_path):
     pytest.importorskip("panel")
-    pytest.importorskip("playwright.sync_api")
-    chromium = chromium_executable()
-    if chromium is None:
-        pytest.skip("no chromium executable found (install Debian's package: apt-get install -y chromium)")
+    chromium = chromium_or_skip()
     from playwright.sync_api import sync_playwright
 
     port = free_port()
@@ -74,12 +71,7 @@ def test_closed_tabs_end_their_sessions_without_a_warning(how, tmp_path):
             time.sleep(0.2)
         time.sleep(2)  # the server destroys the sessions it found unused after the tabs' own end
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
     text = log_path.read_text()
     assert all(int(n) > 0 for n in ENDED.findall(text)), text  # the release ran and found the session's callbacks

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import BROWSER_TIMEOUT_MS, CHROMIUM_ARGS, chromium_executable, free_port
+from helpers import BROWSER_TIMEOUT_MS, CHROMIUM_ARGS, chromium_or_skip, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_BOUND_S = 8.0  # the old exit hook alone waited 10 s for the decode thread
@@ -83,10 +83,7 @@ def _the_page_says_it_is_disconnected(pg, tmp_path: Path) -> None:
 
 def test_panel_serve_exits_promptly_on_sigterm_with_a_forward_in_flight(tmp_path):
     pytest.importorskip("panel")
-    pytest.importorskip("playwright.sync_api")
-    chromium = chromium_executable()
-    if chromium is None:
-        pytest.skip("no chromium executable found (install Debian's package: apt-get install -y chromium)")
+    chromium = chromium_or_skip()
     from playwright.sync_api import sync_playwright
 
     app = tmp_path / "explorer.py"
