@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import torch
 
@@ -226,3 +227,24 @@ def alive_count(cls: type) -> int:
 
     gc.collect()
     return sum(type(o) is cls for o in gc.get_objects())
+
+
+def split_into_shards(d, shards: int, index: bool = True) -> list[str]:
+    """Split ``d/model.safetensors`` into `shards` files (hub names), with an index json if asked."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(d / "model.safetensors"))
+    (d / "model.safetensors").unlink()
+    names = sorted(weights)
+    files, weight_map = [], {}
+    for i in range(shards):
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {k: weights[k] for k in names[i::shards]}
+        save_file(part, str(d / fname))
+        files.append(fname)
+        weight_map.update({k: fname for k in part})
+    if index:
+        total = sum(t.numel() * t.element_size() for t in weights.values())
+        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
+                                                                    "weight_map": weight_map}))
+    return files

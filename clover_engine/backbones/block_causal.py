@@ -53,7 +53,7 @@ from clover_engine.backbones.causal_lm.model import (
     HFBlockConfig, TransformersBackbone, _cache_kwarg, count_parameters, kv_cache_nbytes,
 )
 from clover_engine.backbones.safetensors_shards import (
-    checkpoint_dtype, load_shards, materialize_buffers, meta_tensors, read_header, shard_files,
+    checkpoint_dtype, load_shards, materialize_buffers, meta_tensors, read_header, save_weights, shard_files,
 )
 from clover_engine.prompting import CHECKPOINT, CheckpointChatTemplate
 
@@ -429,7 +429,6 @@ def save_block_causal(lm: nn.Module, path: str | Path, model_type: str, mask_tok
     Raises:
         ValueError: an unknown ``model_type``, or an LM whose architecture is not the family's.
     """
-    from safetensors.torch import save_file  # local: only writers need it
 
     family = family_of(model_type)
     if family is None:
@@ -449,7 +448,7 @@ def save_block_causal(lm: nn.Module, path: str | Path, model_type: str, mask_tok
     data.update(dict(family.hub_fields))
     data.update(model_type=family.model_type, architectures=list(family.architectures), mask_token_id=int(mask_token_id),
                 bd_size=int(block_size or family.block_size))
-    save_file(state, str(out / "model.safetensors"))
+    save_weights(state, out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(data, indent=2, default=str))
     return out
 
@@ -460,7 +459,7 @@ CHATML_TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n'
 
 
 def write_tiny_block_causal(directory: str | Path, model_type: str, seed: int = 0, sharpen: float = 100.0,
-                            block_size: int = 8) -> Path:
+                            block_size: int = 8, **changes: Any) -> Path:
     """Write a tiny random checkpoint of a block-causal family in its hub layout, tokenizer and chat template
     included, to try the engine, the explorer and the tutorials without a download.
 
@@ -468,7 +467,8 @@ def write_tiny_block_causal(directory: str | Path, model_type: str, seed: int = 
     tokens) plus the family's MASK token -- named in ``added_tokens.json`` as the hub checkpoints do (no
     ``mask_token_id`` in ``config.json``) -- ``generation_config.json`` with ``<|im_end|>`` as the end of a
     turn, and the output layer multiplied by ``sharpen`` (default 100: some slots confident, so a forward can
-    write several; at 12 nearly every slot is a forced fill).
+    write several; at 12 nearly every slot is a forced fill). ``changes`` override the Qwen config's fields
+    (e.g. ``hidden_size=512`` for a checkpoint of some size).
 
     Raises:
         ValueError: an unknown ``model_type``.
@@ -488,7 +488,7 @@ def write_tiny_block_causal(directory: str | Path, model_type: str, seed: int = 
     dims = dict(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
                 eos_token_id=pad, bos_token_id=pad, pad_token_id=pad, rope_theta=10000.0, rms_norm_eps=1e-6,
-                tie_word_embeddings=False)
+                tie_word_embeddings=False) | changes
     cls, cfg_cls = ((transformers.Qwen2ForCausalLM, transformers.Qwen2Config) if family.architecture == "qwen2"
                     else (transformers.Qwen3ForCausalLM, transformers.Qwen3Config))
     torch.manual_seed(seed)

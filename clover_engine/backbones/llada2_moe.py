@@ -60,7 +60,7 @@ from clover_engine.backbones.causal_lm.model import HFBlockConfig, count_paramet
 from clover_engine.backbones.llada_moe import RMSNorm, fill_random, rope
 from clover_engine.backbones.moe import EXPERT_MODES, GatedMLP, MoEDims, Routing, routing_stats
 from clover_engine.backbones.safetensors_shards import (
-    checkpoint_dtype, load_shards, materialize_buffers, meta_tensors, read_header, shard_files,
+    checkpoint_dtype, load_shards, materialize_buffers, meta_tensors, read_header, save_weights, shard_files,
 )
 from clover_engine.backbones.sdar_moe import SDARMoeModel
 from clover_engine.prompting import CHECKPOINT, CheckpointChatTemplate
@@ -492,14 +492,13 @@ def save_llada2_moe(lm: LLaDA2LM, path: str | Path, config: dict) -> Path:
     """Write ``lm`` as a LLaDA2.0 hub checkpoint: ``config.json`` (``config``, the hub ``LLaDA2MoeConfig``
     fields, with ``model_type`` ``llada2_moe`` and architecture ``LLaDA2MoeModelLM``) and ``model.safetensors``
     under the hub's weight names."""
-    from safetensors.torch import save_file  # local: only writers need it
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in lm.state_dict().items()}
     if lm.arch.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    save_file(state, str(out / "model.safetensors"))
+    save_weights(state, out / "model.safetensors")
     data = dict(config, model_type=MODEL_TYPE, architectures=["LLaDA2MoeModelLM"])
     (out / "config.json").write_text(json.dumps(data, indent=2))
     return out

@@ -45,7 +45,7 @@ from clover_engine.backbones.causal_lm.model import count_parameters
 from clover_engine.backbones.masked_diffusion import MaskedDiffusionConfig, MaskedDiffusionModel, MaskedDiffusionState
 from clover_engine.backbones.moe import GatedMLP, MoEDims, MoEFeedForward, RoutingStats, routing_stats
 from clover_engine.backbones.safetensors_shards import (
-    checkpoint_dtype, load_shards, meta_tensors, read_header, shard_files,
+    checkpoint_dtype, load_shards, meta_tensors, read_header, save_weights, shard_files,
 )
 from clover_engine.prompting import CHECKPOINT, CheckpointChatTemplate
 
@@ -438,14 +438,13 @@ def save_llada_moe(lm: LLaDAMoELM, path: str | Path, config: dict) -> Path:
     """Write ``lm`` as a LLaDA-MoE hub checkpoint: ``config.json`` (``config``: the hub ``LLaDAConfig``
     fields, ``model_type`` ``lladamoe``, architecture ``LLaDAMoEModelLM``) and ``model.safetensors``
     under the hub's weight names (the expert bias stored when the config enables it)."""
-    from safetensors.torch import save_file  # local: only writers need it
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in lm.state_dict().items()}
     if lm.arch.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    save_file(state, str(out / "model.safetensors"))
+    save_weights(state, out / "model.safetensors")
     data = dict(config, model_type="lladamoe", architectures=["LLaDAMoEModelLM"])
     (out / "config.json").write_text(json.dumps(data, indent=2))
     return out

@@ -68,7 +68,8 @@ from clover_engine.backbones.causal_lm.model import HFBlockConfig, TransformersB
 from clover_engine.backbones.base import BlockOutput, Capabilities
 from clover_engine.prompting import CHECKPOINT, CheckpointChatTemplate
 from clover_engine.backbones.safetensors_shards import (
-    checkpoint_dtype, compile_rules, load_shards, materialize_buffers, meta_tensors, read_header, shard_files,
+    checkpoint_dtype, compile_rules, load_shards, materialize_buffers, meta_tensors, read_header, save_weights,
+    shard_files,
 )
 
 FORMATS = {
@@ -369,7 +370,6 @@ def save_masked_diffusion(lm: nn.Module, path: str | Path, family: str, mask_tok
         ValueError: an unknown family, or a Llama config LLaDA's layout cannot express
             (attention or MLP biases).
     """
-    from safetensors.torch import save_file
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
@@ -396,6 +396,6 @@ def save_masked_diffusion(lm: nn.Module, path: str | Path, family: str, mask_tok
         raise ValueError(f"family must be one of {', '.join(FORMATS)}, got {family!r}")
     if family == "dream" and c.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    save_file(state, str(out / "model.safetensors"))
+    save_weights(state, out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(data, indent=2, default=str))
     return out

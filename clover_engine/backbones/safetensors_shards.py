@@ -10,11 +10,16 @@ the fly (e.g. LLaDA's onto transformers' Llama), and assigns each shard's tensor
 are recomputed on the real device by the owning module's own constructor (`materialize_buffers`).
 Nothing is left on meta (`load_shards` raises if it would be).
 
-Memory: each tensor is read with ``readinto`` into the tensor that the model keeps (no mmap, so the
-file's pages never count towards the process's resident set, and no second copy); a tensor whose
-stored dtype differs from the model's is read into a temporary first, so the peak is the weights
-plus the largest single tensor (an 8B bf16 model: 16.0e9 bytes of weights, <= 1.2x of that at the
-peak; ``benchmarks/load_memory.py`` measures it).
+Memory: each shard is opened with safetensors' own reader, which maps the file (``mmap``, private
+and read-only: a write to a weight would copy that page, never touch the file). A tensor stored in
+the dtype the model runs in, loaded onto the CPU, *is* that mapping: the load costs about the time
+to map the file, the pages are the OS page cache (file-backed, shared by every process that maps
+the same file, dropped and re-read under memory pressure), and only the pages a forward touches
+become resident -- for a MoE, only the routed experts it ran. A tensor that must be converted
+(another dtype, or another device such as a GPU) is one copy made from the mapping, so the peak
+is the converted weights plus the mapped pages read so far, which the OS may drop.
+``benchmarks/load_memory.py`` measures both; ``tests/clover_engine/test_mapped_loading.py``
+checks that an fp32 load adds almost no anonymous memory.
 
 Layouts: a ``*.safetensors.index.json`` (the hub's sharded layout, ``weight_map`` name -> file)
 names the shards when present; otherwise every ``*.safetensors`` file of the directory is one.
@@ -25,12 +30,14 @@ shards, and names that do not match the model all raise a `ValueError` naming th
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from clover_engine.backbones import load_progress
@@ -186,20 +193,45 @@ def checkpoint_dtype(config: dict, shards: Iterable[Shard]) -> torch.dtype:
     return torch.float32
 
 
-def _read_tensor(f, shard: Shard, entry: TensorEntry, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Read one tensor from the open file `f` into a new tensor of `dtype` on `device`."""
-    direct = entry.dtype == dtype and device.type == "cpu"
-    out = torch.empty(entry.shape, dtype=entry.dtype)
-    nbytes = entry.end - entry.begin
-    if nbytes:
-        f.seek(shard.data_start + entry.begin)
-        buf = out.reshape(-1).view(torch.uint8).numpy()
-        got = f.readinto(memoryview(buf))
-        if got != nbytes:
-            raise _corrupt(shard.path, f"tensor {entry.name!r}: read {got} of {nbytes} bytes")
-    if direct:
-        return out
-    return out.to(device=device, dtype=dtype)
+def save_weights(state: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> Path:
+    """Write ``state`` (name -> contiguous tensor) as one safetensors file at `path`, atomically.
+
+    The file is written beside `path` and renamed over it, so a model that maps the old file (every
+    model `load_shards` loaded onto the CPU does) keeps reading the old bytes: writing in place would
+    truncate pages under a live mapping, and reading them then kills the process (``SIGBUS``).
+
+    Raises:
+        OSError: the folder is not writable (nothing at `path` changes).
+    """
+    from safetensors.torch import save_file  # local: only writers need it
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file(state, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _mapped(shard: Shard):
+    """Open `shard` with safetensors' reader: its CPU tensors are views of a private, read-only
+    mapping of the file (``mmap``), resident only where read."""
+    try:
+        return safe_open(str(shard.path), framework="pt", device="cpu")
+    except SafetensorError as e:
+        raise _corrupt(shard.path, str(e)) from None
+
+
+def _tensor(f, shard: Shard, entry: TensorEntry, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One tensor of the mapped shard `f` as `dtype` on `device`: the mapped view itself when both
+    already match (no copy, the pages stay the file's), else one converted copy."""
+    try:
+        mapped = f.get_tensor(entry.name)
+    except SafetensorError as e:
+        raise _corrupt(shard.path, f"tensor {entry.name!r}: {e}") from None
+    return mapped.to(device=device, dtype=dtype)
 
 
 def load_shards(module: nn.Module, shards: list[Shard], *, rename=lambda name: name, device: str | torch.device = "cpu",
@@ -246,7 +278,7 @@ def load_shards(module: nn.Module, shards: list[Shard], *, rename=lambda name: n
     load_progress.begin("reading weights", sum(shard.nbytes for shard in shards))
     for shard in shards:
         batch: dict[str, torch.Tensor] = {}
-        with open(shard.path, "rb") as f:
+        with _mapped(shard) as f:
             for t in shard.tensors:
                 key = rename(t.name)
                 want = expected[key]
@@ -254,7 +286,7 @@ def load_shards(module: nn.Module, shards: list[Shard], *, rename=lambda name: n
                     raise ValueError(f"{shard.path}: {t.name!r} has shape {list(t.shape)}, {what} expects "
                                      f"{list(want.shape)} for {key!r}")
                 dtype = want.dtype if t.dtype.is_floating_point and want.dtype.is_floating_point else t.dtype
-                batch[key] = _read_tensor(f, shard, t, dtype, device)
+                batch[key] = _tensor(f, shard, t, dtype, device)
                 load_progress.advance(t.end - t.begin)  # a front end's progress bar and Stop
         module.load_state_dict(batch, strict=False, assign=True)
         del batch

@@ -34,6 +34,7 @@ from torch import nn
 from clover_engine.backbones.base import BlockOutput, Capabilities
 from clover_engine.backbones.block_causal import BlockCausalConfig, BlockCausalModel, BlockCausalState, load_block_causal
 from clover_engine.backbones.moe import MoEDims, MoEFeedForward, RoutingStats, routing_stats
+from clover_engine.backbones.safetensors_shards import save_weights
 
 
 def moe_layer_flags(data: dict) -> list[bool]:
@@ -159,14 +160,13 @@ def save_sdar_moe(lm: nn.Module, path: str | Path, data: dict, mask_token_id: in
     under the hub names and ``data`` (the ``config.json`` fields, MoE fields included) as ``config.json`` with
     ``model_type`` ``sdar_moe``; ``mask_token_id`` is written when given (the hub config names none: the
     tokenizer's ``<MASK>`` is found instead)."""
-    from safetensors.torch import save_file  # local: only writers need it
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in lm.state_dict().items()}
     if data.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)
-    save_file(state, str(out / "model.safetensors"))
+    save_weights(state, out / "model.safetensors")
     from clover_engine.backbones.block_causal import FAMILIES  # local: the family's hub fields
 
     family = FAMILIES["sdar_moe"]

@@ -26,6 +26,7 @@ from clover_engine.backbones.masked_diffusion import (  # noqa: E402
 )
 from clover_engine.backbones.safetensors_shards import meta_tensors, read_header, shard_files  # noqa: E402
 from clover_engine.checkpoint import load_model  # noqa: E402
+from tests.helpers import split_into_shards  # noqa: E402
 
 V, MASK = 128, 126
 IDS = [5, 9, 33, 17, 60, 4, 8, 21, 70, 11, 40, MASK, 41, MASK]
@@ -41,25 +42,6 @@ def _tiny(kind: str, tie: bool = False):
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common)).eval()
 
 
-def _split(d, shards: int, index: bool = True) -> list[str]:
-    """Split ``d/model.safetensors`` into `shards` files (hub names), with an index json if asked."""
-    weights = load_file(str(d / "model.safetensors"))
-    (d / "model.safetensors").unlink()
-    names = sorted(weights)
-    files, weight_map = [], {}
-    for i in range(shards):
-        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        part = {k: weights[k] for k in names[i::shards]}
-        save_file(part, str(d / fname))
-        files.append(fname)
-        weight_map.update({k: fname for k in part})
-    if index:
-        total = sum(t.numel() * t.element_size() for t in weights.values())
-        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
-                                                                    "weight_map": weight_map}))
-    return files
-
-
 def _write(tmp_path, family: str, shards: int = 3, index: bool = True, tie: bool = False, dtype=None):
     src = _tiny("qwen2" if family == "dream" else "llama", tie=tie)
     if dtype is not None:
@@ -71,7 +53,7 @@ def _write(tmp_path, family: str, shards: int = 3, index: bool = True, tie: bool
         cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
         (d / "config.json").write_text(json.dumps(cfg))
     if shards > 1:
-        _split(d, shards, index)
+        split_into_shards(d, shards, index)
     return src, d
 
 
