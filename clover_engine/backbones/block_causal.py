@@ -213,8 +213,10 @@ class BlockCausalModel(TransformersBackbone):
         return BlockCausalState(cache=DynamicCache())
 
     def _run(self, state: BlockCausalState, ids: list[int] | torch.Tensor, mask: torch.Tensor,
-             keep: bool) -> torch.Tensor:
-        """One forward of ``ids`` at positions ``state.position ..`` with ``mask``; logits [1, n, V] fp32."""
+             keep: bool, rows: torch.Tensor | int | None = None) -> torch.Tensor:
+        """One forward of ``ids`` at positions ``state.position ..`` with ``mask``; logits [1, n, V] fp32, or
+        only the output rows ``rows`` (a 1-D int64 tensor of row indices, or an int: the last ``rows``) --
+        transformers' ``logits_to_keep``: the layers run over all n tokens, the output layer over those rows."""
         device = self.device
         ids = torch.as_tensor(ids, dtype=torch.long, device=device).reshape(1, -1)
         start, n = state.position, ids.shape[1]
@@ -222,13 +224,15 @@ class BlockCausalModel(TransformersBackbone):
             raise ValueError(f"position {start + n} exceeds max_position_embeddings="
                              f"{self.config.max_position_embeddings}; shorten the prompt or max_new_tokens")
         pos = torch.arange(start, start + n, device=device)[None]
-        out = self.lm(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+        keep_rows = {} if rows is None else {"logits_to_keep": rows}
+        out = self.lm(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **keep_rows,
                       **{_cache_kwarg(self.lm): state.cache})
         if not keep:
             state.cache.crop(-n)
         return out.logits.float()
 
-    def extend(self, state: BlockCausalState, ids: list[int] | torch.Tensor, block_size: int) -> torch.Tensor:
+    def extend(self, state: BlockCausalState, ids: list[int] | torch.Tensor, block_size: int,
+               all_logits: bool = False) -> torch.Tensor:
         """Commit ``ids`` (n tokens) to the history: their K/V computed block-causally and kept.
 
         A prompt's whole blocks (the prefill) and a finished block (the commit) both go through here.
@@ -237,29 +241,37 @@ class BlockCausalModel(TransformersBackbone):
             state: from `setup_state`; extended in place (cache, ``committed``, ``last_logits``).
             ids: n token ids; ``state.position`` should be a multiple of ``block_size``.
             block_size: the block size of the alignment (`block_causal_mask`).
+            all_logits: return every row's logits; by default only the last row is computed, the only
+                one a sampler reads (the output layer over a long prompt would otherwise cost n x V).
 
         Returns:
-            [1, n, V] fp32 logits (row i = the output at the i-th committed token).
+            [1, n, V] fp32 logits with ``all_logits`` (row i = the output at the i-th committed token),
+            else [1, 1, V]: the output at the last committed token.
         """
         n = len(ids)
         if n == 0:
             return torch.zeros(1, 0, self.config.vocab_size)
         mask = block_causal_mask(state.position, n, block_size, self.dtype, self.device)
-        logits = self._run(state, ids, mask, keep=True)
+        logits = self._run(state, ids, mask, keep=True, rows=None if all_logits else 1)
         state.committed.extend(int(t) for t in torch.as_tensor(ids).reshape(-1).tolist())
         state.last_logits = logits[:, -1]
         return logits
 
-    def block_logits(self, state: BlockCausalState, block_ids: torch.Tensor) -> torch.Tensor:
+    def block_logits(self, state: BlockCausalState, block_ids: torch.Tensor,
+                     rows: torch.Tensor | None = None) -> torch.Tensor:
         """One denoising forward: ``block_ids`` [1, L] right after the history, full attention to the cache
         and within the block; nothing is kept.
 
+        Args:
+            rows: 1-D int64 slot indices whose output rows to compute (None: all L). Every slot still runs
+                through the layers; only the output layer (L x V) is cut to the rows a sampler reads.
+
         Returns:
-            [1, L, V] fp32 raw logits (row j = the output at slot j; no shift applied).
+            [1, L, V] fp32 raw logits (row j = the output at slot j; no shift applied), or [1, len(rows), V].
         """
         L = block_ids.shape[1]
         mask = torch.zeros(1, 1, L, state.position + L, dtype=self.dtype, device=self.device)
-        return self._run(state, block_ids, mask, keep=False)
+        return self._run(state, block_ids, mask, keep=False, rows=rows)
 
     def forward(self, block_ids: torch.Tensor, state: BlockCausalState, commit_ids: torch.Tensor | None = None,
                 block_size: int | None = None, observe: bool = False) -> BlockOutput:

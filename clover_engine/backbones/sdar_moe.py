@@ -83,9 +83,10 @@ class SDARMoeModel(BlockCausalModel):
         """Block-causal diffusion with the ``expert_union`` observable."""
         return super().capabilities.replace(observables=frozenset({"expert_union"}))
 
-    def _run(self, state: BlockCausalState, ids, mask: torch.Tensor, keep: bool) -> torch.Tensor:
-        logits = super()._run(state, ids, mask, keep)
-        n = logits.shape[1]
+    def _run(self, state: BlockCausalState, ids, mask: torch.Tensor, keep: bool,
+             rows: torch.Tensor | int | None = None) -> torch.Tensor:
+        logits = super()._run(state, ids, mask, keep, rows)
+        n = torch.as_tensor(ids).numel()  # every token of the forward routed, whatever rows were kept
         self.last_routing = routing_stats([m.last for m in self.moe_layers()], slice(0, n))
         return logits
 

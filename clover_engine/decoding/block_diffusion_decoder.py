@@ -191,9 +191,11 @@ class _Run(SamplerRun):
         routing = getattr(self.model, "last_routing", None)
         return None if routing is None else routing.union.tolist()
 
-    def denoise(self, block: torch.Tensor) -> torch.Tensor:
-        """One denoising forward over ``block`` [1, L]; raw logits [1, L, V]."""
-        logits = self.model.block_logits(self.state, block)
+    def denoise(self, block: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """One denoising forward over ``block`` [1, L]; raw logits [1, L, V], or [1, len(rows), V] for the
+        output rows ``rows`` only (`BlockCausalModel.block_logits`)."""
+        logits = self.model.block_logits(self.state, block) if rows is None else \
+            self.model.block_logits(self.state, block, rows=rows)
         self.nfe += 1
         self._routing = getattr(self.model, "last_routing", None)  # SDAR MoE: what the block's slots chose
         self._cost = None if self.meter is None else self.meter.forward(0, block.shape[1], self._union(),
@@ -246,12 +248,14 @@ class _Run(SamplerRun):
                     while (x_t[:, lo + a: lo + b] == mask_id).any() and not self._stopped(x_t, prompt_length, stop):
                         t0 = time.perf_counter()
                         masked_before = x_t[0, lo:lo + bs] == mask_id
-                        logits = self.denoise(x_t[:, lo:lo + bs])
-                        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+                        slots, rows, inv = self._fast_dllm_v2_rows(masked_before, a, b)
+                        logits = self.denoise(x_t[:, lo:lo + bs], rows)  # [1, len(rows), V]
                         sub = x_t[:, lo + a: lo + b]
-                        step = fast_dllm_v2_step(sub, logits[:, a:b], mask_id, cfg, self.generator)
+                        at = torch.searchsorted(slots, torch.arange(a, b, device=slots.device))
+                        step = fast_dllm_v2_step(sub, logits[:, inv[at]], mask_id, cfg, self.generator)
                         x_t[:, lo + a: lo + b] = sub
-                        self._step_event(lo, n_steps, x_t[0, lo:lo + bs], masked_before, step, a, logits[0], t0)
+                        self._step_event(lo, n_steps, x_t[0, lo:lo + bs], masked_before, step, a,
+                                         logits[0, inv] if self.observers else logits[0], t0, slots=slots)
                         n_steps += 1
                         if self.is_cancelled():
                             self._block_end(lo, x_t[0, lo:lo + bs], n_steps)
@@ -262,6 +266,23 @@ class _Run(SamplerRun):
         if stop in out:
             out = out[: out.index(stop) + 1]
         return out, False
+
+    def _fast_dllm_v2_rows(self, masked_before: torch.Tensor, a: int, b: int):
+        """The output rows a Fast-dLLM v2 step reads: (slots [S] whose logits are needed, sorted; rows [R] the
+        distinct raw output rows that predict them; inv [S]: slot i's row is ``rows[inv[i]]``).
+
+        Under the logit shift slot j is predicted by the output at slot j - 1 (slot 0 by its own output, as
+        the original's ``cat([logits[:, :1], logits[:, :-1]])``). The step reads its sub-block ``a..b``; the
+        explorer's events also show every masked slot of the block. The original computes all L rows over
+        the whole vocabulary in every forward; this computes only these (the sub-block's alone without events).
+        """
+        want = torch.zeros_like(masked_before)
+        want[a:b] = True
+        if self.observers:
+            want |= masked_before
+        slots = want.nonzero()[:, 0]
+        rows, inv = torch.unique((slots - 1).clamp(min=0), sorted=True, return_inverse=True)
+        return slots, rows, inv
 
     def _stopped(self, x_t: torch.Tensor, prompt_length: int, stop: int) -> bool:
         """The original's stop test: the stop token written after ``prompt_length`` with no MASK before it."""
@@ -404,11 +425,13 @@ class _Run(SamplerRun):
 
     def _step_event(self, lo: int, i: int, block: torch.Tensor, masked_before: torch.Tensor, step: BlockStep,
                     offset: int, logits: torch.Tensor, t0: float, edited: torch.Tensor | None = None,
-                    before: torch.Tensor | None = None, shown: torch.Tensor | None = None) -> None:
+                    before: torch.Tensor | None = None, shown: torch.Tensor | None = None,
+                    slots: torch.Tensor | None = None) -> None:
         """A `StepEvent` over the whole block; ``step`` covers slots ``offset ..`` (a Fast-dLLM v2 sub-block).
-        LLaDA2.1's edits: ``edited`` [L] the written slots given another token (``rewritten``, or ``remasked``
-        when that token is MASK), ``before`` [L] the block before the step, ``shown`` [L] the slots whose
-        candidates the event keeps (every slot the sampler re-predicts)."""
+        ``logits`` [L, V] predicts every slot, or [S, V] only the slots ``slots`` [S] (the others' candidates
+        are then unknown, -1 / NaN). LLaDA2.1's edits: ``edited`` [L] the written slots given another token
+        (``rewritten``, or ``remasked`` when that token is MASK), ``before`` [L] the block before the step,
+        ``shown`` [L] the slots whose candidates the event keeps (every slot the sampler re-predicts)."""
         n = step.transfer.shape[0]
         self.n_forced += int((step.forced & masked_before[offset:offset + n]).sum())
         if not self.observers:
@@ -437,6 +460,12 @@ class _Run(SamplerRun):
         probs = torch.softmax(logits.float(), dim=-1)
         tp, tt = top_candidates(probs, min(k, probs.shape[-1]))
         tops, topt = tp.float().cpu().numpy(), tt.cpu().numpy().astype(np.int64)
+        if slots is not None:  # rows for some slots only: the rest have no candidates
+            at = slots.cpu().numpy()
+            tops = np.full((L, tops.shape[1]), np.nan, np.float32)
+            topt = np.full((L, topt.shape[1]), -1, np.int64)
+            tops[at], topt[at] = tp.float().cpu().numpy(), tt.cpu().numpy()
+            seen = seen & np.isin(np.arange(L), at)
         cost, routing = self._cost, self._routing
         self.emit(StepEvent(
             block_index=self.n_blocks, step_index=i, position_start=lo, tokens=block.cpu().numpy().copy(),
