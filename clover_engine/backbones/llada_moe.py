@@ -491,7 +491,8 @@ def write_tiny_llada_moe(directory: str | Path, seed: int = 0, sharpen: float = 
     tok = byte_tokenizer()
     tok.add_special_tokens([MASK_TOKEN])
     mask_id, eos, pad = tok.token_to_id(MASK_TOKEN), tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
-    data = tiny_config(tok.get_vocab_size(), **dict(dict(pad_token_id=pad, eos_token_id=eos), **changes))
+    vocab = max(int(changes.pop("vocab_size", 0)), tok.get_vocab_size())  # a larger vocabulary: rows never tokenised
+    data = tiny_config(vocab, **dict(dict(pad_token_id=pad, eos_token_id=eos), **changes))
     lm = LLaDAMoELM(LLaDAMoEArch.from_config(data))
     fill_random(lm, 1000 + seed, sharpen)
     save_llada_moe(lm.eval(), out, data)
