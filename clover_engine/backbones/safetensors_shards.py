@@ -290,6 +290,55 @@ def load_shards(module: nn.Module, shards: list[Shard], *, rename=lambda name: n
                 load_progress.advance(t.end - t.begin)  # a front end's progress bar and Stop
         module.load_state_dict(batch, strict=False, assign=True)
         del batch
+    module.weight_files = tuple(str(shard.path.resolve()) for shard in shards)  # what `PageMeter` watches
+
+
+class PageMeter:
+    """Bytes of a mapped checkpoint that become resident in this process: what forwards really read.
+
+    A model `load_shards` left mapped reads a weight's pages only when a forward touches them (for a MoE,
+    only the experts its tokens were routed to); this meter sums the ``Rss`` of this process's mappings of the
+    checkpoint's files in ``/proc/self/smaps`` (Linux) and reports how much it grew since the last call. Pages
+    already resident count once: the figure is the new reads -- from the page cache, or from the disk when the
+    OS had dropped them (a checkpoint larger than free RAM).
+
+    Reading ``/proc/self/smaps`` costs a few milliseconds (it lists every mapping of the process), so the
+    decoders measure only mixture-of-experts models, only while someone observes the decode.
+
+    Attributes:
+        files: the resolved paths of the checkpoint's shards.
+    """
+
+    SMAPS = Path("/proc/self/smaps")
+
+    def __init__(self, files: Iterable[str]):
+        self.files = frozenset(files)
+        self._last = self.resident()
+
+    @classmethod
+    def of(cls, model: object) -> "PageMeter | None":
+        """The meter of `model` (a backbone or its ``lm``) when its weights came from `load_shards` and this
+        system has ``/proc/self/smaps``; else None."""
+        files = getattr(model, "weight_files", None) or getattr(getattr(model, "lm", None), "weight_files", None)
+        return cls(files) if files and cls.SMAPS.exists() else None
+
+    def resident(self) -> int:
+        """Bytes of the checkpoint's mappings resident in this process now (0 when none is mapped)."""
+        total, counting = 0, False
+        with open(self.SMAPS) as f:
+            for line in f:
+                first = line.split(maxsplit=5)  # a header: range, perms, offset, dev, inode[, path]
+                if len(first) >= 5 and "-" in first[0] and ":" not in first[0]:  # a mapping's header line
+                    counting = len(first) == 6 and first[5].strip() in self.files
+                elif counting and line.startswith("Rss:"):
+                    total += int(line.split()[1]) * 1024
+        return total
+
+    def paged_in(self) -> int:
+        """Bytes that became resident since the previous call (or since the meter was made)."""
+        now = self.resident()
+        grew, self._last = max(0, now - self._last), now
+        return grew
 
 
 def materialize_buffers(module: nn.Module, device: str | torch.device = "cpu") -> None:

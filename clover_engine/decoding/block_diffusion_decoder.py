@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from clover_engine.backbones.safetensors_shards import PageMeter
 from clover_engine.cost.meter import CostMeter
 from clover_engine.decoding.block_diffusion_samplers import (
     BlockStep, FastDLLMv2Sampler, SDARSampler, fast_dllm_v2_step, sdar_num_transfer_tokens, sdar_step,
@@ -174,6 +175,8 @@ class _Run(SamplerRun):
         self.generator = None if cfg.seed is None else torch.Generator().manual_seed(cfg.seed)
         self.meter = (CostMeter(mcfg, self.model.dtype.itemsize, "state", 0, self.bs, dec.capabilities)
                       if observers else None)
+        # a MoE model left mapped: the checkpoint bytes each step really paged in, beside the cost model's
+        self.pages = (PageMeter.of(dec.model) if observers and dec.capabilities.emits("expert_union") else None)
         self.n_forced, self.n_blocks, self.n_edits = 0, 0, 0
 
     # ------------------------------------------------------------------ forwards
@@ -479,7 +482,8 @@ class _Run(SamplerRun):
             router_entropy=None if routing is None else routing.entropy.numpy(), state_norm=None,
             memory_share=None, n_tokens_forward=int(self._n_forward), wall_s=float(time.perf_counter() - t0), firings=(),
             bytes_read=float(cost.bytes_read), flops=float(cost.flops),
-            arithmetic_intensity=float(cost.arithmetic_intensity), **revised))
+            arithmetic_intensity=float(cost.arithmetic_intensity), **revised,
+            bytes_paged_in=None if self.pages is None else float(self.pages.paged_in())))
 
 
 __all__ = ["BlockDiffusionDecoder", "BlockDiffusionResult"]

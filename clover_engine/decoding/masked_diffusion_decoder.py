@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from clover_engine.backbones.safetensors_shards import PageMeter
 from clover_engine.cost.meter import CostMeter
 from clover_engine.decoding.config import DecodeResult
 from clover_engine.decoding.hooks import Hook
@@ -150,6 +151,8 @@ class _Run(SamplerRun):
         block = cfg.block_length if isinstance(cfg, LLaDASampler) else cfg.canvas_length
         self.meter = (CostMeter(mcfg, dec.model.dtype.itemsize, "state", 0, block, dec.capabilities)
                       if observers else None)
+        # a MoE model left mapped: the checkpoint bytes each step really paged in, beside the cost model's
+        self.pages = (PageMeter.of(dec.model) if observers and dec.capabilities.emits("expert_union") else None)
 
     def logits(self) -> torch.Tensor:
         """[1, T, V] fp32 over the whole of ``x``: the model's forward with the prompt as history and the
@@ -239,7 +242,8 @@ class _Run(SamplerRun):
             expert_counts=None if routing is None else routing.counts.numpy(),
             router_entropy=None if routing is None else routing.entropy.numpy(), state_norm=None, memory_share=None, n_tokens_forward=int(self.x.shape[1]), wall_s=float(t_obs - t0),
             firings=(), bytes_read=float(cost.bytes_read), flops=float(cost.flops),
-            arithmetic_intensity=float(cost.arithmetic_intensity)))
+            arithmetic_intensity=float(cost.arithmetic_intensity),
+            bytes_paged_in=None if self.pages is None else float(self.pages.paged_in())))
 
     def _tops(self, lo: int, hi: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(top_probs [L, k] fp32, top_tokens [L, k] int64) of the last forward's softmax over the block."""

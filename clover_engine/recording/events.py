@@ -110,6 +110,11 @@ class StepEvent(_Repr):
         n_tokens_forward: tokens that went through this forward (commit + block).
         bytes_read, flops, arithmetic_intensity: the cost model's estimate for
             this forward (bytes, FLOPs, FLOPs/byte); None until filled.
+        bytes_paged_in: bytes of the checkpoint's file mapping that became resident in this process
+            since the previous step (this forward, and a commit forward run before it), measured from
+            ``/proc/self/smaps`` (`clover_engine.backbones.safetensors_shards.PageMeter`): what the forward
+            really read from the page cache or the disk, beside the cost model's ``bytes_read``. Recorded
+            for a mixture-of-experts model loaded mapped on Linux; None otherwise.
         wall_s: wall time of this iteration in seconds (forward + selection).
         firings: logits-processor interventions of this step.
         rewritten: (L,) bool -- slots that held a written (non-MASK) token before this
@@ -161,6 +166,7 @@ class StepEvent(_Repr):
     expert_union_block: np.ndarray | None = None
     expert_counts: np.ndarray | None = None
     router_entropy: np.ndarray | None = None
+    bytes_paged_in: float | None = None
 
     def __post_init__(self) -> None:
         L = np.shape(self.tokens)[0] if np.ndim(self.tokens) else 0

@@ -102,7 +102,9 @@ _OPTIONAL_ARRAY_FIELDS = ("rewritten", "remasked", "previous_tokens")
 _NULLABLE_ADDED_FIELDS = ("expert_union_block", "expert_counts", "router_entropy")
 _INT_FIELDS = ("block_index", "step_index", "position_start", "n_tokens_forward")
 _FLOAT_FIELDS = ("wall_s",)
-_OPTIONAL_FLOAT_FIELDS = ("bytes_read", "flops", "arithmetic_intensity")
+_OPTIONAL_FLOAT_FIELDS = ("bytes_read", "flops", "arithmetic_intensity", "bytes_paged_in")
+# Measured later still: a file without it reads None (not measured).
+_ADDED_FLOAT_FIELDS = ("bytes_paged_in",)
 _METADATA_KEYS = (
     "format_version",
     "created_by",
@@ -317,7 +319,8 @@ def read_columns(table: Any, source: str = "<table>") -> dict[str, list[Any]]:
     columns: dict[str, list[Any]] = {}
     n = table.num_rows
     for name in _STEP_FIELDS:
-        if name in _OPTIONAL_ARRAY_FIELDS + _NULLABLE_ADDED_FIELDS and name not in table.column_names:
+        added = _OPTIONAL_ARRAY_FIELDS + _NULLABLE_ADDED_FIELDS + _ADDED_FLOAT_FIELDS
+        if name in added and name not in table.column_names:
             columns[name] = [None] * n  # revision fields: filled with the StepEvent default below
             continue
         if name not in table.column_names:
@@ -396,7 +399,7 @@ def _check_columns(table: Any, source: str) -> None:
                 expected[name + "_shape"] = (lambda x: is_list(x, t.is_integer), "list<int64> (the row's shape)")
     schema = table.schema
     for name, (ok, what) in expected.items():
-        added = _OPTIONAL_ARRAY_FIELDS + _NULLABLE_ADDED_FIELDS
+        added = _OPTIONAL_ARRAY_FIELDS + _NULLABLE_ADDED_FIELDS + _ADDED_FLOAT_FIELDS
         if (name in added or name.removesuffix("_shape") in added) and name not in schema.names:
             continue  # a trace saved before the revision / routing columns existed
         if name not in schema.names:

@@ -178,8 +178,9 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
     Left: the recorded model's bytes per forward **as run** (the trace's ``bytes_read``: the
     cost model at the dtype the model ran in, `clover_engine.cost.recorded_weight_bytes`; fp32 on
     this CPU) as bars, the same forwards **projected** at bf16 weights as a line, and the
-    as-run bytes per written token. The prompt forward(s) (`clover_engine.cost.prompt_forward_mask`)
-    are drawn in their own colour. Right (log scale): the measured running tokens/s on the
+    as-run bytes per written token; for a mapped MoE checkpoint also the bytes each forward really
+    paged in (the trace's ``bytes_paged_in``, measured: the routed experts read for the first time).
+    The prompt forward(s) (`clover_engine.cost.prompt_forward_mask`) are drawn in their own colour. Right (log scale): the measured running tokens/s on the
     machine that recorded the trace (cumulative tokens / cumulative ``wall_s``) and, dashed
     and labelled "projected", `clover_engine.cost.project_trace` on ``device`` for the recorded
     model and for ``config`` at the same tokens per forward over the whole run, ``config``
@@ -232,6 +233,13 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
                                      line=dict(color=C.PROJECTED_COLOR, width=1.5, dash="dash"),
                                      hovertemplate="forward %{x}<br>%{y:.3f} MB projected (bf16)<extra></extra>"),
                           row=1, col=1)
+        paged = trace.column("bytes_paged_in")  # measured on a mapped MoE checkpoint, else NaN
+        if np.isfinite(paged).any():
+            fig.add_trace(go.Scatter(x=x, y=_json_list(paged / 1e6), name="MB paged in from the checkpoint (measured)",
+                                     mode="lines+markers", marker=dict(size=5, symbol="x"),
+                                     line=dict(color="#059669", width=1.5),
+                                     hovertemplate="forward %{x}<br>%{y:.3f} MB of the checkpoint newly resident "
+                                                   "(measured, /proc/self/smaps)<extra></extra>"), row=1, col=1)
         per_tok = bytes_per_written_token(trace) / 1e6
         fig.add_trace(go.Scatter(x=x, y=_json_list(per_tok), name=f"MB per token written, as run ({run_dt})",
                                  mode="lines+markers", marker=dict(size=4), line=dict(color="#1d4ed8", width=1.5),
