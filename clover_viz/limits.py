@@ -41,7 +41,11 @@ DEFAULT_MAX_UPLOAD_MB = 12.0
 message limit of 20 MB, so a plain ``panel serve`` needs no flag. Saved traces are ~0.1-1 MB."""
 MAX_TRACE_UPLOAD_BYTES = int(float(os.environ.get("CLOVER_MAX_UPLOAD_MB") or DEFAULT_MAX_UPLOAD_MB) * MB)
 SOCKET_OVERHEAD_BYTES = 64 * 1024  # a websocket message's JSON around the base64 file
-LOAD_OVERHEAD = 1.5  # peak bytes per weight byte while a model loads (a converted copy beside the read one)
+LOAD_OVERHEAD = 1.05
+"""Peak resident bytes per weight byte of a load and a decode, as measured: the lean loader maps the
+checkpoint (no second copy) and reading every weight once makes 1.003x the weights resident
+(``benchmarks/load_memory.py``, 1.5 B parameters); LLaDA-MoE-7B at its real shape peaks at 1.044x its
+weights with a 32-slot decode's working set (``benchmarks/load_memory_moe.py``: 14.30 GiB for 13.70 GiB)."""
 MEMORY_RESERVE_BYTES = 512 * MB  # kept free for the server itself and the sessions' decodes
 ROOTS_ENV = "CLOVER_MODEL_ROOTS"
 HUB_IDS_ENV = "CLOVER_MODEL_IDS"
@@ -269,8 +273,8 @@ def check_memory(name: str, need_bytes: int, reserved_bytes: int = 0, free_bytes
     if want > free - reserved_bytes:
         under_way = f", {_gb(reserved_bytes)} of it taken by loads under way" if reserved_bytes else ""
         raise NotEnoughMemory(
-            f"{name} needs about {_gb(want)} to load ({_gb(need_bytes)} of weights x{LOAD_OVERHEAD:g} while "
-            f"loading, plus {_gb(MEMORY_RESERVE_BYTES)} kept free) but the server has {_gb(free)} free"
+            f"{name} needs about {_gb(want)} to load and decode ({_gb(need_bytes)} of weights x{LOAD_OVERHEAD:g}, the "
+            f"measured peak, plus {_gb(MEMORY_RESERVE_BYTES)} kept free) but the server has {_gb(free)} free"
             f"{under_way}; pick a smaller model, or ask whoever runs the server")
 
 

@@ -199,6 +199,15 @@ def test_a_model_too_large_for_free_memory_is_refused_before_allocation(layout, 
         state.close()
 
 
+def test_the_memory_rule_is_the_loaders_measured_peak():
+    # LLaDA-MoE-7B at its real shape: 14.7 GB of bf16 weights, mapped, peaking at 1.044x with a decode
+    # (benchmarks/load_memory_moe.py) -- admitted with 18.5 GB free, refused with 15 GB
+    weights = int(7.36e9 * 2)
+    limits.check_memory("LLaDA-MoE-7B", weights, free_bytes=int(18.5e9))
+    with pytest.raises(NotEnoughMemory, match=r"x1\.05, the measured peak"):
+        limits.check_memory("LLaDA-MoE-7B", weights, free_bytes=int(15e9))
+
+
 def test_check_memory_counts_loads_under_way():
     limits.check_memory("small", 10 * limits.MB, free_bytes=2000 * limits.MB)
     with pytest.raises(NotEnoughMemory, match="taken by loads under way"):
