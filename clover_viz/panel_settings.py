@@ -143,6 +143,8 @@ class SettingsPanel(pn.viewable.Viewer):
         self.block_size = discrete_keys(control(pn.widgets.DiscreteSlider, s, "block_size", event="value_throttled",
                                                 label="Block size", sizing_mode="stretch_width"))
         self.policy = control(pn.widgets.Select, s, "policy", label="Policy")
+        # the list offers what the loaded model runs (`clover_viz.session_settings.policies_for`)
+        s.param.watch(lambda e: setattr(self.policy, "options", list(e.new)), "policy", what="objects")
         self.memory_mode = control(pn.widgets.RadioButtonGroup, s, "memory_mode", label="Memory", color="primary",
                                    variant="outline", sizing_mode="stretch_width")
         self.memory_note = pn.pane.Markdown("", margin=(0, 10), styles={"font-size": "11px", "color": "#64748b"})

@@ -28,6 +28,7 @@ from typing import Any
 from clover_viz import models
 from clover_viz.examples import EXAMPLE_PROMPTS, YOUR_PROMPT, examples_for
 from clover_viz.models import LoadedModel, resolve_model
+from clover_viz.session_settings import policies_for
 from clover_engine.backbones import load_progress
 from clover_engine.backbones.causal_lm.adapter import base_is_cached
 from clover_engine.backbones.load_progress import LoadProgress
@@ -260,12 +261,26 @@ class SessionModels:
             mode, why = best_memory_mode(self.model_dir)
             # with a window: which mode to start in and why; without: why `state` is the only one
             self.memory_advice = f"`{mode}` is the {why}" if loaded.window_available else why
+        self._offer_policies_of(loaded)
         if adjust_mode:
             self._start_in_best_memory_mode(loaded)
             self._fit_policy_to_model(loaded)
         if adjust_mode and not loaded.window_available and self.memory_mode == "state+window":
             self.memory_mode = "state"
         return loaded
+
+    def _offer_policies_of(self, loaded: LoadedModel) -> None:
+        """The policy list offers only what ``loaded`` can run (`clover_viz.session_settings.policies_for`); a
+        policy it cannot run gives way to ``low_confidence`` (threshold decoding runs on every model), or to
+        ``verify`` for a model that drafts -- without a re-decode."""
+        offered = policies_for(loaded)
+        quiet, self._quiet = self._quiet, True
+        try:
+            self.param.policy.objects = offered
+            if self.policy not in offered:
+                self._auto_policy = self.policy = "verify" if "verify" in offered else "low_confidence"
+        finally:
+            self._quiet = quiet
 
     def _fit_policy_to_model(self, loaded: LoadedModel) -> None:
         """A model that drafts for a target (`Capabilities.drafts`, smollm2-drafter) starts in ``verify`` at

@@ -39,6 +39,7 @@ from clover_engine.decoding.decoder import DecodeConfig
 from clover_engine.decoding.block_diffusion_samplers import FastDLLMv2Sampler, SDARSampler
 from clover_engine.decoding.llada2_samplers import LLaDA21Sampler, LLaDA2Sampler
 from clover_engine.decoding.masked_diffusion_samplers import DreamSampler, LLaDASampler
+from clover_engine.decoding.policies import POLICIES, SLOT_POLICIES
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX = 1, 2048
@@ -139,6 +140,23 @@ def official_sampler(name: str, loaded: LoadedModel | None, max_new_tokens: int,
     if name == "llada":  # a budget that does not split into blocks: the sampler refuses it, saying what works
         return LLaDASampler(gen_length=max_new_tokens, block_length=block_size, steps=max_new_tokens)
     return DreamSampler(max_new_tokens=max_new_tokens, steps=max_new_tokens, alg="maskgit_plus")
+
+
+def policies_for(loaded: LoadedModel | None) -> list[str]:
+    """The policies the loaded model can run, in the policy list's order: the slot policies of threshold
+    decoding (every backbone), ``verify`` for a model that drafts (`Capabilities.drafts`), and each official
+    sampler `official_sampler` accepts for this model (LLaDA's and Dream's on their checkpoints, Fast-dLLM v2's,
+    SDAR's, LLaDA2.0's and LLaDA2.1's on theirs). Every policy when no model is loaded."""
+    if loaded is None:
+        return [*POLICIES, *OFFICIAL_SAMPLERS]
+    out = list(SLOT_POLICIES) + (["verify"] if loaded.capabilities.drafts else [])
+    for name in OFFICIAL_SAMPLERS:
+        try:  # the sampler's own check of the model, on a budget every sampler can split
+            official_sampler(name, loaded, 32, 32, 0.9)
+        except ValueError:
+            continue
+        out.append(name)
+    return out
 
 
 def controls_of(dc: Any) -> tuple[int, float | None]:
