@@ -261,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                            "--dir", str(d), "--job", str(job_path)]
                 runs[family, side].append(_child(cmd))
             shutil.rmtree(d, ignore_errors=True)
+            report(runs, [family], sides, facts, args, threads)  # each family's table as soon as it is done
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return report(runs, families, sides, facts, args, threads)

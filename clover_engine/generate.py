@@ -53,7 +53,7 @@ from clover_engine.decoding.llada2_samplers import LLaDA21Sampler, LLaDA2Sampler
 from clover_engine.decoding.masked_diffusion_samplers import DREAM_ALGS, LLADA_REMASKING, DreamSampler, LLaDASampler
 from clover_engine.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, example_names, example_prompt
 from clover_engine.prompting import model_input, trained_context_note
-from clover_engine.trust import forced_share_note
+from clover_engine.trust import budget_note, forced_share_note
 from clover_engine.recording.trace_files import trace_format
 from clover_engine.threads import add_threads_argument, configure_threads
 
@@ -240,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         guessed = forced_share_note(len(result.tokens), result.n_forced - past, Path(args.model_dir).name)
         if guessed:  # how much to trust the text above (the family samplers' quota fills are forced fills too)
             print(f"note: {guessed}", file=sys.stderr)
+        budget = budget_note(dc.to_dict(), len(result.tokens), result.stop_reason) if args.sampler != "block" else ""
+        if budget:  # the samplers' own block rules, not ours: say why the count is not the budget
+            print(f"note: {budget}", file=sys.stderr)
         if args.trace is not None:
             print(f"trace saved to {result.trace.save(args.trace)}")
         return 0

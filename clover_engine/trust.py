@@ -42,3 +42,35 @@ def forced_share_note(n_tokens: int, n_forced: int, model_name: str | None = Non
 
 
 __all__ = ["MOSTLY_FORCED", "PLAIN_QUESTION_MODEL", "forced_share_note"]
+
+
+SAMPLER_NAMES = {"sdar": "SDAR", "fast_dllm_v2": "Fast-dLLM v2", "llada2": "LLaDA2.0", "llada21": "LLaDA2.1",
+                 "llada": "LLaDA", "dream": "Dream"}
+"""The official samplers' names as their papers write them (``decode_config["sampler"]`` -> name)."""
+
+
+def budget_note(settings: dict, n_tokens: int, stop_reason: str) -> str:
+    """One sentence when a family's own sampler wrote another number of tokens than its budget, else ``""``.
+
+    The block-causal samplers decode whole blocks aligned to absolute positions, the prompt included: SDAR and
+    LLaDA2.0 run every block up to ``ceil((prompt + gen_length) / block_length)``, so an answer can pass the
+    budget by up to a block; Fast-dLLM v2 decodes ``max_new_tokens // block_size`` blocks, the first one only
+    finishing the prompt's last block, plus the token its last commit forward writes, so an answer can fall short
+    of the budget. Said for a run that stopped on its budget (``stop_reason == "max_new_tokens"``).
+
+    Args:
+        settings: a run's ``decode_config`` (``sampler`` and ``max_new_tokens`` / ``gen_length``, block size).
+        n_tokens: tokens in the answer kept. stop_reason: the run's.
+    """
+    sampler = settings.get("sampler")
+    budget = settings.get("max_new_tokens", settings.get("gen_length"))
+    if sampler not in SAMPLER_NAMES or budget is None or stop_reason != "max_new_tokens" or n_tokens == budget:
+        return ""
+    name, block = SAMPLER_NAMES[sampler], settings.get("block_size", settings.get("block_length"))
+    if n_tokens > budget:
+        return (f"{name} decodes whole blocks aligned to the prompt's start: {n_tokens} tokens for a budget of "
+                f"{budget} (blocks of {block})")
+    if sampler == "fast_dllm_v2":
+        return (f"Fast-dLLM v2 decodes max_new_tokens // block_size = {budget // block} block(s), the first "
+                f"finishing the prompt's last block of {block}: {n_tokens} tokens for a budget of {budget}")
+    return f"{name} wrote {n_tokens} tokens for a budget of {budget} (blocks of {block})"

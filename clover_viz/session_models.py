@@ -278,7 +278,11 @@ class SessionModels:
         try:
             self.param.policy.objects = offered
             if self.policy not in offered:
+                was = self.policy
                 self._auto_policy = self.policy = "verify" if "verify" in offered else "low_confidence"
+                if not self.running:
+                    self.status = (f"policy {was!r} does not run on {loaded.label} (it offers "
+                                   f"{', '.join(offered)}): {self.policy!r} instead")
         finally:
             self._quiet = quiet
 

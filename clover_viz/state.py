@@ -76,7 +76,7 @@ from clover_engine.recording.events import BlockStart, DecodeEnd, StepEvent
 from clover_engine.decoding import decoder_for  # imports the decoder it picks only when called (kernels: seconds)
 from clover_engine.decoding.policies import POLICIES
 from clover_engine.prompting import model_input, trained_context_note
-from clover_engine.trust import forced_share_note
+from clover_engine.trust import budget_note, forced_share_note
 from clover_engine.recording.trace import Trace
 
 
@@ -506,7 +506,8 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
                            + past_training_note(dc.get("block_size"), self._trained_block)
                            + chat_template_note(self.trace)
                            + long_prompt_note(self.trace)
-                           + (f" · {guessed}" if guessed else ""))
+                           + (f" · {guessed}" if guessed else "")
+                           + (f" · {budget}" if (budget := budget_note(dc, len(end.tokens), end.stop_reason)) else ""))
         assert run is not None and not run.superseded, run
 
     def _fail(self, exc: BaseException) -> None:

@@ -82,3 +82,16 @@ def test_browser_tests_under_load_keeps_cores_busy_and_reports_each_run(tmp_path
                           "--logs", str(tmp_path), "tests/no_such_test.py"], capture_output=True, text=True, cwd=ROOT,
                          timeout=600, check=False)
     assert bad.returncode == 1 and "0 of 1 runs passed; failed: [1]" in bad.stdout, bad.stdout + bad.stderr
+
+
+def test_vs_official_runs_our_side_of_every_family_small():
+    # CI has no official code (its own virtualenv, fetched from GitHub): the harness runs our side of all five
+    # families at tiny dimensions, events on and off, and both give the same tokens
+    out = _run("benchmarks/vs_official.py", "--small", "--tokens", "32", "--rounds", "1", "--layers", "2",
+               "--threads", "1", timeout=900)
+    rows = [ln.split("|") for ln in out.splitlines() if ln.startswith("| ") and "ours, events" in ln]
+    families = {r[1].split("(")[0].strip() for r in rows}
+    assert families == {"fast_dllm_v2", "sdar", "llada", "dream", "llada_moe"}, out
+    assert all(int(r[7]) > 0 and r[-2].strip() == "yes" for r in rows), out
+    assert "official side not run (no --official-python)" in out
+    assert out.rstrip().endswith("tokens identical across every side and round: yes"), out[-500:]

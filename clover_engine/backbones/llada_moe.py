@@ -322,11 +322,11 @@ class LLaDAMoEModel(MaskedDiffusionModel):
             m.mode = mode
 
     def forward(self, block_ids: torch.Tensor, state: MaskedDiffusionState, commit_ids: torch.Tensor | None = None,
-                block_size: int | None = None, observe: bool = False) -> BlockOutput:
+                block_size: int | None = None, observe: bool = False, rows: slice | None = None) -> BlockOutput:
         """`MaskedDiffusionModel.forward`, plus the routing: ``expert_union`` [N MoE layers] int64 counts
         the distinct experts all T tokens chose; `last_routing` holds the rest (block / history unions,
         per-expert token counts, router entropy over the block's slots)."""
-        out = super().forward(block_ids, state, commit_ids, block_size, observe)
+        out = super().forward(block_ids, state, commit_ids, block_size, observe, rows)
         P, L = len(state.committed), block_ids.shape[1]
         self.last_routing = routing_stats([m.last for m in self.lm.moe_layers()], slice(P, P + L))
         return BlockOutput(logits=out.logits, expert_union=self.last_routing.union)

@@ -188,7 +188,7 @@ class MaskedDiffusionModel(TransformersBackbone):
         return MaskedDiffusionState()
 
     def forward(self, block_ids: torch.Tensor, state: MaskedDiffusionState, commit_ids: torch.Tensor | None = None,
-                block_size: int | None = None, observe: bool = False) -> BlockOutput:
+                block_size: int | None = None, observe: bool = False, rows: slice | None = None) -> BlockOutput:
         """One denoising forward: append the finished tokens, then recompute ``[history ++ block ++ tail]``.
 
         Args:
@@ -197,9 +197,11 @@ class MaskedDiffusionModel(TransformersBackbone):
             state: from `setup_state`; the commit extends ``state.committed``.
             commit_ids: [1, C] finished tokens to append to the history first, or None.
             block_size, observe: accepted for the decoder's protocol; unused.
+            rows: the slots (a slice of 0..L) whose logits to return (default all L): every position still runs
+                through the model, the output layer only over these (a sampler that reads one block of its canvas).
 
         Returns:
-            `BlockOutput` with logits [1, L, V] fp32 (row j predicts slot j; with the logit
+            `BlockOutput` with logits [1, L, V] fp32, or [1, len(rows), V] (row j predicts slot j; with the logit
             shift and nothing committed, row 0 -- a prompt token, never masked -- is zeros)
             and ``None`` for expert_union, memory_share and state_norm.
 
@@ -220,16 +222,15 @@ class MaskedDiffusionModel(TransformersBackbone):
         ids = state.committed + block_ids[0].tolist() + [cfg.mask_token_id] * tail
         T = len(ids)
         device = self.device
-        if cfg.logit_shift:
-            rows = list(range(max(P - 1, 0), P + L - 1))
-        else:
-            rows = list(range(P, P + L))
+        slots = range(L)[rows] if rows is not None else range(L)
+        shift = 1 if cfg.logit_shift else 0
+        keep = [P + j - shift for j in slots if P + j - shift >= 0]  # row P + j (shift: P + j - 1) predicts slot j
         x = torch.tensor([ids], dtype=torch.long, device=device)
         mask = torch.zeros(1, 1, T, T, dtype=self.dtype, device=device)  # every position sees every position
         out = self.lm(input_ids=x, attention_mask=mask, position_ids=torch.arange(T, device=device)[None],
-                      use_cache=False, logits_to_keep=torch.tensor(rows, device=device))
+                      use_cache=False, logits_to_keep=torch.tensor(keep, device=device))
         logits = out.logits.float()
-        if cfg.logit_shift and P == 0:  # slot 0 is the first prompt token: nothing before it predicts it
+        if shift and P == 0 and 0 in slots:  # slot 0 is the first prompt token: nothing before it predicts it
             logits = torch.cat([logits.new_zeros(1, 1, logits.shape[-1]), logits], 1)
         return BlockOutput(logits=logits, expert_union=None)
 

@@ -33,7 +33,8 @@ class TraceProjection:
     Attributes:
         device: the device projected onto.
         union_assumption: how the target's expert union was chosen.
-        n_forwards, tokens_written: from the trace (decode forwards only).
+        n_forwards, tokens_written: from the trace: every forward (the decoder's NFE: steps, and the
+            prefill and commit forwards no step reports), the answer tokens.
         tokens_per_forward: ``tokens_written / n_forwards``.
         measured_wall_s: the run's wall time on the machine that recorded it
             (None if the trace has none); measured_tokens_per_s likewise.
@@ -41,6 +42,8 @@ class TraceProjection:
             measured unions (None when its config is unknown).
         target: projection of ``target_config`` (default ``clover-35b-a3b``)
             at the same tokens per forward.
+        stepped: one entry per forward projected: True for a forward a `StepEvent` reports, False for a
+            prefill or commit forward of its own (``DecodeEnd.unstepped_forwards``); () from rows without them.
         decode_phase: the same figures without the prompt forward(s) (`DecodePhase`): what
             compares with an autoregressive step, which has no prompt in it. None when the
             prompt forward(s) were the whole run.
@@ -59,6 +62,7 @@ class TraceProjection:
     source: Projection | None
     target: Projection
     decode_phase: DecodePhase | None = None
+    stepped: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -353,6 +357,7 @@ def project_trace(
     rows = _step_rows(trace_like)
     if not rows:
         raise ValueError("the trace has no steps to project")
+    rows, stepped = _with_unstepped_forwards(trace_like, rows)
     target = _as_config(target_config or "clover-35b-a3b")
     source = _as_config(source_config) if source_config is not None else _source_config(trace_like)
     decode_config = _get(trace_like, "decode_config") if not isinstance(trace_like, Sequence) else None
@@ -396,12 +401,44 @@ def project_trace(
         n_forwards=len(rows),
         tokens_written=written,
         tokens_per_forward=written / len(rows),
+        stepped=tuple(stepped),
         measured_wall_s=wall,
         measured_tokens_per_s=None if wall is None else written / wall,
         source=src_proj,
         target=tgt_proj,
         decode_phase=_decode_phase(trace_like, rows, fields, written, wall, src_proj, tgt_proj),
     )
+
+
+def _with_unstepped_forwards(trace_like: Any, rows: list[Any]) -> tuple[list[Any], list[bool]]:
+    """``rows`` with a row for each forward no step event reports (``DecodeEnd.unstepped_forwards``: a
+    block-causal family's prefill and commit forwards) at its place among them, and which rows are steps.
+
+    Such a row runs its ``n_tokens`` as commit (nothing written, no slots) after ``context_len`` cached tokens;
+    its routing was not recorded, so it carries the expert union of the step beside it (the next step's for a
+    prefill, the previous step's for a commit: the block it commits). A prefill counts as block 0's prompt
+    forward (`prompt_forward_mask`)."""
+    end = getattr(trace_like, "decode_end", None)
+    end = end() if callable(end) else end
+    extra = list(getattr(end, "unstepped_forwards", ()) or ())
+    if not extra or isinstance(trace_like, Sequence):
+        return rows, [True] * len(rows)
+    out, stepped, k = [], [], 0
+    for i in range(len(rows) + 1):
+        while k < len(extra) and int(extra[k][3]) <= i:
+            kind, n, context, before = extra[k]
+            beside = rows[min(i, len(rows) - 1)] if kind == "prefill" else rows[max(i - 1, 0)]
+            out.append({"n_tokens_forward": int(n), "n_commit": int(n), "block_len": 0, "n_written": 0,
+                        "accepted": None, "forced": None, "expert_union": _get(beside, "expert_union"),
+                        "position_start": int(context) + int(n), "wall_s": 0.0,
+                        "block_index": 0 if kind == "prefill" else None,
+                        "step_index": 0 if kind == "prefill" else None, "unstepped": kind})
+            stepped.append(False)
+            k += 1
+        if i < len(rows):
+            out.append(rows[i])
+            stepped.append(True)
+    return out, stepped
 
 
 def _decode_phase(trace_like: Any, rows: list[Any], fields: list[tuple], written: int, wall: float | None,

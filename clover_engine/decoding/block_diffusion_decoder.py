@@ -151,7 +151,7 @@ class BlockDiffusionDecoder(OfficialSamplerDecoder):
             flops=None if run.meter is None else run.meter.flops, observer_s=run.observer_s,
             canvas=canvas, settings=cfg.to_dict(), n_edits=run.n_edits)
         if observers:
-            run.emit(result.end_event())
+            run.emit(dataclasses.replace(result.end_event(), unstepped_forwards=tuple(run.unstepped)))
         return result
 
 
@@ -178,6 +178,8 @@ class _Run(SamplerRun):
         # a MoE model left mapped: the checkpoint bytes each step really paged in, beside the cost model's
         self.pages = (PageMeter.of(dec.model) if observers and dec.capabilities.emits("expert_union") else None)
         self.n_forced, self.n_blocks, self.n_edits = 0, 0, 0
+        self.n_steps = 0  # step events so far (the position of a prefill / commit forward among them)
+        self.unstepped: list[tuple[str, int, int, int]] = []  # forwards no step event reports (DecodeEnd)
 
     # ------------------------------------------------------------------ forwards
     def commit(self, ids) -> torch.Tensor:
@@ -185,6 +187,7 @@ class _Run(SamplerRun):
         before = self.state.position
         logits = self.model.extend(self.state, ids, self.bs)
         self.nfe += 1
+        self.unstepped.append(("commit" if self.n_steps else "prefill", len(ids), before, self.n_steps))
         if self.meter is not None:
             self.meter.forward(len(ids), 0, self._union(), context_len=before)
         return logits
@@ -436,6 +439,7 @@ class _Run(SamplerRun):
         (``rewritten``, or ``remasked`` when that token is MASK), ``before`` [L] the block before the step,
         ``shown`` [L] the slots whose candidates the event keeps (every slot the sampler re-predicts)."""
         n = step.transfer.shape[0]
+        self.n_steps += 1
         self.n_forced += int((step.forced & masked_before[offset:offset + n]).sum())
         if not self.observers:
             return

@@ -154,21 +154,33 @@ class _Run(SamplerRun):
         # a MoE model left mapped: the checkpoint bytes each step really paged in, beside the cost model's
         self.pages = (PageMeter.of(dec.model) if observers and dec.capabilities.emits("expert_union") else None)
 
-    def logits(self) -> torch.Tensor:
+    def logits(self, lo: int | None = None, hi: int | None = None) -> torch.Tensor:
         """[1, T, V] fp32 over the whole of ``x``: the model's forward with the prompt as history and the
-        canvas as the block (the logit shift, if any, already applied); prompt rows are zeros."""
-        out = self.dec._lm(self.x[:, self.P:], self.dec._lm.setup_state(1, "state"), commit_ids=self.prompt)
-        canvas_logits = out.logits.float()
+        canvas as the block (the logit shift, if any, already applied); prompt rows are zeros. With ``lo`` /
+        ``hi`` (absolute positions of one block of the canvas): only that block's rows, [1, hi - lo, V] --
+        the whole canvas still runs through the model, the output layer only over the block."""
+        state = self.dec._lm.setup_state(1, "state")
+        if lo is None:
+            out = self.dec._lm(self.x[:, self.P:], state, commit_ids=self.prompt)
+        else:
+            out = self.dec._lm(self.x[:, self.P:], state, commit_ids=self.prompt, rows=slice(lo - self.P, hi - self.P))
         self._last_union = out.expert_union  # [N] distinct experts of this forward (MoE backbones), else None
-        head = canvas_logits.new_zeros(1, self.P, canvas_logits.shape[-1])
         self.nfe += 1
-        self._last_logits = torch.cat([head, canvas_logits], 1)
+        if lo is not None:
+            self._origin, self._last_logits = lo, out.logits.float()
+            return self._last_logits
+        canvas_logits = out.logits.float()
+        head = canvas_logits.new_zeros(1, self.P, canvas_logits.shape[-1])
+        self._origin, self._last_logits = 0, torch.cat([head, canvas_logits], 1)
         return self._last_logits
 
     def llada(self) -> bool:
         """LLaDA's ``generate`` loop; True when cancelled."""
         cfg, P = self.cfg, self.P
         steps = cfg.steps // cfg.num_blocks
+        # greedy with low_confidence remasking draws nothing: a step reads its block alone (every slot outside it
+        # has confidence -inf in the original), so the output layer runs over the block's rows only
+        block_only = cfg.temperature == 0 and cfg.remasking == "low_confidence"
         for b in range(cfg.num_blocks):
             lo, hi = P + b * cfg.block_length, P + (b + 1) * cfg.block_length
             block_mask_index = self.x[:, lo:hi] == self.mask_id
@@ -177,8 +189,12 @@ class _Run(SamplerRun):
             for i in range(steps):
                 t0 = time.perf_counter()
                 masked_before = self.x[0, lo:hi] == self.mask_id
-                step = llada_step(self.x, self.logits(), self.mask_id, hi, int(num_transfer_tokens[0, i]), cfg,
-                                  self.generator)
+                if block_only:
+                    step = llada_step(self.x[:, lo:hi], self.logits(lo, hi), self.mask_id, hi - lo,
+                                      int(num_transfer_tokens[0, i]), cfg, self.generator)
+                else:
+                    step = llada_step(self.x, self.logits(), self.mask_id, hi, int(num_transfer_tokens[0, i]), cfg,
+                                      self.generator)
                 self._step_event(b, i, lo, hi, masked_before, step, t0)
                 if self.is_cancelled():
                     self._block_end(b, lo, hi, i + 1)
@@ -221,11 +237,12 @@ class _Run(SamplerRun):
         t_obs = time.perf_counter()
         L, k = hi - lo, self.cfg.top_candidates
         mb = masked_before.cpu().numpy()
-        wrote = (step.transfer[0, lo:hi] & masked_before & (self.x[0, lo:hi] != self.mask_id)).cpu().numpy()
+        a, b_ = lo - self._origin, hi - self._origin  # the block in the step's columns (its own, or of all of x)
+        wrote = (step.transfer[0, a:b_] & masked_before & (self.x[0, lo:hi] != self.mask_id)).cpu().numpy()
         # the top candidates for hovers: the softmax of this forward's logits is not kept by the step;
         # the candidate's own probability is (step.prob)
-        cand = step.candidate[0, lo:hi].cpu().numpy().astype(np.int64)
-        prob = step.prob[0, lo:hi].float().cpu().numpy()
+        cand = step.candidate[0, a:b_].cpu().numpy().astype(np.int64)
+        prob = step.prob[0, a:b_].float().cpu().numpy()
         tops, topt = self._tops(lo, hi, k)
         union = getattr(self, "_last_union", None)
         routing = getattr(self.dec._lm, "last_routing", None)  # LLaDA-MoE: block / history unions, counts
@@ -247,7 +264,7 @@ class _Run(SamplerRun):
 
     def _tops(self, lo: int, hi: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(top_probs [L, k] fp32, top_tokens [L, k] int64) of the last forward's softmax over the block."""
-        logits = self._last_logits[0, lo:hi].float()
+        logits = self._last_logits[0, lo - self._origin:hi - self._origin].float()
         probs = torch.softmax(logits, dim=-1)
         tp, tt = top_candidates(probs, min(k, probs.shape[-1]))
         return tp.float().cpu().numpy(), tt.cpu().numpy().astype(np.int64)

@@ -225,6 +225,14 @@ class DecodeEnd(_Repr):
         bytes_read, flops: sums over forwards (None until the cost model fills them).
         observer_s: of `wall_s`, the seconds the decoder spent on its observers (events, cost
             estimates, hooks, this trace); 0.0 in traces saved before it was recorded.
+        unstepped_forwards: the forwards counted in ``nfe`` that no `StepEvent` reports -- a block-causal
+            family's prefill of the prompt's whole blocks and its commit of each finished block into the KV
+            cache, which are forwards of their own (Clover fuses both into the next step). One
+            ``(kind, n_tokens, context_len, steps_before)`` each: ``"prefill"`` or ``"commit"``, the tokens it
+            ran, the cached tokens it attended to, and how many steps came before it. So
+            ``nfe == steps + len(unstepped_forwards)`` for every decoder, and every view counts the same
+            forwards (`clover_engine.cost.project_trace` prices these too). () where there are none, and in
+            traces saved before it was recorded.
     """
 
     tokens: np.ndarray
@@ -236,6 +244,7 @@ class DecodeEnd(_Repr):
     bytes_read: float | None = None
     flops: float | None = None
     observer_s: float = 0.0
+    unstepped_forwards: tuple = ()
 
 
 Event = BlockStart | StepEvent | BlockEnd | DecodeEnd

@@ -361,7 +361,9 @@ def read_blocks(fields: Mapping[str, Any]) -> tuple[list[BlockStart], list[Block
     ]
     ends = [BlockEnd(**{**b, "tokens": _decode_array(b["tokens"])}) for b in blocks["ends"]]
     end = fields.get("decode_end")
-    decode_end = None if end is None else DecodeEnd(**{**end, "tokens": _decode_array(end["tokens"])})
+    decode_end = None if end is None else DecodeEnd(**{
+        **end, "tokens": _decode_array(end["tokens"]),
+        "unstepped_forwards": tuple(tuple(f) for f in end.get("unstepped_forwards", ()))})
     return starts, ends, decode_end
 
 

@@ -81,7 +81,9 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
     bytes_read = np.asarray(trace.column("bytes_read"), dtype=np.float64)
     mean_run = float(np.nanmean(bytes_read)) if np.isfinite(bytes_read).any() else None
     this_run = float(bytes_read[pos]) if np.isfinite(bytes_read[pos]) else None
-    this_proj = src.bytes_per_forward[pos] if src is not None and len(src.bytes_per_forward) == n else None
+    steps = [i for i, s in enumerate(getattr(p, "stepped", ()) or ()) if s] or list(range(n))  # forwards with a step
+    this_proj = (src.bytes_per_forward[steps[pos]] if src is not None and len(steps) == n
+                 and len(src.bytes_per_forward) >= len(steps) else None)
     mean_proj = src.bytes_read / src.n_forwards if src is not None else None
     th = "style='text-align:left;padding:2px 10px 2px 0;font-weight:600'"
     td = "style='padding:2px 10px 2px 0'"
@@ -104,7 +106,8 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
 
     tgt, dp = p.target, p.decode_phase
     ar = ar_tokens_per_s(tgt.config_name, p.device)
-    whole_h = f"whole run: {p.n_forwards} forwards, {p.tokens_written} tokens, {p.tokens_per_forward:.2f} per forward"
+    whole_h = (f"whole run: {p.n_forwards} forwards{forward_kinds(trace)}, {p.tokens_written} tokens, "
+               f"{p.tokens_per_forward:.2f} per forward")
     if dp is None:
         dec_h = "decode phase: none (the prompt forward was the whole run)"
     else:
@@ -137,6 +140,14 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
     elif not dp.prompt_forwards:
         notes.append("<b>whole run</b> = <b>decode phase:</b> the prompt was shorter than one block and only "
                      "pre-filled the first block's head, so no forward carried a prompt block.")
+    elif p.stepped and not p.stepped[dp.prompt_forwards[0]]:  # a prefill forward of its own (block-causal)
+        kept = [i for i in range(p.n_forwards) if i not in set(dp.prompt_forwards)]
+        notes.append(
+            f"<b>whole run:</b> every forward, including the prefill ({_forwards_range(list(dp.prompt_forwards))}"
+            f"), a forward of its own that puts the prompt's {dp.prompt_tokens} tokens of whole blocks into the "
+            f"KV cache and writes nothing, and the commit forwards that put each finished block there. "
+            f"<b>decode phase:</b> {_forwards_range(kept)} and the {dp.tokens_written} tokens they wrote, the "
+            "prefill left out: an autoregressive decode prefills too, and its line leaves that out.")
     else:
         first = dp.prompt_forwards[0]
         union = tgt.expert_union_per_forward[first] if tgt.expert_union_per_forward else None
@@ -169,6 +180,23 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
                  f"FLOPs / peak) on {dev} from clover_engine.cost, bf16 weights whatever the run's dtype, not measured.")
     out.append("<div style='color:#475569;margin-top:4px'>" + "<br>".join(notes) + "</div>")
     return f"<div class='{COST_SUMMARY_CLASS}' style='font-size:13px;line-height:1.5'>{''.join(out)}</div>"
+
+
+def forward_kinds(trace: Any) -> str:
+    """`` (6 steps, 1 prefill, 2 commits)``: the forwards of a run whose prefill and commit forwards are
+    their own (a block-causal family's: ``DecodeEnd.unstepped_forwards``), so that the count reads as the
+    run's NFE on the cards; "" when every forward is a step."""
+    end = getattr(trace, "decode_end", None)
+    extra = list(getattr(end, "unstepped_forwards", ()) or ())
+    if not extra:
+        return ""
+    kinds = [str(f[0]) for f in extra]
+    parts = [f"{len(trace)} step{'' if len(trace) == 1 else 's'}"]
+    for kind in ("prefill", "commit"):
+        c = kinds.count(kind)
+        if c:
+            parts.append(f"{c} {kind}{'s' if c > 1 and kind == 'commit' else ''}")
+    return " (" + ", ".join(parts) + ")"
 
 
 def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b",
@@ -226,8 +254,12 @@ def cost_figure(trace: Any, device: str = "h800", config: str = "clover-35b-a3b"
                                          for p in prompt.tolist()],
                              hovertemplate=f"forward %{{x}} (%{{customdata}})<br>%{{y:.3f}} MB as run ({run_dt})"
                                            "<extra></extra>"), row=1, col=1)
-        if proj is not None and proj.source is not None and len(proj.source.bytes_per_forward) == len(trace):
-            fig.add_trace(go.Scatter(x=x, y=[b / 1e6 for b in proj.source.bytes_per_forward],
+        stepped = [i for i, st in enumerate(proj.stepped) if st] if proj is not None and proj.stepped else None
+        src_bytes = (None if proj is None or proj.source is None else
+                     [proj.source.bytes_per_forward[i] for i in stepped] if stepped is not None
+                     and len(proj.source.bytes_per_forward) == len(proj.stepped) else proj.source.bytes_per_forward)
+        if src_bytes is not None and len(src_bytes) == len(trace):
+            fig.add_trace(go.Scatter(x=x, y=[b / 1e6 for b in src_bytes],
                                      name="MB per forward, projected (bf16)", mode="lines+markers",
                                      marker=dict(size=5, symbol="diamond"),
                                      line=dict(color=C.PROJECTED_COLOR, width=1.5, dash="dash"),

@@ -317,7 +317,9 @@ def test_the_explorer_offers_the_official_samplers_as_policies(tmp_path):
         s.close()
         s.wait(5)
     clover = ExplorerState(model_dir="clover-test", policy="llada", auto_redecode=False)
-    try:
-        assert not clover.generate() and "runs on a LLaDA or Dream checkpoint" in clover.error
+    try:  # a policy the loaded model cannot run is not offered: the state says so and takes threshold decoding
+        assert clover.load_model() is not None
+        assert clover.policy == "low_confidence" and "llada" not in clover.param.policy.objects
+        assert "policy 'llada' does not run on" in clover.status and "'low_confidence' instead" in clover.status
     finally:
         clover.close()

@@ -91,3 +91,27 @@ def test_a_confident_family_run_prints_no_trust_note(tiny, capsys):
     rc, out, err = _run(capsys, tiny["llada2"], "--sampler", "llada2", "--block-size", "8", "--max-new-tokens", "16",
                         "--threshold", "0.01")
     assert rc == 0 and "forced=0" in out and "mostly guessed" not in err, (out, err)
+
+
+def test_a_budget_the_sampler_passes_or_falls_short_of_is_explained():
+    from clover_engine.trust import budget_note
+
+    sdar = {"sampler": "sdar", "gen_length": 32, "block_length": 32}
+    assert budget_note(sdar, 47, "max_new_tokens") == ("SDAR decodes whole blocks aligned to the prompt's start: "
+                                                      "47 tokens for a budget of 32 (blocks of 32)")
+    fd = {"sampler": "fast_dllm_v2", "max_new_tokens": 32, "block_size": 32}
+    assert budget_note(fd, 16, "max_new_tokens").startswith("Fast-dLLM v2 decodes max_new_tokens // block_size = 1 "
+                                                            "block(s), the first finishing the prompt's last block")
+    assert budget_note(sdar, 32, "max_new_tokens") == ""  # the budget kept: nothing to say
+    assert budget_note(sdar, 47, "eos") == ""  # it stopped on its own end
+    assert budget_note({"policy": "low_confidence", "max_new_tokens": 32}, 40, "max_new_tokens") == ""
+
+
+def test_the_cli_says_why_sdar_wrote_more_than_its_budget(tiny, capsys):
+    # the prompt (ChatML) does not end on a block of 8: SDAR runs to the block holding prompt + 10, past 10 tokens
+    rc, out, err = _run(capsys, tiny["sdar"], "--sampler", "sdar", "--block-size", "8", "--max-new-tokens", "10",
+                        "--top-k", "1", "--threshold", "0.01")
+    assert rc == 0, err
+    tokens = int(re.search(r"tokens=(\d+)", out).group(1))
+    assert "stop=max_new_tokens" in out and tokens > 10, out  # greedy (top-k 1): the same run every time
+    assert f"SDAR decodes whole blocks aligned to the prompt's start: {tokens} tokens for a budget of 10" in err, err
