@@ -12,7 +12,7 @@ interleaved, each decode in a fresh process:
 
 * **official**: the family's official modeling file and sampler at the commits the fidelity data pins
   (`OFFICIAL`, fetched from GitHub, from local git mirrors with ``--mirrors``, or already laid out in
-  ``--official-dir``), run by ``benchmarks/official_decode.py`` in the official code's own virtualenv
+  ``--official-dir``), run by ``tests/fidelity/run_official_decode.py`` in the official code's own virtualenv
   (``--official-python``: ``python -m venv /tmp/official-venv && /tmp/official-venv/bin/pip install torch
   transformers==4.53.3 einops safetensors``);
 * **ours, events on**: ``clover_engine.checkpoint.load_model`` and the family's sampler with a trace recorded
@@ -254,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
             for _, side in tqdm(jobs, desc=f"{family} ({layers} layers, {nbytes / 1e9:.2f} GB)", unit="decode"):
                 job_path = root / f"{family}-{side[:4]}.json"
                 if side == "official":
-                    cmd = [args.official_python, str(ROOT / "benchmarks" / "official_decode.py"), str(official_dir),
-                           family, str(d), str(job_path)]
+                    runner = ROOT / "tests" / "fidelity" / "run_official_decode.py"
+                    cmd = [args.official_python, str(runner), str(official_dir), family, str(d), str(job_path)]
                 else:
                     cmd = [sys.executable, __file__, "--child", f"{family}:{'on' if 'on' in side else 'off'}",
                            "--dir", str(d), "--job", str(job_path)]

@@ -261,10 +261,10 @@ class SessionModels:
             mode, why = best_memory_mode(self.model_dir)
             # with a window: which mode to start in and why; without: why `state` is the only one
             self.memory_advice = f"`{mode}` is the {why}" if loaded.window_available else why
-        self._offer_policies_of(loaded)
         if adjust_mode:
             self._start_in_best_memory_mode(loaded)
             self._fit_policy_to_model(loaded)
+        self._offer_policies_of(loaded)
         if adjust_mode and not loaded.window_available and self.memory_mode == "state+window":
             self.memory_mode = "state"
         return loaded

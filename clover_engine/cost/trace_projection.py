@@ -414,10 +414,9 @@ def _with_unstepped_forwards(trace_like: Any, rows: list[Any]) -> tuple[list[Any
     """``rows`` with a row for each forward no step event reports (``DecodeEnd.unstepped_forwards``: a
     block-causal family's prefill and commit forwards) at its place among them, and which rows are steps.
 
-    Such a row runs its ``n_tokens`` as commit (nothing written, no slots) after ``context_len`` cached tokens;
-    its routing was not recorded, so it carries the expert union of the step beside it (the next step's for a
-    prefill, the previous step's for a commit: the block it commits). A prefill counts as block 0's prompt
-    forward (`prompt_forward_mask`)."""
+    Such a row runs its ``n_tokens`` as commit (nothing written, no slots) after ``context_len`` cached tokens,
+    with its recorded expert union (a dense model's: None, like its steps'). A prefill counts as block 0's
+    prompt forward (`prompt_forward_mask`)."""
     end = getattr(trace_like, "decode_end", None)
     end = end() if callable(end) else end
     extra = list(getattr(end, "unstepped_forwards", ()) or ())
@@ -426,10 +425,9 @@ def _with_unstepped_forwards(trace_like: Any, rows: list[Any]) -> tuple[list[Any
     out, stepped, k = [], [], 0
     for i in range(len(rows) + 1):
         while k < len(extra) and int(extra[k][3]) <= i:
-            kind, n, context, before = extra[k]
-            beside = rows[min(i, len(rows) - 1)] if kind == "prefill" else rows[max(i - 1, 0)]
+            kind, n, context, before, union = (list(extra[k]) + [None])[:5]
             out.append({"n_tokens_forward": int(n), "n_commit": int(n), "block_len": 0, "n_written": 0,
-                        "accepted": None, "forced": None, "expert_union": _get(beside, "expert_union"),
+                        "accepted": None, "forced": None, "expert_union": union,
                         "position_start": int(context) + int(n), "wall_s": 0.0,
                         "block_index": 0 if kind == "prefill" else None,
                         "step_index": 0 if kind == "prefill" else None, "unstepped": kind})

@@ -179,7 +179,7 @@ class _Run(SamplerRun):
         self.pages = (PageMeter.of(dec.model) if observers and dec.capabilities.emits("expert_union") else None)
         self.n_forced, self.n_blocks, self.n_edits = 0, 0, 0
         self.n_steps = 0  # step events so far (the position of a prefill / commit forward among them)
-        self.unstepped: list[tuple[str, int, int, int]] = []  # forwards no step event reports (DecodeEnd)
+        self.unstepped: list[tuple] = []  # forwards no step event reports (DecodeEnd.unstepped_forwards)
 
     # ------------------------------------------------------------------ forwards
     def commit(self, ids) -> torch.Tensor:
@@ -187,9 +187,10 @@ class _Run(SamplerRun):
         before = self.state.position
         logits = self.model.extend(self.state, ids, self.bs)
         self.nfe += 1
-        self.unstepped.append(("commit" if self.n_steps else "prefill", len(ids), before, self.n_steps))
+        union = self._union()  # the experts this forward's tokens chose (an SDAR MoE model), else None
+        self.unstepped.append(("commit" if self.n_steps else "prefill", len(ids), before, self.n_steps, union))
         if self.meter is not None:
-            self.meter.forward(len(ids), 0, self._union(), context_len=before)
+            self.meter.forward(len(ids), 0, union, context_len=before)
         return logits
 
     def _union(self) -> list[int] | None:

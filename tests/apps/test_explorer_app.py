@@ -647,18 +647,24 @@ def test_one_saved_trace_shows_the_same_summary_in_the_app_and_the_notebook(tmp_
     assert in_app["clover-settings"] == "8 · 0.95" and in_app["clover-stop"] != "running"
 
 
-def test_a_failed_decode_ends_the_decoding_status(state):
-    """A policy the model cannot run fails on Generate: the error says why, and the status line stops reading
-    "decoding with ..." (it once kept saying so for as long as the page was open)."""
+def test_a_failed_decode_ends_the_decoding_status(state, monkeypatch):
+    """A decode that fails in its worker: the error says why, and the status line stops reading "decoding with
+    ..." (it once kept saying so for as long as the page was open)."""
+    from clover_engine.decoding.decoder import BlockDecoder
+
     state.tick(0.02)
     shown = state.trace
-    state.policy = "verify"  # clover-test drafts for no target
+
+    def fails(self, *args, **kwargs):
+        raise ValueError("the model refused this decode")
+
+    monkeypatch.setattr(BlockDecoder, "generate", fails)
     assert state.generate()
     assert state.wait(60)
     for _ in range(3):
         state.tick(0.02)
     assert not state.running
-    assert state.error.startswith("Decoding failed: ValueError: policy 'verify' needs a model that drafts"), state.error
+    assert state.error.startswith("Decoding failed: ValueError: the model refused this decode"), state.error
     assert state.status == "decoding failed (ValueError): see the error (the run on display is unchanged)", state.status
     assert state.trace is shown
 

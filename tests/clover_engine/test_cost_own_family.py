@@ -47,16 +47,24 @@ def test_the_recorded_model_is_priced_by_its_own_family_with_its_measured_union(
     trace = _trace(kind, tmp_path)
     steps = trace.steps
     assert len(steps) >= 3 and all(st.bytes_read for st in steps)
-    as_run = project_trace(trace, "h200", weight_bytes=4, fallback_union="independent").source  # fp32, as run
+    whole = project_trace(trace, "h200", weight_bytes=4, fallback_union="independent")  # fp32, as run
+    as_run = whole.source
     assert as_run is not None and as_run.config_name == trace.model_id
-    assert list(as_run.bytes_per_forward) == pytest.approx([st.bytes_read for st in steps], rel=1e-12)
-    assert list(as_run.flops_per_forward) == pytest.approx([st.flops for st in steps], rel=1e-12)
+    # every forward: the steps, and the prefill / commit forwards no step reports (block-causal with a KV cache)
+    assert whole.n_forwards == trace.nfe == len(as_run.bytes_per_forward)
+    stepped = [i for i, s in enumerate(whole.stepped) if s]
+    assert len(stepped) == len(steps)
+    assert [as_run.bytes_per_forward[i] for i in stepped] == pytest.approx([st.bytes_read for st in steps], rel=1e-12)
+    assert [as_run.flops_per_forward[i] for i in stepped] == pytest.approx([st.flops for st in steps], rel=1e-12)
+    # priced as the decoder's own meter priced them as they ran
+    assert as_run.bytes_read == pytest.approx(trace.decode_end.bytes_read, rel=1e-9)
+    assert as_run.flops == pytest.approx(trace.decode_end.flops, rel=1e-9)
     bf16 = project_trace(trace, "h200", weight_bytes=2, fallback_union="independent")
     assert bf16.source.bytes_read < as_run.bytes_read and bf16.source.flops == pytest.approx(as_run.flops)
     assert bf16.source.tokens_per_s == pytest.approx(bf16.tokens_written / sum(bf16.source.time_s_per_forward))
     if kind.startswith("llada"):  # the union its router chose, per forward (mean over layers), not an assumption
         unions = [float(st.expert_union.mean()) for st in steps]
-        assert list(bf16.source.expert_union_per_forward) == pytest.approx(unions)
+        assert [bf16.source.expert_union_per_forward[i] for i in stepped] == pytest.approx(unions)
         assert max(unions) < trace.meta["model_config"]["num_experts"] or len(set(unions)) > 1
 
 

@@ -1,12 +1,12 @@
-"""One timed decode by a family's official code (the other side of ``vs_official.py``; it imports nothing of
-this project and runs in the official code's own virtualenv, transformers 4.53).
+"""One timed decode by a family's official code (the other side of ``benchmarks/vs_official.py``; it imports
+nothing of this project and runs in the official code's own virtualenv, transformers 4.53).
 
-Usage: ``python official_decode.py OFFICIAL_DIR FAMILY CHECKPOINT_DIR JOB_JSON``; prints one JSON line:
+Usage: ``python run_official_decode.py OFFICIAL_DIR FAMILY CHECKPOINT_DIR JOB_JSON``; prints one JSON line:
 ``wall_s``, ``cpu_s`` (this process's CPU time over the decode), ``nfe`` (calls of the model's ``forward``,
 counted by wrapping it: the official samplers call ``model(...)`` or ``self.forward(...)``) and ``tokens``
 (the answer after the prompt as the official sampler returns it).
 
-The models are built by the fidelity runners' loaders (``tests/fidelity/run_official_*.py``: the official
+The models are built by this folder's other runners' loaders (``run_official_*.py``: the official
 modeling files fetched at their pinned commits, the checkpoint's ``model.safetensors`` loaded strictly, fp32),
 so what is timed here is the code those runners' data pins token for token.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-FIDELITY = Path(__file__).resolve().parents[1] / "tests" / "fidelity"
+FIDELITY = Path(__file__).resolve().parent
 
 
 def _load(official: Path, family: str, directory: Path):
