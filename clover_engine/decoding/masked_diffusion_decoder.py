@@ -191,7 +191,8 @@ class _Run(SamplerRun):
                 masked_before = self.x[0, lo:hi] == self.mask_id
                 if block_only:
                     step = llada_step(self.x[:, lo:hi], self.logits(lo, hi), self.mask_id, hi - lo,
-                                      int(num_transfer_tokens[0, i]), cfg, self.generator)
+                                      int(num_transfer_tokens[0, i]), cfg, self.generator,
+                                      within=(lo, self.x.shape[1]))
                 else:
                     step = llada_step(self.x, self.logits(), self.mask_id, hi, int(num_transfer_tokens[0, i]), cfg,
                                       self.generator)

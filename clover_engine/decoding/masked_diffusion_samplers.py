@@ -253,7 +253,7 @@ class SamplerStep:
 
 
 def llada_step(x: torch.Tensor, logits: torch.Tensor, mask_id: int, block_end: int, k: int, cfg: LLaDASampler,
-               generator: torch.Generator | None) -> SamplerStep:
+               generator: torch.Generator | None, within: tuple[int, int] | None = None) -> SamplerStep:
     """One step of LLaDA's ``generate``: writes the ``k`` best masked positions left of ``block_end`` into ``x``.
 
     Args:
@@ -262,9 +262,12 @@ def llada_step(x: torch.Tensor, logits: torch.Tensor, mask_id: int, block_end: i
         mask_id: the MASK id. block_end: absolute end of the current block.
         k: positions to write (`llada_num_transfer_tokens`). cfg: the settings.
         generator: for ``random`` and a temperature (None: torch's global generator).
+        within: ``(offset, T)`` when ``x`` and ``logits`` are one block of a sequence of T positions starting at
+            ``offset`` (greedy ``low_confidence`` only: nothing is drawn). The top-k then runs over the whole
+            sequence's confidence (-inf outside the block, as the original's), so that ties break as they do there.
 
     Returns:
-        `SamplerStep`.
+        `SamplerStep` (over the block with ``within``).
     """
     mask_index = x == mask_id
     logits_with_noise = llada_gumbel(logits, cfg.temperature, generator)
@@ -279,9 +282,15 @@ def llada_step(x: torch.Tensor, logits: torch.Tensor, mask_id: int, block_end: i
     x0 = torch.where(mask_index, x0, x)
     confidence = torch.where(mask_index, x0_p, -math.inf)
     transfer_index = torch.zeros_like(x0, dtype=torch.bool, device=x0.device)
+    ranked, offset = confidence, 0
+    if within is not None:  # the original's whole-sequence array: the same ties, the same picks
+        offset, total = within
+        ranked = confidence.new_full((confidence.shape[0], total), -math.inf)
+        ranked[:, offset:offset + confidence.shape[1]] = confidence
     for j in range(confidence.shape[0]):
-        _, select_index = torch.topk(confidence[j], k=int(k))
-        transfer_index[j, select_index] = True
+        _, select_index = torch.topk(ranked[j], k=int(k))
+        pick = select_index - offset  # a pick outside the block (k past its masked slots) writes nothing there
+        transfer_index[j, pick[(pick >= 0) & (pick < confidence.shape[1])]] = True
     x[transfer_index] = x0[transfer_index]
     return SamplerStep(x0, confidence, prob, transfer_index)
 
