@@ -323,3 +323,28 @@ def test_the_explorer_offers_the_official_samplers_as_policies(tmp_path):
         assert "policy 'llada' does not run on" in clover.status and "'low_confidence' instead" in clover.status
     finally:
         clover.close()
+
+
+def test_a_block_only_llada_step_breaks_ties_as_the_whole_sequence_does():
+    # the decoder runs LLaDA's greedy low_confidence step over one block's logits; when the block's confidences
+    # tie (every slot certain: probability exactly 1.0) the top-k must pick what it picks over the whole sequence
+    from clover_engine.decoding.masked_diffusion_samplers import LLaDASampler, llada_step
+
+    cfg = LLaDASampler(gen_length=64, block_length=32, steps=64)
+    V, P, T, M = 50, 40, 104, 49
+    lo, hi = P + 32, P + 64
+
+    def written(block_only: bool, within: bool) -> list[int]:
+        x = torch.full((1, T), M)
+        x[0, :P], x[0, P:lo] = 3, 5  # the prompt, and the first block written
+        logits = torch.randn(1, T, V, generator=torch.Generator().manual_seed(0))
+        logits[0, lo:hi, 7] = 200.0
+        if block_only:
+            llada_step(x[:, lo:hi], logits[:, lo:hi], M, hi - lo, 5, cfg, None, within=(lo, T) if within else None)
+        else:
+            llada_step(x, logits, M, hi, 5, cfg, None)
+        return (x[0, lo:hi] != M).nonzero()[:, 0].tolist()
+
+    whole = written(False, False)
+    assert len(whole) == 5 and written(True, True) == whole
+    assert written(True, False) != whole  # ranked over the block alone, the ties break elsewhere
