@@ -215,7 +215,10 @@ class BlockView(pn.viewable.Viewer):
             return  # streaming: a later tick (or the end of the run) draws
         self._last = now
         self.drawn_step = pos
-        if self._fig is None or self._trace is not s.trace:
+        names = {t.get("name") for t in self._base.data} if self._fig is not None else set()
+        extra = F.block_trace_updates(s.trace, pos) if self._fig is not None else {}
+        if self._fig is None or self._trace is not s.trace or not set(extra) <= names:
+            # a new run, or traces the drawn figure lacks (revision marks once the run first revises): draw afresh
             self._fig = F.block_figure(s.trace, pos)  # validated by plotly once per run
             self._trace = s.trace
             self._base = FigureSnapshot.of(self._fig)
@@ -224,7 +227,7 @@ class BlockView(pn.viewable.Viewer):
             heat, layout = F._block_payload(s.trace, pos)
             updates = {self._base.trace_index(F.BLOCK_TRACE): heat}
             # the "dropped at Stop" legend entry; rewritten / withdrawn slots (a revisable decoder's trace)
-            for name, props in F.block_trace_updates(s.trace, pos).items():
+            for name, props in extra.items():
                 updates[self._base.trace_index(name)] = props
             self.pane.object = self._base.updated(updates, layout)
         self._outline(len(s.trace.step(pos).tokens))

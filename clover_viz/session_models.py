@@ -261,22 +261,22 @@ class SessionModels:
             mode, why = best_memory_mode(self.model_dir)
             # with a window: which mode to start in and why; without: why `state` is the only one
             self.memory_advice = f"`{mode}` is the {why}" if loaded.window_available else why
+        offered = policies_for(loaded)
+        self.param.policy.objects = offered  # first: `_fit_policy_to_model` may pick verify for a drafter
         if adjust_mode:
             self._start_in_best_memory_mode(loaded)
             self._fit_policy_to_model(loaded)
-        self._offer_policies_of(loaded)
+        self._leave_unoffered_policy(loaded, offered)
         if adjust_mode and not loaded.window_available and self.memory_mode == "state+window":
             self.memory_mode = "state"
         return loaded
 
-    def _offer_policies_of(self, loaded: LoadedModel) -> None:
-        """The policy list offers only what ``loaded`` can run (`clover_viz.session_settings.policies_for`); a
-        policy it cannot run gives way to ``low_confidence`` (threshold decoding runs on every model), or to
-        ``verify`` for a model that drafts -- without a re-decode."""
-        offered = policies_for(loaded)
+    def _leave_unoffered_policy(self, loaded: LoadedModel, offered: list[str]) -> None:
+        """The policy list offers only what ``loaded`` can run (``offered``: `clover_viz.session_settings.
+        policies_for`); a policy it cannot run gives way to ``low_confidence`` (threshold decoding runs on every
+        model), or to ``verify`` for a model that drafts, and the status says so -- without a re-decode."""
         quiet, self._quiet = self._quiet, True
         try:
-            self.param.policy.objects = offered
             if self.policy not in offered:
                 was = self.policy
                 self._auto_policy = self.policy = "verify" if "verify" in offered else "low_confidence"
