@@ -147,6 +147,11 @@ def _check_rendered(page, errors: list[str], where: str, at_least: int) -> list[
     except PlaywrightTimeout:
         pass  # judged below, with what the page shows in the message
     page.wait_for_timeout(1000)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_MS / 1000  # a figure can be laid out before its traces arrive
+    while time.monotonic() < deadline and any(
+            f["visible"] and ((f["traces"] == 0 and f["notes"] == 0) or f["width"] < 50)
+            for f in page.evaluate(JS_FIGURES)):
+        page.wait_for_timeout(500)
     text = page.evaluate(JS_TEXT)  # the open notebook only (the workspace may restore other tabs)
     assert "Error displaying widget" not in text, where
     assert "Traceback" not in text and "Error:" not in text.replace("error: ", ""), where
