@@ -89,6 +89,15 @@ class SessionModels:
         return self._apply_loaded(loaded, adjust_mode)
 
     def _load_failed(self, exc: BaseException) -> None:
+        """A load failed (`load_model`, `start_load`): say why and go back to the model loaded before it, which
+        decodes as before (`model_dir` names it again); with none before it, say that no model is loaded."""
+        name = self._model_name()
+        if self._back_to_previous():
+            prev = self._loaded.label
+            self.error = f"Model not loaded: {exc}. Still decoding with {prev}."
+            if not self.running:
+                self.status = f"could not load {name}: back to {prev} (the error says why)"
+            return
         self.error = f"Model not loaded: {exc}"
         # Generate refuses until the directory loads: do not keep naming the previous model
         self.model_label = f"none loaded from {self.model_dir!r}"
@@ -96,6 +105,22 @@ class SessionModels:
         self.model_ok = False
         if not self.running:
             self.status = "no model loaded: fix the model directory, or pick a bundled model"
+
+    def _back_to_previous(self) -> bool:
+        """Make the model loaded before (`_loaded`, from `_loaded_dir`) the session's again -- `model_dir` names
+        it, without a new load -- after a load that failed or was cancelled. False when there was none (a model
+        given to `use_model` has no directory to name: it is kept only while `model_dir` still names it)."""
+        prev, prev_dir = self._loaded, self._loaded_dir
+        if prev is None or prev_dir is None:
+            return False
+        self._restoring_model = True  # model_dir names the previous model again: no new load
+        try:
+            self.model_dir = prev_dir
+        finally:
+            self._restoring_model = False
+        self.model_label = prev.label
+        self.model_ok = True
+        return True
 
     def start_load(self, note: str = "") -> bool:
         """Load `model_dir` in a background thread (the served app: a first load of SmolLM2 takes
@@ -158,21 +183,13 @@ class SessionModels:
         self.load_percent = -1
         self._generate_when_loaded = False
         name = self._model_name()
-        prev, prev_dir = self._loaded, self._loaded_dir
-        if prev is None or prev_dir is None:
+        if not self._back_to_previous():
             self.model_label = f"none loaded (the load of {name} was cancelled)"
             if not self.running:
                 self.status = f"load of {name} cancelled: no model loaded; pick a model"
             return True
-        self._restoring_model = True  # model_dir names the previous model again: no new load
-        try:
-            self.model_dir = prev_dir
-        finally:
-            self._restoring_model = False
-        self.model_label = prev.label
-        self.model_ok = True
         if not self.running:
-            self.status = f"load of {name} cancelled; back to {prev.label}"
+            self.status = f"load of {name} cancelled; back to {self._loaded.label}"
         return True
 
     def _give_up_pending_load(self) -> None:

@@ -135,3 +135,30 @@ def test_only_a_first_smollm2_load_is_told_it_dequantises_its_base(tmp_path, mon
     marker.parent.mkdir(parents=True)
     marker.write_text("{}")
     assert first_load_note(resolve_model("smollm2-bd")) == ""  # a cached base loads in seconds: nothing to warn of
+
+
+def test_a_failed_load_returns_to_the_model_before(moe_dir, tmp_path):
+    """A load that fails (here a checkpoint whose shard is cut short, read in the background as the served app
+    reads) says why and leaves the session on the model it had: its directory, its label, and a decode."""
+    import shutil
+
+    broken = tmp_path / "broken-llada-moe"
+    shutil.copytree(moe_dir, broken)
+    shard = next(broken.glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    s = ExplorerState(model_dir="clover-tiny", model_roots=[tmp_path, models.bundled_dir()], max_new_tokens=8)
+    s.background_loads = True
+    try:
+        assert s.load_model() is not None
+        tiny_label = s.model_label
+        s.model_dir = str(broken)
+        assert s.loading
+        _tick_until(s, lambda: not s.loading)
+        assert s.error.startswith("Model not loaded:") and s.error.endswith(f"Still decoding with {tiny_label}."), s.error
+        assert s.model_dir == "clover-tiny" and s.model_label == tiny_label and s.model_ok
+        assert s.status == f"could not load broken-llada-moe: back to {tiny_label} (the error says why)", s.status
+        assert s.generate()
+        _tick_until(s, lambda: not s.running)
+        assert s.trace.meta["model_label"] == tiny_label and len(s.trace) > 0
+    finally:
+        s.close()

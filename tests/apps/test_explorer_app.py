@@ -186,12 +186,11 @@ def test_bad_input_shows_an_error_and_keeps_the_runs(state):
     assert "prompt is empty" in state.error and state.trace is shown and not state.running
     state.prompt = "Hello"
     state.model_dir = "no/such/model"
-    assert "no model directory" in state.error
-    assert not state.generate()
-    assert "no model directory" in state.error and state.trace is shown
-    assert state.model_label == "none loaded from 'no/such/model'"  # not the previous model's name
-    state.model_dir = "clover-test"
-    assert state.error == "" and state.model_label == "random clover-test"
+    assert "no model directory" in state.error and state.error.endswith("Still decoding with random clover-test.")
+    # the model before the failed load is kept, and the page names it again
+    assert state.model_dir == "clover-test" and state.model_label == "random clover-test" and state.model_ok
+    assert state.status.startswith("could not load model: back to random clover-test"), state.status
+    assert state.trace is shown
     assert state.generate()
     run_to_end(state)
     assert state.previous is shown
@@ -670,12 +669,17 @@ def test_a_failed_decode_ends_the_decoding_status(state, monkeypatch):
 
 
 def test_a_refused_model_name_says_kept_only_when_a_model_is_loaded(state):
-    """The refusal of a model name ends "Kept <model>." while a model is loaded; after a load that failed there
-    is none to keep, and the message says so instead of naming the name that did not load."""
+    """The refusal of a model name ends "Kept <model>." while a model is loaded; a failed load keeps the model
+    before it; after a first load that failed there is none to keep, and the message says so instead of naming the name that did not load."""
     assert state.load_model() is not None and state.model_ok
     assert state.setting_problem("model_dir", "no/such/model").endswith("Kept clover-test.")
-    state.model_dir = "no/such/model"  # fails: no model is loaded now
-    assert not state.model_ok
-    msg = state.setting_problem("model_dir", "./no-such-folder")
+    state.model_dir = "no/such/model"  # fails: the model before it is kept, and the refusal still says so
+    assert state.model_ok and state.setting_problem("model_dir", "no/such/model").endswith("Kept clover-test.")
+    fresh = ExplorerState(model_dir="no/such/model")  # a first load that failed: no model before it
+    try:
+        assert fresh.load_model() is None and not fresh.model_ok
+        msg = fresh.setting_problem("model_dir", "./no-such-folder")
+    finally:
+        fresh.close()
     assert msg.startswith("Model not loaded:") and "Kept" not in msg and msg.endswith(
         "No model is loaded: pick a bundled model, or name a folder or hub id this server lists."), msg

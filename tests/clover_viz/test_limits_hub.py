@@ -69,10 +69,11 @@ def test_the_app_state_refuses_an_unlisted_id_as_an_unlisted_path(served):
     state = ExplorerState(model_dir="clover-test", model_roots=roots, max_new_tokens=8)
     errors = []
     try:
+        assert state.load_model() is not None, state.error
         for text in ("nobody/unlisted", str(outside)):
             state.model_dir = text
             errors.append(state.error)
-            assert not state.model_ok
+            assert state.model_ok and state.model_dir == "clover-test"  # refused: the model before it is kept
     finally:
         state.close()
     assert len(set(errors)) == 1 and outside_roots(roots, bundled_models()) in errors[0], errors
