@@ -261,21 +261,37 @@ def free_memory_bytes() -> int:
     raise OSError("cannot tell the free memory: install psutil")
 
 
-def check_memory(name: str, need_bytes: int, reserved_bytes: int = 0, free_bytes: int | None = None) -> None:
-    """Refuse a model whose weights would not fit: ``need_bytes x LOAD_OVERHEAD + MEMORY_RESERVE_BYTES``
-    against the free memory less ``reserved_bytes`` (other loads under way).
+def memory_need_bytes(need_bytes: int) -> int:
+    """Bytes a model of ``need_bytes`` of weights needs free to load and decode in the served app:
+    ``need_bytes x LOAD_OVERHEAD + MEMORY_RESERVE_BYTES`` (the lean loader's measured peak, plus the reserve)."""
+    return int(need_bytes * LOAD_OVERHEAD) + MEMORY_RESERVE_BYTES
+
+
+def memory_estimate(need_bytes: int, free_bytes: int, reserved_bytes: int = 0) -> str:
+    """The memory rule's numbers as the page shows them before a load's weights are read: ``needs about
+    14.9 GB to load and decode (13.7 GB of weights x1.05, the measured peak, plus 0.5 GB kept free); the
+    server has 18.5 GB free`` (and how much of it loads under way have taken)."""
+    under_way = f", {_gb(reserved_bytes)} of it taken by loads under way" if reserved_bytes else ""
+    return (f"needs about {_gb(memory_need_bytes(need_bytes))} to load and decode ({_gb(need_bytes)} of weights "
+            f"x{LOAD_OVERHEAD:g}, the measured peak, plus {_gb(MEMORY_RESERVE_BYTES)} kept free); the server has "
+            f"{_gb(free_bytes)} free{under_way}")
+
+
+def check_memory(name: str, need_bytes: int, reserved_bytes: int = 0, free_bytes: int | None = None) -> str:
+    """Refuse a model whose weights would not fit: `memory_need_bytes` against the free memory less
+    ``reserved_bytes`` (other loads under way).
+
+    Returns:
+        the estimate that admitted it (`memory_estimate`), for the page to show while it loads.
 
     Raises:
         NotEnoughMemory: with the numbers.
     """
     free = free_memory_bytes() if free_bytes is None else free_bytes
-    want = int(need_bytes * LOAD_OVERHEAD) + MEMORY_RESERVE_BYTES
-    if want > free - reserved_bytes:
-        under_way = f", {_gb(reserved_bytes)} of it taken by loads under way" if reserved_bytes else ""
-        raise NotEnoughMemory(
-            f"{name} needs about {_gb(want)} to load and decode ({_gb(need_bytes)} of weights x{LOAD_OVERHEAD:g}, the "
-            f"measured peak, plus {_gb(MEMORY_RESERVE_BYTES)} kept free) but the server has {_gb(free)} free"
-            f"{under_way}; pick a smaller model, or ask whoever runs the server")
+    estimate = memory_estimate(need_bytes, free, reserved_bytes)
+    if memory_need_bytes(need_bytes) > free - reserved_bytes:
+        raise NotEnoughMemory(f"{name} {estimate}; pick a smaller model, or ask whoever runs the server")
+    return estimate
 
 
 def _gb(n: int) -> str:
@@ -314,7 +330,8 @@ def size_text(n: int) -> str:
 __all__ = [
     "DEFAULT_MAX_UPLOAD_MB", "HUB_IDS_ENV", "LOAD_OVERHEAD", "MAX_TRACE_UPLOAD_BYTES", "MEMORY_RESERVE_BYTES",
     "OUTSIDE_ROOTS", "ROOTS_ENV", "ListedHubId", "NotEnoughMemory", "check_memory", "folder_roots",
-    "free_memory_bytes", "inside_roots", "listed_hub_id", "listed_hub_ids", "model_roots",
+    "free_memory_bytes", "inside_roots", "listed_hub_id", "listed_hub_ids", "memory_estimate", "memory_need_bytes",
+    "model_roots",
     "outside_roots", "safetensors_bytes", "shown_roots", "size_text", "upload_limit_for_socket",
     "weight_bytes", "websocket_bytes_for", "websocket_limit_bytes",
 ]

@@ -423,8 +423,10 @@ def load_model_cached(spec: ModelSpec, cancel: threading.Event | None = None,
             if check_memory and directory:
                 need = limits.weight_bytes(directory)
                 with _SLOTS:
-                    limits.check_memory(_spec_name(spec), need, sum(_BUILDING.values()))
+                    estimate = limits.check_memory(_spec_name(spec), need, sum(_BUILDING.values()))
                     _BUILDING[spec] = need
+                if outer is not None:  # the page shows it while the weights are read
+                    outer.estimate = estimate
             _acquire_build_lock(gone)
             try:
                 watch.phase = "building"

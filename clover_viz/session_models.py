@@ -216,6 +216,8 @@ class SessionModels:
             else:
                 done = box["progress"].describe()
                 status = f"{box['note']}loading {self._model_name()} ... {done + ', ' if done else ''}{secs} s"
+                if box["progress"].estimate:  # the served app's memory rule, before and while the weights are read
+                    status += f" · it {box['progress'].estimate}"
             frac = box["progress"].fraction
             self.load_percent = -1 if queued or frac is None else int(100 * frac)
             if secs >= 5 and not queued and box["progress"].phase in ("", "building") and box.get("first_load"):
@@ -235,7 +237,9 @@ class SessionModels:
             return
         loaded = self._apply_loaded(box["loaded"], adjust_mode=True)
         if not self.running:
-            self.status = f"ready: {loaded.label} loaded in {time.monotonic() - box['t0']:.1f} s"
+            estimate = box["progress"].estimate
+            self.status = (f"ready: {loaded.label} loaded in {time.monotonic() - box['t0']:.1f} s"
+                           + (f" (it {estimate})" if estimate else ""))
         if self._generate_when_loaded:
             self._generate_when_loaded = False
             self.generate()

@@ -186,10 +186,11 @@ def smollm2_base_installed() -> bool:
         return False
 
 
-def slowed_loader(path_part: str, per_tensor_s: float = 0.05):
+def slowed_loader(path_part: str, per_tensor_s: float = 0.05, check_memory: bool = False):
     """The explorer's real cached loader (`clover_viz.models.load_model_cached`), each tensor a lean load
     reads slowed by ``per_tensor_s`` when the model's path contains ``path_part``: a Stop surely lands
-    while it reads (its progress is reported through the session's `load_progress` watcher)."""
+    while it reads (its progress is reported through the session's `load_progress` watcher).
+    ``check_memory``: the served app's memory rule too."""
     import time
 
     from clover_engine.backbones import load_progress
@@ -206,7 +207,7 @@ def slowed_loader(path_part: str, per_tensor_s: float = 0.05):
                     shown(p)
 
             watcher.on_update = slowly
-        return models.load_model_cached(spec)
+        return models.load_model_cached(spec, check_memory=check_memory)
 
     return loader
 

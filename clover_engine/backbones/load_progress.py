@@ -43,6 +43,8 @@ class LoadProgress:
         on_update: called after every report, in the thread that reports (e.g. a tqdm bar's refresh).
         phase: what the load does now: ``"downloading"``, ``"reading weights"``, ``"building"``, ``""``.
         done_bytes / total_bytes: of the phase (int, bytes; total 0 while unknown).
+        estimate: what the load was admitted on, for a status line beside its bytes (the served explorer's
+            memory rule: "needs about 14.9 GB ... the server has 18.5 GB free"); "" when nothing was estimated.
     """
 
     should_stop: Callable[[], bool] = lambda: False
@@ -50,6 +52,7 @@ class LoadProgress:
     phase: str = ""
     done_bytes: int = 0
     total_bytes: int = 0
+    estimate: str = ""
 
     @property
     def fraction(self) -> float | None:

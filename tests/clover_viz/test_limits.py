@@ -419,3 +419,36 @@ def test_a_load_is_given_up_when_its_session_closes(monkeypatch):
     ta.join(5)
     tc.join(5)
     assert isinstance(out["c"], LoadedModel) and models.cached_models() == [a]
+
+
+def test_the_page_shows_the_memory_estimate_while_a_model_loads(tmp_path):
+    """The served app's memory rule is shown before the weights are read: the status line of a background load
+    says what the model needs and what the server has free (the numbers the refusal would give), and the
+    ready line keeps them."""
+    from helpers import slowed_loader, uncache_models
+
+    from clover_engine.backbones.llada_moe import write_tiny_llada_moe
+    from clover_viz.state import ExplorerState
+
+    moe = write_tiny_llada_moe(tmp_path / "tiny-llada-moe", seed=5)
+    uncache_models(str(moe))
+    need = limits.weight_bytes(moe)
+    slow = slowed_loader("llada-moe", check_memory=True)  # slowed per tensor, checked as the served app's loader is
+    state = ExplorerState(loader=slow, model_dir="clover-tiny",
+                          model_roots=[tmp_path, BUNDLED], max_new_tokens=8)
+    state.background_loads = True
+    try:
+        assert state.load_model() is not None
+        state.model_dir = str(moe)
+        seen = []
+        deadline = time.monotonic() + 60
+        while state.loading and time.monotonic() < deadline:
+            state.tick()
+            seen.append(state.status)
+            time.sleep(0.02)
+        want = f"needs about {limits._gb(limits.memory_need_bytes(need))} to load and decode ({limits._gb(need)} of weights"
+        during = [t for t in seen if t.startswith("loading tiny-llada-moe") and want in t]
+        assert during and "the server has" in during[-1] and "GB free" in during[-1], seen[-5:]
+        assert state.model_ok and state.status.startswith("ready:") and want in state.status, state.status
+    finally:
+        state.close()
