@@ -22,7 +22,7 @@ import param
 from clover_viz.limits import size_text
 from clover_viz.models import bundled_models, bundled_purpose
 from clover_viz.panel_checks import bind, check_setting, checked, control
-from clover_viz.session_settings import THRESHOLD_UNUSED
+from clover_viz.session_settings import unused_controls, unused_controls_note
 from clover_engine.examples import example_note
 from clover_viz.panel_controls import arm_discrete_keys, clear_after_pick, discrete_keys
 from clover_viz.session_settings import MAX_PROMPT_CHARS  # the prompt box's limit (the state checks it too)
@@ -143,6 +143,8 @@ class SettingsPanel(pn.viewable.Viewer):
         self.block_size = discrete_keys(control(pn.widgets.DiscreteSlider, s, "block_size", event="value_throttled",
                                                 label="Block size", sizing_mode="stretch_width"))
         self.policy = control(pn.widgets.Select, s, "policy", label="Policy")
+        self.controls_note = pn.pane.HTML("", visible=False, css_classes=["clover-controls-note"], margin=(0, 10),
+                                          sizing_mode="stretch_width", styles={"font-size": "11px", "color": "#64748b"})
         # the list offers what the loaded model runs (`clover_viz.session_settings.policies_for`)
         s.param.watch(lambda e: setattr(self.policy, "options", list(e.new)), "policy", what="objects")
         self.memory_mode = control(pn.widgets.RadioButtonGroup, s, "memory_mode", label="Memory", color="primary",
@@ -245,10 +247,14 @@ class SettingsPanel(pn.viewable.Viewer):
         warn = " ⚠" if "random" in label else ""
         self.model_label.object = f"**Model:** {html.escape(label)}{warn}"
         self.memory_mode.disabled = not (s.window_available and s.model_ok)
-        # verify: the base decides what is written; llada / dream: their schedule does -- no threshold is read
-        unused = THRESHOLD_UNUSED.get(s.policy)
-        self.threshold.disabled = unused is not None
-        self.threshold.name = f"Threshold ({unused})" if unused else "Threshold"
+        # verify: the base decides what is written; llada / dream: their schedule does -- no threshold is read;
+        # dream: one canvas -- no block size. Off, labelled short (the sidebar is narrow), the note says why
+        unused = unused_controls(s.policy)
+        for widget, label in ((self.threshold, "Threshold"), (self.block_size, "Block size")):
+            widget.disabled = label in unused
+            widget.name = f"{label} (not read by {s.policy})" if label in unused else label
+        self.controls_note.object = html.escape(unused_controls_note(s.policy))
+        self.controls_note.visible = bool(unused)
         self.memory_note.object = (
             "no model loaded" if not s.model_ok else
             "`state+window`: the last W tokens' K/V beside the state; `state` is Clover's own. "
@@ -272,7 +278,7 @@ class SettingsPanel(pn.viewable.Viewer):
             self.example, self.example_note, self.prompt,
             pn.Row(self.generate, self.stop, sizing_mode="stretch_width"),
             pn.pane.Markdown("#### Decoding", margin=(10, 10, 0, 10)),
-            self.threshold, self.block_size, self.policy,
+            self.threshold, self.block_size, self.policy, self.controls_note,
             pn.pane.Markdown("Memory mode", margin=(4, 10, 0, 10)), self.memory_mode, self.memory_note,
             self.max_new_tokens,
             pn.Row(self.repetition, self.repetition_penalty),

@@ -50,10 +50,27 @@ the block decoder's slot policies."""
 SAMPLER_FAMILIES = {"llada": "masked_diffusion", "dream": "masked_diffusion", "fast_dllm_v2": "block_causal",
                     "sdar": "block_causal", "llada2": "block_causal", "llada21": "block_causal"}
 """Official sampler -> the `Capabilities.family` of the models it runs on."""
-THRESHOLD_UNUSED = {"verify": "not used by verify: the base decides",
-                    "llada": "not used by the llada sampler: its schedule decides",
-                    "dream": "not used by the dream sampler: its schedule decides"}
+THRESHOLD_UNUSED = {"verify": "verify writes what the base would: the threshold is not read",
+                    "llada": "the llada sampler writes by its schedule (one slot per forward): the threshold is "
+                             "not read",
+                    "dream": "the dream sampler writes by its schedule (one slot per forward): the threshold is "
+                             "not read"}
 """Policy -> why the threshold control is off (fast_dllm_v2, sdar, llada2 and llada21 read it: ``> threshold``)."""
+BLOCK_SIZE_UNUSED = {"dream": "the dream sampler decodes one canvas of max new tokens: the block size is not read"}
+"""Policy -> why the block size control is off (every other policy decodes in blocks of it)."""
+
+
+def unused_controls(policy: str) -> tuple[str, ...]:
+    """The controls ``policy`` does not read, as the page labels them (``("Threshold", "Block size")`` for
+    dream); the page disables them and says why (`unused_controls_note`)."""
+    return tuple(label for label, why in (("Threshold", THRESHOLD_UNUSED), ("Block size", BLOCK_SIZE_UNUSED))
+                 if policy in why)
+
+
+def unused_controls_note(policy: str) -> str:
+    """Why the controls ``policy`` does not read are off, one sentence each; "" when it reads them all."""
+    return " ".join(f"{why[policy][0].upper()}{why[policy][1:]}." for why in (THRESHOLD_UNUSED, BLOCK_SIZE_UNUSED)
+                    if policy in why)
 DEVICE_CHOICES = tuple(DEVICES) + ("this-machine",)
 MAX_PROMPT_CHARS = 2_000_000  # the prompt box's limit: > 30x the largest bundled context (65,536 tokens)
 # what the page calls each setting (the refusals name the control, not the parameter)

@@ -503,7 +503,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
             self.status = (f"done: {len(end.tokens)} tokens in {end.nfe} "
                            f"{'base forwards' if dc.get('policy') == 'verify' else 'forwards'} ({tpf} tokens/forward), "
                            f"{forced}, memory {mode}, stop: {end.stop_reason}"
-                           + past_training_note(dc.get("block_size"), self._trained_block)
+                           + past_training_note(dc.get("block_size") or dc.get("block_length"), self._trained_block)
                            + chat_template_note(self.trace)
                            + long_prompt_note(self.trace)
                            + (f" · {guessed}" if guessed else "")

@@ -75,7 +75,7 @@ from clover_viz import figures as F
 from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS
 from clover_viz.models import DEFAULT_MODEL_DIR, LoadedModel, resolve_model
 from clover_viz.runs import run_stats, summary_cards_html
-from clover_viz.session_settings import BLOCK_SIZES, controls_of
+from clover_viz.session_settings import BLOCK_SIZE_UNUSED, BLOCK_SIZES, controls_of
 from clover_viz.state import ExplorerState
 from clover_viz.widget_branches import BranchWidgets
 from clover_viz.widget_bundle import _CarrierFigure, _StubFigure, _live_widgets, _register
@@ -256,7 +256,8 @@ class Explorer(ExplorerDecoding):
                                        description="threshold", continuous_update=False,
                                        readout_format=_threshold_format(thr), disabled=not has_model or read is None)
         self.block_size = W.Dropdown(options=_block_size_options(bs), value=bs, description="block_size",
-                                     disabled=not has_model, layout=W.Layout(width="200px"))
+                                     disabled=not has_model or get("sampler", None) in BLOCK_SIZE_UNUSED,
+                                     layout=W.Layout(width="200px"))
         self.prompt_box = W.Textarea(value=self.prompt, description="prompt", rows=3,
                                      layout=W.Layout(width="98%"), disabled=not has_model)
         self.decode_button = W.Button(description="Decode", button_style="primary", disabled=not has_model,
@@ -529,6 +530,8 @@ class Explorer(ExplorerDecoding):
             self.threshold.value = thr
             # verify writes what the base would write, LLaDA / Dream follow their schedule: no threshold is read
             self.threshold.disabled = self.config is None or read is None
+            # Dream decodes one canvas of max new tokens: no block size is read
+            self.block_size.disabled = self.config is None or getattr(dc, "sampler", None) in BLOCK_SIZE_UNUSED
         finally:
             self._quiet = quiet
 

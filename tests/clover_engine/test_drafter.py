@@ -200,7 +200,8 @@ def test_explorer_status_of_a_verify_run_counts_base_forwards_and_accepted_draft
     from clover_viz.panel_settings import SettingsPanel
 
     panel = SettingsPanel(state=s)
-    assert panel.threshold.disabled and "not used by verify" in panel.threshold.name
+    assert panel.threshold.disabled and panel.threshold.name == "Threshold (not read by verify)"
+    assert "the base would" in panel.controls_note.object and not panel.block_size.disabled
     shown = s.trace
     s.threshold = 0.5
     assert not s.running and s.trace is shown

@@ -297,7 +297,12 @@ def test_the_explorer_offers_the_official_samplers_as_policies(tmp_path):
                             ("dream", DreamSampler(max_new_tokens=16, steps=16, alg="maskgit_plus"))):
             s.policy = policy
             panel._sync()
-            assert panel.threshold.disabled and "its schedule decides" in panel.threshold.name
+            assert panel.threshold.disabled and panel.threshold.name == f"Threshold (not read by {policy})"
+            assert "writes by its schedule" in panel.controls_note.object and panel.controls_note.visible
+            # Dream decodes one canvas: its block size is off too, and the note says why; LLaDA's blocks are read
+            assert panel.block_size.disabled == (policy == "dream")
+            assert ("one canvas of max new tokens" in panel.controls_note.object) == (policy == "dream")
+            assert len(panel.threshold.name) <= 40 and len(panel.block_size.name) <= 40  # fits the sidebar
             assert s.generate(), s.error
             assert s.wait(60) and s.status.startswith("done"), s.status
             s.tick(0.02)

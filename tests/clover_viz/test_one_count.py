@@ -77,3 +77,27 @@ def test_the_status_line_the_cards_and_the_cost_tab_give_one_count(tiny, family,
     finally:
         s.close()
         s.wait(5)
+
+
+@pytest.mark.parametrize("family,policy", [("fast_dllm_v2", "fast_dllm_v2"), ("sdar", "sdar"), ("sdar_moe", "sdar"),
+                                           ("sdar", "low_confidence")])
+def test_a_block_past_the_checkpoints_training_is_noted_for_every_family_that_records_it(tiny, family, policy):
+    """Every family whose checkpoint records the block it was trained on (Fast-dLLM v2's and SDAR's ``bd_size`` /
+    ``block_size``: 8 for these tiny ones) gets the done line's note at a larger block, with its own sampler (whose
+    setting is ``block_length`` for SDAR) as with threshold decoding; at the trained block it gets none."""
+    s = ExplorerState(model_dir=str(tiny[family]), prompt=PROMPT, max_new_tokens=32, block_size=16, threshold=0.6,
+                      memory_mode="state", auto_redecode=False)
+    try:
+        assert s.load_model() is not None, s.error
+        trained = s.loaded_model.capabilities.largest_trained_block
+        assert trained == 8
+        s.policy = policy
+        for block, noted in ((16, True), (8, False)):
+            s.block_size = block
+            assert s.generate(), s.error
+            assert s.wait(120) and s.status.startswith("done"), s.status
+            note = f"block {block} is past the model's training (blocks <= {trained}): expect worse text"
+            assert (note in s.status) == noted, s.status
+    finally:
+        s.close()
+        s.wait(5)
