@@ -188,9 +188,9 @@ class _Run(SamplerRun):
         logits = self.model.extend(self.state, ids, self.bs)
         self.nfe += 1
         union = self._union()  # the experts this forward's tokens chose (an SDAR MoE model), else None
-        self.unstepped.append(("commit" if self.n_steps else "prefill", len(ids), before, self.n_steps, union))
-        if self.meter is not None:
-            self.meter.forward(len(ids), 0, union, context_len=before)
+        cost = None if self.meter is None else self.meter.forward(len(ids), 0, union, context_len=before)
+        self.unstepped.append(("commit" if self.n_steps else "prefill", len(ids), before, self.n_steps, union,
+                               None if cost is None else float(cost.bytes_read)))
         return logits
 
     def _union(self) -> list[int] | None:

@@ -228,9 +228,11 @@ class DecodeEnd(_Repr):
         unstepped_forwards: the forwards counted in ``nfe`` that no `StepEvent` reports -- a block-causal
             family's prefill of the prompt's whole blocks and its commit of each finished block into the KV
             cache, which are forwards of their own (Clover fuses both into the next step). One
-            ``(kind, n_tokens, context_len, steps_before, expert_union)`` each: ``"prefill"`` or ``"commit"``, the
-            tokens it ran, the cached tokens it attended to, how many steps came before it, and the distinct
-            experts per MoE layer its tokens chose (a list; None for a dense model). So
+            ``(kind, n_tokens, context_len, steps_before, expert_union, bytes_read)`` each: ``"prefill"`` or
+            ``"commit"``, the tokens it ran, the cached tokens it attended to, how many steps came before it, the
+            distinct experts per MoE layer its tokens chose (a list; None for a dense model), and the cost
+            model's bytes for it (as `StepEvent.bytes_read`; None without observers, absent in traces saved
+            before it was recorded). So
             ``nfe == steps + len(unstepped_forwards)`` for every decoder, and every view counts the same
             forwards (`clover_engine.cost.project_trace` prices these too). () where there are none, and in
             traces saved before it was recorded.

@@ -79,7 +79,7 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
     p, src = projection, getattr(projection, "source", None)
     model = html.escape(str(src.config_name if src is not None else trace.model_id or "recorded model"))
     bytes_read = np.asarray(trace.column("bytes_read"), dtype=np.float64)
-    mean_run = float(np.nanmean(bytes_read)) if np.isfinite(bytes_read).any() else None
+    mean_run, mean_label = as_run_mean_bytes(trace, bytes_read)
     this_run = float(bytes_read[pos]) if np.isfinite(bytes_read[pos]) else None
     steps = [i for i, s in enumerate(getattr(p, "stepped", ()) or ()) if s] or list(range(n))  # forwards with a step
     this_proj = (src.bytes_per_forward[steps[pos]] if src is not None and len(steps) == n
@@ -97,7 +97,7 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
         row(["bytes read by " + model, f"as run here ({as_run}; cost model)",
              f"projected (bf16 weights{'' if p is None else ', roofline ' + dev})"], head=True),
         row([f"this forward ({pos + 1} of {n})", f"<b>{_fmt(this_run, 'B')}</b>", f"<b>{_fmt(this_proj, 'B')}</b>"]),
-        row(["mean per forward (whole run)", _fmt(mean_run, "B"), _fmt(mean_proj, "B")]),
+        row([mean_label, _fmt(mean_run, "B"), _fmt(mean_proj, "B")]),
     ]
     out = [f"<table class='clover-cost-bytes' style='border-collapse:collapse'>{''.join(bytes_tab)}</table>"]
     if p is None:
@@ -180,6 +180,21 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
                  f"FLOPs / peak) on {dev} from clover_engine.cost, bf16 weights whatever the run's dtype, not measured.")
     out.append("<div style='color:#475569;margin-top:4px'>" + "<br>".join(notes) + "</div>")
     return f"<div class='{COST_SUMMARY_CLASS}' style='font-size:13px;line-height:1.5'>{''.join(out)}</div>"
+
+
+def as_run_mean_bytes(trace: Any, bytes_read: np.ndarray) -> tuple[float | None, str]:
+    """(mean bytes per forward as run, its row label) over the forwards the cards count: the steps' recorded
+    ``bytes_read`` plus each prefill / commit forward of its own (``DecodeEnd.unstepped_forwards``, whose
+    sixth entry is its bytes). A trace saved before those bytes were recorded averages its steps only, and
+    the label says so. (None, label) when no forward has bytes (a replay without the cost model's)."""
+    extra = list(getattr(getattr(trace, "decode_end", None), "unstepped_forwards", ()) or ())
+    finite = bytes_read[np.isfinite(bytes_read)]
+    if not len(finite):
+        return None, "mean per forward (whole run)"
+    extra_bytes = [f[5] for f in extra if len(f) > 5 and f[5] is not None]
+    if extra and len(extra_bytes) < len(extra):
+        return float(finite.mean()), f"mean per step ({len(extra)} prefill / commit forwards not recorded)"
+    return float((finite.sum() + sum(extra_bytes)) / (len(finite) + len(extra_bytes))), "mean per forward (whole run)"
 
 
 def forward_kinds(trace: Any) -> str:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 pytest.importorskip("transformers")
 
-from clover_viz.figures.cost import cost_summary_html  # noqa: E402
+from clover_viz.figures.cost import as_run_mean_bytes, cost_summary_html  # noqa: E402
 from clover_viz.runs import run_stats  # noqa: E402
 from clover_viz.state import ExplorerState  # noqa: E402
 
@@ -69,7 +70,12 @@ def test_the_status_line_the_cards_and_the_cost_tab_give_one_count(tiny, family,
         assert cost_tpf == pytest.approx(cards["tokens_per_forward"], abs=0.006)
         extra = list(trace.decode_end.unstepped_forwards)
         assert trace.nfe == len(trace) + len(extra)  # every forward is a step or a named prefill / commit
+        # the as-run bytes per forward average the same forwards: the decoder's own total over its NFE
+        mean, label = as_run_mean_bytes(trace, np.asarray(trace.column("bytes_read"), dtype=np.float64))
+        assert label == "mean per forward (whole run)" and label in head
+        assert mean == pytest.approx(trace.decode_end.bytes_read / trace.nfe, rel=1e-9)
         if extra:
+            assert all(f[5] is not None and f[5] > 0 for f in extra)  # each prefill / commit's bytes, recorded
             assert kinds is not None and kinds.startswith(f"{len(trace)} step")
             assert sum(int(n) for n in re.findall(r"(\d+) (?:prefill|commit)", kinds)) == len(extra)
         else:
@@ -101,3 +107,30 @@ def test_a_block_past_the_checkpoints_training_is_noted_for_every_family_that_re
     finally:
         s.close()
         s.wait(5)
+
+
+def test_a_saved_trace_keeps_the_prefill_and_commit_bytes_and_an_older_one_says_what_it_averages(tiny, tmp_path):
+    import dataclasses
+    import types
+
+    from clover_engine.recording.trace import Trace
+
+    s = ExplorerState(model_dir=str(tiny["sdar"]), prompt=PROMPT, max_new_tokens=16, block_size=8, threshold=0.6,
+                      memory_mode="state", auto_redecode=False)
+    try:
+        assert s.load_model() is not None, s.error
+        s.policy = "sdar"
+        assert s.generate() and s.wait(120), s.error
+        trace = s.trace
+    finally:
+        s.close()
+        s.wait(5)
+    for suffix in (".parquet", ".arrow"):
+        back = Trace.load(trace.save(tmp_path / f"run{suffix}"))
+        assert back.decode_end.unstepped_forwards == trace.decode_end.unstepped_forwards, suffix
+    steps = np.asarray(trace.column("bytes_read"), dtype=np.float64)
+    older = dataclasses.replace(trace.decode_end, unstepped_forwards=tuple(
+        f[:5] for f in trace.decode_end.unstepped_forwards))  # as saved before the bytes were recorded
+    mean, label = as_run_mean_bytes(types.SimpleNamespace(decode_end=older), steps)
+    n = len(older.unstepped_forwards)
+    assert n and label == f"mean per step ({n} prefill / commit forwards not recorded)" and mean == steps.mean()
