@@ -92,10 +92,13 @@ try {
   const view = Bokeh.index.find_one(numbers);  // this app's summary pane
   line = view == null ? null : drawn(view.shadow_el || view.el);
 } catch (e) {}
-if (line == null) { line = drawn(document); from = 'page'; }
-let n = line == null ? NaN : parseInt(line.dataset.nfe);
-if (isNaN(n)) { n = scrub.end; from = 'scrub'; }
-shown.value = n + ':' + Date.now() + ':' + from;
+let n = NaN;
+try {
+  if (line == null) { line = drawn(document); from = 'page'; }
+  n = line == null ? NaN : parseInt(line.dataset.nfe);
+  if (isNaN(n)) { n = parseInt(scrub.end); from = 'scrub'; }
+} catch (e) { from = 'error'; }
+shown.value = n + ':' + Date.now() + ':' + from;  // always sent: this message is what stops the run
 """
 """The Stop button's browser callback (`SettingsPanel.report_shown_at_stop`): ``"N:time:where"`` into the hidden box."""
 
@@ -170,7 +173,8 @@ class SettingsPanel(pn.viewable.Viewer):
                                 label="Save trace (.parquet)", color="default", disabled=True,
                                 sizing_mode="stretch_width", embed=False)
         self.generate.on_click(lambda _e: s.generate())
-        self.stop.on_click(lambda _e: s.stop())
+        self.stop.on_click(self._on_stop_click)
+        self._page_counts_stop = False  # served with `report_shown_at_stop`: the page's count stops the run
         # the page's Stop also says how many forwards it had drawn ("N:time", `report_shown_at_stop`)
         self.stop_shown = pn.widgets.TextInput(visible=False)
         self.stop_shown.param.watch(self._on_stop_shown, "value")
@@ -220,13 +224,22 @@ class SettingsPanel(pn.viewable.Viewer):
         flight (`ExplorerState.stop`)."""
         self.stop.js_on_click(args={"numbers": numbers, "scrub": scrub, "shown": self.stop_shown},
                               code=_SHOWN_AT_STOP_JS)
+        # Served, a click reaches the server twice: as the button's event and as the page's count. Only the count
+        # stops the run, so that the server never stops at its own count (ahead of a loaded browser) and finishes
+        # the cut-back before the page's count arrives. Unserved (a test's click), the event stops it.
+        doc = pn.state.curdoc
+        self._page_counts_stop = doc is not None and doc.session_context is not None
+
+    def _on_stop_click(self, _event: Any) -> None:
+        if not self._page_counts_stop:
+            self.state.stop()
 
     def _on_stop_shown(self, event: Any) -> None:
         try:
-            shown = int(str(event.new).split(":")[0])
-        except ValueError:
-            return  # not the page's Stop (nothing else writes this box)
-        self.state.stop(shown=max(shown, 0))
+            shown: int | None = max(int(str(event.new).split(":")[0]), 0)
+        except ValueError:  # the page could not tell its count ("NaN:..."): stop at what this session drew
+            shown = None
+        self.state.stop(shown=shown)
         if self.state.stop_timing:  # where the page read it: its summary, the page, or the scrub's end
             self.state.stop_timing["shown_from"] = str(event.new).split(":")[-1]
 
