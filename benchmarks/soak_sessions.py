@@ -8,8 +8,13 @@ after a garbage collection). Printed: RSS per round, and the least-squares slope
 rounds after ``--warm`` (the first rounds fill caches: the model, Bokeh's and plotly's templates, ...).
 The target: a slope under 1 MB per round once warm -- a closed session keeps nothing.
 
-Run: ``.venv/bin/python benchmarks/soak_sessions.py [--pages 8 --rounds 20]`` (needs ``/usr/bin/chromium``;
-about 10-20 s a round on 2 cores).
+``--served`` soaks the explorer as a user serves it instead: ``clover-explorer serve`` in a subprocess, its
+terminal (stdout and stderr) kept in a log. Printed per round: the server process's RSS and the sessions it
+ended; at the end, every line of its terminal that is a warning, an error or a traceback -- the target is none
+(a closed tab once logged one warning each).
+
+Run: ``.venv/bin/python benchmarks/soak_sessions.py [--pages 8 --rounds 20] [--served]`` (needs
+``/usr/bin/chromium``; about 10-20 s a round on 2 cores).
 """
 
 from __future__ import annotations
@@ -91,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", type=int, default=3, help="rounds left out of the slope (caches filling)")
     ap.add_argument("--settle", type=float, default=90.0,
                     help="seconds to wait, at most, for the server to end a round's sessions")
+    ap.add_argument("--served", action="store_true",
+                    help="soak `clover-explorer serve` in a subprocess and report its terminal's warnings")
     add_threads_argument(ap)
     args = ap.parse_args(argv)
     configure_threads(args.threads)
@@ -98,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     if chromium is None:
         print("no chromium (apt-get install -y chromium)")
         return 1
+    if args.served:
+        return soak_served(args, chromium)
     from tqdm import tqdm
     from playwright.sync_api import sync_playwright
 
@@ -126,6 +135,84 @@ def main(argv: list[str] | None = None) -> int:
     print(f"slope after {args.warm} warm-up rounds: {slope(warm):+.2f} MB per round "
           f"({args.pages} pages x {args.tokens} tokens a round; target < 1 MB per round)")
     return 0
+
+
+ENDED = re.compile(r"Clover Explorer: a session ended")
+BAD_LINE = re.compile(r"WARNING|ERROR|Traceback|failed with")
+
+
+def soak_served(args, chromium: str) -> int:
+    """``--served``: the rounds against ``clover-explorer serve`` (a subprocess, ``--threads`` torch threads); its
+    terminal's warnings, errors and tracebacks printed at the end (target: none). Returns 0 when there were none."""
+    import os
+    import subprocess
+    import tempfile
+
+    from helpers import free_port, stop_process
+    from playwright.sync_api import sync_playwright
+    from tqdm import tqdm
+
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), CLOVER_MODEL_DIR="clover-test")
+    log_path = Path(tempfile.mkdtemp(prefix="clover-soak-")) / "server.log"
+    rows = []
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "clover_explorer", "serve", "--port", str(port), "--address",
+                                 "127.0.0.1", "--allow-websocket-origin", f"127.0.0.1:{port}",
+                                 "--check-unused-sessions", "1000", "--unused-session-lifetime", "1000"],
+                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}/explorer"
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+                for r in tqdm(range(args.rounds), desc="rounds", unit="round"):
+                    if r == 0:
+                        _wait_listening(proc, port, log_path)
+                    one_round(browser, url, [], args.pages)
+                    deadline = time.monotonic() + args.settle
+                    while len(ENDED.findall(log_path.read_text())) < (r + 1) * args.pages \
+                            and time.monotonic() < deadline:
+                        time.sleep(0.5)
+                    ended = len(ENDED.findall(log_path.read_text()))
+                    rss = _rss_of(proc.pid)
+                    rows.append(rss)
+                    tqdm.write(f"round {r + 1}: server RSS {rss:.1f} MB, sessions ended {ended} of "
+                               f"{(r + 1) * args.pages}")
+                browser.close()
+        finally:
+            stop_process(proc)
+    text = log_path.read_text()
+    bad = [ln for ln in text.splitlines() if BAD_LINE.search(ln)]
+    print(f"server RSS per round (MB): {', '.join(f'{x:.0f}' for x in rows)}; slope after {args.warm} warm-up "
+          f"rounds {slope(rows[args.warm:]):+.2f} MB per round")
+    print(f"served terminal ({log_path}): {len(ENDED.findall(text))} sessions ended, {len(bad)} warning / error "
+          f"lines over {args.rounds} rounds x {args.pages} pages (target: 0)")
+    for ln in bad[:20]:
+        print("  " + ln)
+    return 0 if not bad else 1
+
+
+def _wait_listening(proc, port: int, log_path: Path, timeout_s: float = 120.0) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited: {log_path.read_text()[-3000:]}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the server did not listen in {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+def _rss_of(pid: int) -> float:
+    """Resident set size of process ``pid`` now (MB), from /proc/PID/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 if __name__ == "__main__":

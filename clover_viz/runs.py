@@ -158,6 +158,29 @@ def kept_at_stop(trace: Trace, held: list[Any], keep_forwards: int = 1) -> tuple
         observer_s=min(end.observer_s, wall_s))], len(dropped)
 
 
+def masked_at_end(trace: Trace | None) -> int:
+    """Answer slots no step ever wrote in a run that ended on its own (not stopped): a canvas sampler's last
+    step writes the model's own prediction into every slot left, and where the model predicts the MASK token
+    (a random or barely trained checkpoint whose tied embeddings echo their input) the slot keeps MASK, as the
+    official code keeps it. The block view draws them masked and the text as MASK; the cards count them among
+    the tokens (they are the answer's). 0 for a stopped run (`dropped_at_stop` tells those) or none."""
+    end = trace.decode_end if trace is not None and len(trace) else None
+    if end is None or end.stop_reason == "cancelled":
+        return 0
+    idx = trace.slot_index()
+    return int(sum(int(np.sum((at < 0) & ~idx.prefilled(b, len(at)))) for b, at in idx.written_at.items()))
+
+
+def masked_at_end_note(trace: Trace | None) -> str:
+    """`` · 15 of 16 slots ended holding MASK: ...`` for the done line when `masked_at_end` is not 0, else ``""``."""
+    n = masked_at_end(trace)
+    if not n:
+        return ""
+    return (f" · {n} of {len(trace.decode_end.tokens)} slots ended holding MASK: the sampler's last step wrote the "
+            "model's own prediction there, the MASK token (a random or barely trained model's habit; the official "
+            "code keeps them too)")
+
+
 def dropped_at_stop(trace: Trace) -> dict[str, Any] | None:
     """What a stopped run wrote but did not keep: the slots of its last block written after a slot
     still masked when it stopped.
@@ -401,7 +424,8 @@ def diff_caption(cmp: dict[str, Any]) -> str:
 
 
 __all__ = ["RUN_LABELS", "SUMMARY_CSS", "compare", "diff_caption", "dropped_at_stop", "failed_status",
-           "forced_past_answer", "generated_ids", "long_prompt_note", "model_of", "prompt_of", "run_stats",
+           "forced_past_answer", "generated_ids", "long_prompt_note", "masked_at_end", "masked_at_end_note", "model_of",
+           "prompt_of", "run_stats",
            "summary_cards_html"]
 
 

@@ -53,8 +53,8 @@ import param
 
 from clover_viz.examples import DEFAULT_EXAMPLE, EXAMPLE_PROMPTS, YOUR_PROMPT
 from clover_viz.models import DEFAULT_MODEL_DIR, DEV_WEIGHT_SCALE, LoadedModel, load_model_cached
-from clover_viz.runs import (chat_template_note, compare, dropped_at_stop, failed_status, forced_past_answer,
-                             generated_ids, kept_at_stop, long_prompt_note, past_training_note)
+from clover_viz.runs import (chat_template_note, compare, dropped_at_stop, failed_status, forced_past_answer, generated_ids,
+                             kept_at_stop, long_prompt_note, masked_at_end_note, past_training_note)
 from clover_viz.session_branches import SessionBranches
 from clover_viz.session_cost import SessionCost
 from clover_viz.session_models import SessionModels
@@ -505,7 +505,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
                            f"{forced}, memory {mode}, stop: {end.stop_reason}"
                            + past_training_note(dc.get("block_size") or dc.get("block_length"), self._trained_block)
                            + chat_template_note(self.trace)
-                           + long_prompt_note(self.trace)
+                           + long_prompt_note(self.trace) + masked_at_end_note(self.trace)
                            + (f" · {guessed}" if guessed else "")
                            + (f" · {budget}" if (budget := budget_note(dc, len(end.tokens), end.stop_reason)) else ""))
         assert run is not None and not run.superseded, run

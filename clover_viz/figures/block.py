@@ -41,7 +41,7 @@ from clover_viz.figures._common import (
     _threshold,
     _tok,
 )
-from clover_viz.runs import dropped_at_stop
+from clover_viz.runs import dropped_at_stop, masked_at_end
 
 _BLOCK_COLS = 8
 _CELL_H = 46
@@ -208,9 +208,11 @@ def _block_view(trace: Any, step: int | None
         wrote += f" ({int(rewritten.sum())} rewritten), {int(remasked.sum())} withdrawn"
     if dropped:
         wrote += f" · {len(dropped)} dropped at Stop (written after slot {gone['first_gap']}, still masked)"
+    # a run that ended with slots never written: they hold MASK for good (`masked_at_end`), not "still" masked
+    left = " ended holding MASK" if i == len(trace) - 1 and n_masked and masked_at_end(trace) else " still masked"
     title = (
         f"Block {b} · iteration {int(ev.step_index) + 1} of {len(block_steps)} · step {i + 1}/{len(trace)}"
-        f"<br><sup>{wrote} · {n_masked} still masked"
+        f"<br><sup>{wrote} · {n_masked}{left}"
         + (f" · threshold {thr:g}" if thr is not None else "") + "</sup>"
     )
     heat = dict(

@@ -353,3 +353,34 @@ def test_a_block_only_llada_step_breaks_ties_as_the_whole_sequence_does():
     whole = written(False, False)
     assert len(whole) == 5 and written(True, True) == whole
     assert written(True, False) != whole  # ranked over the block alone, the ties break elsewhere
+
+
+def test_a_canvas_run_whose_model_predicts_mask_says_so_in_every_view(tmp_path):
+    """Dream's schedule at steps = gen_length writes nothing until its last step (``int(n * (1 - s / t))`` is 0
+    before it), which then writes the model's prediction into every slot left. This tiny random Dream echoes its
+    input through its tied embeddings and so predicts MASK for most of them: those slots end holding MASK, as in
+    the official code. The done line counts them, the block view's last step says they ended holding MASK (not
+    "still masked"), and the cards still count the canvas's tokens."""
+    from clover_viz import figures as F
+    from clover_viz.runs import masked_at_end, run_stats
+    from clover_viz.state import ExplorerState
+
+    d = _byte_level_dream(tmp_path / "tiny-dream")
+    s = ExplorerState(model_dir=str(d), prompt="Hello, diffusion", max_new_tokens=16, block_size=8,
+                      memory_mode="state", auto_redecode=False)
+    try:
+        assert s.load_model() is not None, s.error
+        s.policy = "dream"
+        assert s.generate() and s.wait(60), s.error
+        s.tick(0.02)
+        t = s.trace
+        mask_id = s.loaded_model.model.config.mask_token_id
+        left = int(np.sum(np.asarray(t.decode_end.tokens) == mask_id))
+        assert left > 0 and masked_at_end(t) == left
+        assert f"{left} of 16 slots ended holding MASK" in s.status, s.status
+        title = F.block_figure(t, step=len(t) - 1).layout.title.text
+        assert f"{left} ended holding MASK" in title and "still masked" not in title, title
+        assert "still masked" in F.block_figure(t, step=len(t) - 2).layout.title.text  # before the last step
+        assert run_stats(t)["n_tokens"] == 16
+    finally:
+        s.close()
