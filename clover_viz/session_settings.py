@@ -47,6 +47,17 @@ MEMORY_MODES = ("state", "state+window")
 OFFICIAL_SAMPLERS = ("llada", "dream", "fast_dllm_v2", "sdar", "llada2", "llada21")
 """Policies that are a public diffusion family's own official sampler (`official_sampler`), offered beside
 the block decoder's slot policies."""
+POLICY_HELP = (
+    "Which slots a forward writes; the list offers what the loaded model runs. Threshold decoding, on every model: "
+    "'low_confidence' (every slot at or above the threshold, else the most confident one is forced), 'top_k', "
+    "'margin', 'entropy', 'factor' (the same rule over another confidence). 'verify': a block drafter over a "
+    "frozen base (smollm2-drafter) -- the base keeps what it would write itself. Each public family's own "
+    "official sampler, on its checkpoints: 'llada' (LLaDA's generate: a canvas of max new tokens, one slot per "
+    "forward by its schedule, in blocks of block_size), 'dream' (Dream's diffusion_generate, maskgit_plus, one "
+    "canvas), 'fast_dllm_v2' (Fast-dLLM v2: blocks, sub-blocks of 8, > threshold), 'sdar' (SDAR: "
+    "low_confidence_dynamic > threshold), 'llada2' (LLaDA2.0: > threshold, the window recomputed each step), "
+    "'llada21' (LLaDA2.1: the same plus token-to-token edits of written slots).")
+"""The policy control's help (`clover_viz.state.ExplorerState.policy`): which sampler each policy is."""
 SAMPLER_FAMILIES = {"llada": "masked_diffusion", "dream": "masked_diffusion", "fast_dllm_v2": "block_causal",
                     "sdar": "block_causal", "llada2": "block_causal", "llada21": "block_causal"}
 """Official sampler -> the `Capabilities.family` of the models it runs on."""

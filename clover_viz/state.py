@@ -66,6 +66,7 @@ from clover_viz.session_settings import (
     MAX_NEW_TOKENS_MIN,
     MEMORY_MODES,
     OFFICIAL_SAMPLERS,
+    POLICY_HELP,
     sampler_summary,
     SessionSettings,
     _check_memory_mode,
@@ -120,12 +121,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         "LowConfidence threshold: a masked slot is written when its confidence >= threshold."))
     block_size = param.Selector(default=32, objects=list(BLOCK_SIZES), doc=(
         "Slots per block, block_size (1 = autoregressive greedy decoding)."))
-    policy = param.Selector(default="low_confidence", objects=[*POLICIES, *OFFICIAL_SAMPLERS], doc=(
-        "Acceptance policy: which slots a forward writes. 'verify' is for a block drafter over a frozen base "
-        "(smollm2-drafter): the drafter proposes the block and the base keeps what it would write itself. "
-        "'llada' and 'dream' are those families' own official samplers (LLaDA / Dream checkpoints): a canvas "
-        "of max_new_tokens slots after the prompt, one slot per forward by their schedule (LLaDA in blocks of "
-        "block_size); the threshold is not read."))
+    policy = param.Selector(default="low_confidence", objects=[*POLICIES, *OFFICIAL_SAMPLERS], doc=POLICY_HELP)
     memory_mode = param.Selector(default="state+window", objects=list(MEMORY_MODES), doc=(
         "'state' keeps history only in recurrent state (Clover); 'state+window' also keeps the last W "
         "committed K/V in attention layers (a labelled non-Clover variant; needs attention_window > 0). "

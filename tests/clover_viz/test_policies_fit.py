@@ -47,3 +47,13 @@ def test_the_page_offers_the_loaded_models_policies_and_leaves_one_it_cannot_run
         assert s.policy == "low_confidence"
     finally:
         s.close()
+
+
+def test_the_policy_help_says_which_sampler_each_policy_is():
+    from clover_viz.session_settings import OFFICIAL_SAMPLERS, POLICY_HELP
+    from clover_viz.state import ExplorerState
+    from clover_engine.decoding.policies import POLICIES
+
+    assert ExplorerState.param.policy.doc == POLICY_HELP
+    for name in (*POLICIES, *OFFICIAL_SAMPLERS):
+        assert f"'{name}'" in POLICY_HELP, name
