@@ -479,7 +479,7 @@ class _Run(SamplerRun):
             block_index=self.n_blocks, step_index=i, position_start=lo, tokens=block.cpu().numpy().copy(),
             masked_before=mb, confidence=np.where(seen, prob, np.float32(np.nan)).astype(np.float32),
             candidate=np.where(seen, cand, -1), top_tokens=np.where(seen[:, None], topt, -1),
-            top_probs=np.where(seen[:, None], tops, np.float32(np.nan)).astype(np.float32), accepted=wrote,
+            top_probs=np.where(seen[:, None], tops, np.float32(np.nan)).astype(np.float32), accepted=wrote & ~forced,
             forced=forced, eos_filled=np.zeros(L, dtype=bool),
             expert_union=None if routing is None else routing.union.numpy(),
             expert_union_block=None if routing is None else routing.union_block.numpy(),

@@ -68,6 +68,8 @@ def test_the_status_line_the_cards_and_the_cost_tab_give_one_count(tiny, family,
         assert status_nfe == cards["nfe"] == cost_nfe == proj.n_forwards == trace.nfe
         assert status_tokens == cards["n_tokens"] == cost_tokens == proj.tokens_written
         assert cost_tpf == pytest.approx(cards["tokens_per_forward"], abs=0.006)
+        # a slot is written once, as accepted or as forced: the block view's "wrote N accepted, M forced" adds up
+        assert not any((st.accepted & st.forced).any() for st in trace.steps)
         extra = list(trace.decode_end.unstepped_forwards)
         assert trace.nfe == len(trace) + len(extra)  # every forward is a step or a named prefill / commit
         # the as-run bytes per forward average the same forwards: the decoder's own total over its NFE
