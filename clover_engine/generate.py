@@ -48,6 +48,7 @@ from clover_engine.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_MODEL  # noqa:
 from clover_engine.checkpoint import best_memory_mode, file_as_model_dir, find_model_dir, load_model, load_tokenizer
 from clover_engine.decoding import decoder_for
 from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
+from clover_engine.decoding.careful import agreement, careful_setting, is_careful
 from clover_engine.decoding.block_diffusion_samplers import SDAR_REMASKING, FastDLLMv2Sampler, SDARSampler
 from clover_engine.decoding.llada2_samplers import LLaDA21Sampler, LLaDA2Sampler
 from clover_engine.decoding.masked_diffusion_samplers import DREAM_ALGS, LLADA_REMASKING, DreamSampler, LLaDASampler
@@ -142,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="progressive EOS bias: past this many generated tokens, add 0.1 logit per further token to "
                         "end-of-text, so answers tend to end near that length; unset = off (default)")
     p.add_argument("--trace", type=Path, default=None, help="save the trace (.parquet or .arrow)")
+    p.add_argument("--careful", action="store_true",
+                   help="also decode the careful decode -- the same settings, one slot per forward "
+                        "(clover_engine.decoding.careful) -- and print how far the answer agrees with it (recorded in "
+                        "the trace's metadata as 'careful')")
     p.add_argument("--device", default="cpu", help="torch device to decode on: cpu, cuda, cuda:1 ... (default cpu)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "float64"],
                    help="cast the weights to this dtype (default: as stored); state and confidences stay fp32")
@@ -217,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(result.text)
+    if args.careful:
+        try:
+            print(_careful_line(model, decoder.tokenizer, dc, args.prompt, result))
+        except (ValueError, TypeError) as e:
+            print(f"error: the careful decode did not run: {e}", file=sys.stderr)
+            return 2
     name = _model_name(args)
     own_line = None  # the summary of a sampler other than the block decoder's (its settings, not block/threshold)
     # forced fills that wrote slots past the kept answer (end-of-text, anything after the first EOS): forwards, not
@@ -276,6 +287,21 @@ def main(argv: list[str] | None = None) -> int:
         path = result.trace.save(args.trace)
         print(f"trace saved to {path}")
     return 0
+
+
+def _careful_line(model, tokenizer, dc, prompt: str, result) -> str:
+    """``careful: agrees with the careful decode: 87 % (first difference at slot 12) ...``: ``result``'s answer
+    against the careful decode of ``dc`` (`clover_engine.decoding.careful`), decoded here unless ``dc`` is its
+    own; the agreement is recorded in ``result.trace.meta["careful"]`` so that a saved trace keeps it."""
+    if is_careful(dc):
+        a = agreement(result.tokens, result.tokens, own=True)
+        care_nfe = result.nfe
+    else:
+        care = decoder_for(model, tokenizer, config=careful_setting(dc)).generate(prompt, record_trace=False)
+        a, care_nfe = agreement(result.tokens, care.tokens), care.nfe
+    result.trace.meta["careful"] = {**a.to_dict(), "reference_nfe": int(care_nfe)}
+    return (f"careful: {a.describe()}; common prefix {a.common_prefix} of {a.n_answer} tokens; the careful decode "
+            f"took {care_nfe} forwards, this run {result.nfe} ({care_nfe / max(result.nfe, 1):.2f}x fewer forwards)")
 
 
 def _check_inputs(args) -> None:

@@ -8,9 +8,11 @@ knob that sets how many slots a forward writes:
 ==========================  ============================================================================
 run                         its careful decode
 ==========================  ============================================================================
-threshold decoding          ``block_size = 1`` (`DecodeConfig`): each forward writes its one slot -- the
-(`DecodeConfig`)            model's greedy left-to-right answer; the policy is ``low_confidence`` (at one
-                            slot every policy writes the same)
+threshold decoding          policy ``top_k`` with ``tokens_per_step = 1`` at the same ``block_size``: each
+(`DecodeConfig`)            forward writes the block's single most confident slot (LLaDA's low-confidence
+                            remasking at one slot a step). Not block size 1: a model trained on blocks of
+                            32 reads a block of 1 out of distribution (clover-tiny's answers then part at
+                            their first slot); a run at block size 1 is its own careful decode
 ``verify`` (a drafter)      itself: the base keeps what it would write, so the answer *is* the base's own
                             greedy answer
 LLaDA (`LLaDASampler`)      ``steps = gen_length`` (LLaDA's linear schedule then writes one slot a step)
@@ -56,9 +58,10 @@ def careful_setting(setting: Any) -> Any:
     """
     name = getattr(setting, "sampler", None)
     if isinstance(setting, DecodeConfig):
-        if setting.policy == "verify" or setting.block_size == 1:
+        if setting.policy == "verify" or setting.block_size == 1 or (setting.policy, setting.tokens_per_step) == (
+                "top_k", 1):
             return setting
-        return dataclasses.replace(setting, block_size=1, policy="low_confidence", max_steps=None)
+        return dataclasses.replace(setting, policy="top_k", tokens_per_step=1, max_steps=None)
     if name == "llada":
         return setting if setting.steps == setting.gen_length else dataclasses.replace(setting, steps=setting.gen_length)
     if name == "dream":
@@ -161,7 +164,10 @@ class CarefulReferences:
 
     def key(self, model_key: Any, prompt_ids: Sequence[int], setting: Any) -> tuple:
         """The cache key of ``setting``'s careful decode of ``prompt_ids`` on the model named ``model_key``."""
-        return (model_key, tuple(int(t) for t in prompt_ids), repr(careful_setting(setting)))
+        care = careful_setting(setting)
+        if isinstance(care, DecodeConfig) and care.policy == "top_k":  # top_k reads no threshold: one reference
+            care = dataclasses.replace(care, threshold=1.0)
+        return (model_key, tuple(int(t) for t in prompt_ids), repr(care))
 
     def get(self, model_key: Any, prompt_ids: Sequence[int], setting: Any) -> list[int] | None:
         """The cached reference answer, or None when it has not been decoded."""

@@ -30,9 +30,10 @@ from clover_engine.decoding.masked_diffusion_samplers import DreamSampler, LLaDA
 def test_the_careful_setting_changes_only_the_parallelism():
     dc = DecodeConfig(block_size=32, threshold=0.7, policy="margin", max_new_tokens=64, repetition_penalty=1.5)
     care = careful_setting(dc)
-    assert (care.block_size, care.policy) == (1, "low_confidence")
-    assert dataclasses.replace(care, block_size=32, policy="margin") == dc  # nothing else changed
+    assert (care.block_size, care.policy, care.tokens_per_step) == (32, "top_k", 1)
+    assert dataclasses.replace(care, policy="margin", tokens_per_step=dc.tokens_per_step) == dc  # nothing else changed
     assert is_careful(care) and not is_careful(dc) and careful_setting(care) is care
+    assert is_careful(DecodeConfig(block_size=1, policy="margin"))  # one slot a forward whatever the policy
     assert is_careful(DecodeConfig(policy="verify"))  # the base's own answer: its own reference
     cases = [(LLaDASampler(gen_length=64, block_length=32, steps=16), dict(steps=64)),
              (DreamSampler(max_new_tokens=64, steps=8), dict(steps=64)),
@@ -155,8 +156,9 @@ def test_references_are_decoded_once_and_a_failed_decode_caches_nothing():
         t.start()
     for t in threads:
         t.join(10)
-    assert refs.reference("m", [4, 5], DecodeConfig(block_size=16), decode) == [1, 2, 3]  # the same careful decode
-    assert len(calls) == 1 and calls[0].block_size == 1
+    # another threshold at the same block size: the same careful decode, not decoded again
+    assert refs.reference("m", [4, 5], DecodeConfig(block_size=8, threshold=0.5), decode) == [1, 2, 3]
+    assert len(calls) == 1 and (calls[0].policy, calls[0].tokens_per_step) == ("top_k", 1)
     assert refs.get("m", [4, 5], setting) == [1, 2, 3] and refs.get("m", [4, 6], setting) is None
 
     def fails(care):

@@ -170,3 +170,30 @@ def test_example_flag_decodes_the_explorers_example_prompts():
     with pytest.raises(ValueError, match="no example prompt called 'nope'; the examples are: 'agent tool call'"):
         example_prompt("nope")
     assert example_names()[0] == "agent tool call"
+
+
+def test_cli_careful_measures_the_answer_against_the_careful_decode(tmp_path):
+    """--careful decodes the same settings one slot per forward and prints the answer's agreement with it, and
+    the saved trace keeps that agreement (what the explorer shows on a replay); a run that is its own careful
+    decode (block size 1) says so instead of a trivial 100 %."""
+    import re
+
+    from clover_engine.decoding.careful import Agreement
+
+    from pathlib import Path
+
+    model_dir = str(Path(__file__).resolve().parents[2] / "models" / "clover-tiny")
+    args = [sys.executable, "-m", "clover_engine.generate", "--model", model_dir, "--prompt", "def add(a, b):\n    return",
+            "--max-new-tokens", "24", "--memory-mode", "state", "--careful"]
+    out = subprocess.run([*args, "--threshold", "0.6", "--trace", str(tmp_path / "t.parquet")], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("careful: "))
+    assert re.search(r"agrees with the careful decode: \d+ %", line), line
+    saved = clover_engine.Trace.load(tmp_path / "t.parquet").meta["careful"]
+    a = Agreement.from_dict(saved)
+    assert not a.own and a.n_answer == 24 and saved["reference_nfe"] >= a.n_reference
+    assert f"common prefix {a.common_prefix} of {a.n_answer} tokens" in line
+    own = subprocess.run([*args, "--block-size", "1"], capture_output=True, text=True, timeout=300)
+    assert own.returncode == 0, own.stderr
+    assert "careful: this run is its own careful decode" in own.stdout
