@@ -35,6 +35,9 @@ RUN_LABELS = ("previous", "this run")  # how every view names the two runs it co
 
 
 # per trace: {block_index: (ids kept from that finished block, hit EOS)}
+MEASURING: weakref.WeakKeyDictionary[Trace, dict[str, Any]] = weakref.WeakKeyDictionary()
+"""Live runs whose careful decode is under way (`clover_viz.session_careful`): ``{"status": "measuring", "done": k,
+"of": n}`` per trace, beside its metadata so that a trace saved meanwhile never replays as "measuring"."""
 _BLOCK_IDS: weakref.WeakKeyDictionary[Trace, dict[int, tuple[list[int], bool]]] = weakref.WeakKeyDictionary()
 
 
@@ -287,6 +290,8 @@ def run_stats(trace: Trace | None) -> dict[str, Any] | None:
         "n_forced_past_answer": forced_past_answer(trace) if trace.decode_end is not None else 0,
         "model": model_of(trace),
         "prompt": prompt_of(trace),
+        # its careful decode's agreement (clover_viz.session_careful), or the measurement under way
+        "careful": (trace.meta or {}).get("careful") or MEASURING.get(trace),
     }
 
 
@@ -323,6 +328,25 @@ def long_prompt_note(trace: Trace | None) -> str:
     `clover_engine.prompting.trained_context_note`), else ``""``."""
     note = (trace.meta or {}).get("trained_context_note") if trace is not None else None
     return f" · {note}" if note else ""
+
+
+def careful_card(record: dict[str, Any] | None) -> tuple[str, str]:
+    """(value, detail) of the number card: ``("87 %", "first difference at slot 12")``, ``("100 %", "identical")``,
+    ``("its own", "one slot per forward")``, ``("measuring…", "12 of 32 forwards")``, ``("–", why)``."""
+    if not record:
+        return "–", "not measured"
+    status = record.get("status")
+    if status == "measuring":
+        return "measuring…", f"{record.get('done', 0)} of {record.get('of', '?')} forwards"
+    if status in ("stopped", "cancelled", "failed"):
+        why = {"stopped": "the run was stopped", "cancelled": "a new decode started first",
+               "failed": f"it failed: {record.get('error', '')}"}[status]
+        return "–", f"not measured: {why}"
+    if record.get("own"):
+        return "its own", "this run is one slot per forward"
+    if record.get("identical"):
+        return "100 %", "identical answers"
+    return f"{record['token_agreement']:.0f} %", f"first difference at slot {record['first_difference']}"
 
 
 SUMMARY_CSS = (
@@ -385,8 +409,19 @@ def summary_cards_html(st: dict[str, Any] | None, prev: dict[str, Any] | None = 
              str(p.get("stop_reason")) if has else None),
         cell("block · threshold", settings(st), "clover-settings", settings(p) if has else None),
         cell("model", str(st.get("model") or "–"), "clover-model", str(p.get("model")) if has else None),
+        careful_cell(st.get("careful"), p.get("careful") if has else None),
     ])
     return f'{SUMMARY_CSS}<div class="clover-stats">{cells}</div>'
+
+
+def careful_cell(record: dict[str, Any] | None, prev: dict[str, Any] | None = None) -> str:
+    """The number card of a run's agreement with its careful decode (`careful_card`): the value (class
+    ``clover-careful``), what it means under it, and the previous run's value when given."""
+    value, detail = careful_card(record)
+    was = f'<div class="was">prev {html.escape(careful_card(prev)[0])}</div>' if prev is not None else ""
+    return (f'<div class="stat" title="the same model, prompt and settings decoded one slot per forward">'
+            f'<div class="lbl">agrees with the careful decode</div><div class="val clover-careful">'
+            f'{html.escape(value)}</div><div class="was clover-careful-detail">{html.escape(detail)}</div>{was}</div>')
 
 
 def compare(previous: Trace | None, current: Trace | None) -> dict[str, Any] | None:
@@ -423,10 +458,9 @@ def diff_caption(cmp: dict[str, Any]) -> str:
     return ""
 
 
-__all__ = ["RUN_LABELS", "SUMMARY_CSS", "compare", "diff_caption", "dropped_at_stop", "failed_status",
-           "forced_past_answer", "generated_ids", "long_prompt_note", "masked_at_end", "masked_at_end_note", "model_of",
-           "prompt_of", "run_stats",
-           "summary_cards_html"]
+__all__ = ["MEASURING", "RUN_LABELS", "SUMMARY_CSS", "careful_card", "careful_cell", "compare", "diff_caption",
+           "dropped_at_stop", "failed_status", "forced_past_answer", "generated_ids", "long_prompt_note", "masked_at_end",
+           "masked_at_end_note", "model_of", "prompt_of", "run_stats", "summary_cards_html"]
 
 
 # ------------------------------------------------------------------------ two runs compared

@@ -16,11 +16,10 @@ Threading model (a worker thread decodes; only the UI thread touches params)::
 A notebook has no periodic callback: `clover_viz.widgets.Explorer.decode` calls `drain`
 itself until the run ends (the cell blocks, the view fills in).
 
-A new `generate()` while a decode runs (a threshold drag released twice)
-cancels the running one and throws its partial trace away; `previous` always
-holds the last run that was not superseded, so the comparison is between two
-whole runs. Errors (empty prompt, a bad model directory, a setting the model
-cannot run) set `error` and leave `trace` / `previous` as they were.
+A new `generate()` while a decode runs (a threshold drag released twice) cancels the running one and throws its
+partial trace away; `previous` always holds the last run that was not superseded, so the comparison is between two
+whole runs. Errors (empty prompt, a bad model directory, a setting the model cannot run) set `error` and leave
+`trace` / `previous` as they were. A finished run is measured against its careful decode (`clover_viz.session_careful`).
 
 Models: `model_dir` names a checkpoint directory, resolved and loaded (once per
 process) by `clover_viz.models` -- the default directory falls back to a labelled
@@ -56,6 +55,7 @@ from clover_viz.models import DEFAULT_MODEL_DIR, DEV_WEIGHT_SCALE, LoadedModel, 
 from clover_viz.runs import (chat_template_note, compare, dropped_at_stop, failed_status, forced_past_answer, generated_ids,
                              kept_at_stop, long_prompt_note, masked_at_end_note, past_training_note)
 from clover_viz.session_branches import SessionBranches
+from clover_viz.session_careful import SessionCareful
 from clover_viz.session_cost import SessionCost
 from clover_viz.session_models import SessionModels
 from clover_viz.session_pacing import _LIVE_RUNS, DrawPacer, RunPace, _Run, live_decodes
@@ -93,7 +93,8 @@ def _snapshot(event: Any) -> Any:
     return event
 
 
-class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, SessionBranches, param.Parameterized):
+class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, SessionBranches, SessionCareful,
+                    param.Parameterized):
     """Everything one explorer session holds. No UI imports; drive it from any front end.
 
     Settings are plain parameters; `generate`, `stop`, `load_trace`, `play` ... are the
@@ -286,6 +287,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
                   "capabilities": loaded.capabilities.to_dict()},
         )
 
+        self._careful_arm(loaded, dc, prompt_ids, live)  # measured against its careful decode when it ends
         def decode(hook: Any, cancel: threading.Event) -> None:
             decoder.generate(prompt_ids, hooks=[hook], record_trace=False, cancel=cancel, config=dc)
 
@@ -315,7 +317,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         run = _Run(self._run_counter, threading.Event(), kind=kind, restore=restore)
         events = self._events
         # one decode per session at a time: a superseded one ends after its current forward, then this one starts
-        before = self._run.thread if self._run is not None else None
+        before = [t for t in (self._run.thread if self._run is not None else None, self._careful_gives_way()) if t]
 
         run.pace = RunPace(self.paced_decodes, run.cancel)
 
@@ -328,8 +330,8 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
 
         def work() -> None:
             try:
-                if before is not None:
-                    before.join()
+                for thread in before:  # the decode before it, and a careful decode under way: the model is not shared
+                    thread.join()
                 result = decode(hook, run.cancel)
                 if result is not None:
                     events.put((run.run_id, "result", result))
@@ -504,7 +506,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
                            + long_prompt_note(self.trace) + masked_at_end_note(self.trace)
                            + (f" · {guessed}" if guessed else "")
                            + (f" · {budget}" if (budget := budget_note(dc, len(end.tokens), end.stop_reason)) else ""))
-        assert run is not None and not run.superseded, run
+        self._measure_careful(end)  # then measured against its careful decode (clover_viz.session_careful)
 
     def _fail(self, exc: BaseException) -> None:
         run = self._run
@@ -528,6 +530,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         While a decode runs, redraws are paced by what they cost (`clover_viz.session_pacing.DrawPacer`):
         the server's event loop is shared by every session and must stay free to hear a Stop."""
         self._poll_load()
+        self._poll_careful()
         run = self._run
         ended = run is None or run.thread is None or not run.thread.is_alive()
         if not self.running or ended or self._pacer.due():  # a run's end is drawn at once
@@ -589,6 +592,7 @@ class ExplorerState(SessionModels, SessionSettings, SessionTraces, SessionCost, 
         self._closed = True
         self.playing = False
         self._give_up_pending_load()
+        self._cancel_careful()
         self._generate_when_loaded = False
         if self._run is not None:
             self._run.superseded = True

@@ -20,7 +20,8 @@ Dream (`DreamSampler`)      ``steps = max_new_tokens``
 Fast-dLLM v2                ``threshold = 1.0`` (its ``> threshold`` never holds: each step writes the
                             sub-block's single most confident slot)
 SDAR                        ``low_confidence_static`` with ``denoising_steps = block_length`` (one slot a step)
-LLaDA2.0 / 2.1              ``threshold = 1.0`` and ``steps = block_length`` (each step writes its quota of 1)
+LLaDA2.0                    ``threshold = 1.0`` and ``steps = block_length`` (each step writes its quota of 1)
+LLaDA2.1                    ``threshold = 1.0`` and ``num_to_transfer = 1`` (its edits of written slots kept)
 ==========================  ============================================================================
 
 Everything else (temperature, seed, repetition control, budget, block placement) is kept, so the two decodes
@@ -73,7 +74,8 @@ def careful_setting(setting: Any) -> Any:
         want = dict(remasking_strategy="low_confidence_static", denoising_steps=setting.block_length)
         return setting if all(getattr(setting, k) == v for k, v in want.items()) else dataclasses.replace(setting, **want)
     if name in ("llada2", "llada21"):
-        want = dict(threshold=1.0, steps=setting.block_length)
+        want = dict(threshold=1.0, steps=setting.block_length) if name == "llada2" else dict(threshold=1.0,
+                                                                                             num_to_transfer=1)
         return setting if all(getattr(setting, k) == v for k, v in want.items()) else dataclasses.replace(setting, **want)
     raise TypeError(f"careful_setting takes a DecodeConfig or an official sampler (llada, dream, fast_dllm_v2, sdar, "
                     f"llada2, llada21); got {type(setting).__name__}")

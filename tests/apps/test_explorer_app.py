@@ -641,8 +641,9 @@ def test_one_saved_trace_shows_the_same_summary_in_the_app_and_the_notebook(tmp_
     finally:
         ex.close()
     expected = {"clover-nfe", "clover-tokens", "clover-tpf", "clover-forced", "clover-tps", "clover-bytes",
-                "clover-stop", "clover-settings", "clover-model"}
+                "clover-stop", "clover-settings", "clover-model", "clover-careful"}
     assert set(in_app) == expected and in_app == in_notebook, (in_app, in_notebook)
+    assert in_app["clover-careful"] != "measuring…"  # saved while its careful decode ran: a replay is not measuring
     assert in_app["clover-settings"] == "8 · 0.95" and in_app["clover-stop"] != "running"
 
 

@@ -1,0 +1,120 @@
+"""Every finished decode is measured against its careful decode, in the app's state and in both front ends' cards
+(issue 63; `clover_viz.session_careful`).
+
+* a run of clover-tiny records its agreement with the same settings decoded one slot per forward -- equal to the
+  engine's own `agreement` of the two answers -- and the cards of the Panel app and of the notebook `Explorer`
+  (one function, `clover_viz.runs.summary_cards_html`) show it; a saved trace replays the same card without the
+  model;
+* the next run on the same prompt at another threshold reuses the cached reference (measured at once);
+* a run that is its own careful decode says so, a stopped run and a run superseded while measuring say why they
+  were not measured; a family sampler's run (SDAR) is measured too.
+
+Run: ``.venv/bin/python -m pytest tests/clover_viz/test_careful_views.py -q``
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from clover_engine.decoding.careful import agreement, careful_setting
+from clover_engine.decoding.samplers import decoder_for
+from clover_viz.runs import careful_card, run_stats, summary_cards_html
+from clover_viz.state import ExplorerState
+
+PROMPT = "def add(a, b):\n    return"
+
+
+def _card_value(html_text: str) -> str:
+    return re.search(r'class="val clover-careful">([^<]*)<', html_text).group(1)
+
+
+@pytest.fixture
+def state():
+    s = ExplorerState(model_dir="clover-tiny", prompt=PROMPT, max_new_tokens=24, block_size=32, threshold=0.6,
+                      memory_mode="state", auto_redecode=False)
+    assert s.load_model() is not None, s.error
+    yield s
+    s.close()
+
+
+def _decode(s: ExplorerState) -> None:
+    assert s.generate(), s.error
+    assert s.wait(120) and s.status.startswith("done"), s.status
+
+
+def test_a_finished_run_is_measured_and_every_card_shows_it(state, tmp_path):
+    from clover_viz.session_careful import CAREFUL_REFERENCES
+
+    state.threshold = 0.55  # a prompt/setting pair no other test measured: the reference is decoded here
+    _decode(state)
+    assert state.careful["status"] == "measuring" and _card_value(summary_cards_html(run_stats(state.trace))) \
+        == "measuring…" and "careful" not in state.trace.meta
+    assert state.wait_careful(120)
+    record = state.careful
+    loaded = state.loaded_model
+    dc = state.decode_config(loaded)
+    care = decoder_for(loaded.model, loaded.tokenizer, careful_setting(dc)).generate(
+        state.trace.prompt_ids, record_trace=False, config=careful_setting(dc))
+    want = agreement(state.trace.decode_end.tokens, care.tokens)
+    assert {k: record[k] for k in want.to_dict()} == want.to_dict() and record["reference_nfe"] == care.nfe
+    value, detail = careful_card(record)
+    card = summary_cards_html(run_stats(state.trace))  # the app's cards and the notebook Explorer's
+    assert _card_value(card) == value and detail in card
+    assert value == (f"{want.token_agreement:.0f} %" if not want.identical else "100 %")
+    from clover_viz.widgets import Explorer  # the notebook front end draws the same card for the same trace
+
+    ex = Explorer(state.trace)
+    assert _card_value(ex.summary.value) == value
+    # a replay shows it without the model
+    path = state.trace.save(tmp_path / "run.parquet")
+    replay = ExplorerState(model_dir="clover-tiny", auto_redecode=False)
+    try:
+        assert replay.load_trace(str(path)), replay.error
+        assert _card_value(summary_cards_html(run_stats(replay.trace))) == value
+        assert replay.careful == record
+    finally:
+        replay.close()
+    # the next run on the same prompt at another threshold: the same careful decode, measured at once
+    assert CAREFUL_REFERENCES.get((loaded.spec, loaded.label), state.trace.prompt_ids, dc) == list(care.tokens)
+    state.threshold = 0.9
+    _decode(state)
+    assert state.careful.get("status") is None and state.careful["n_reference"] == len(care.tokens)
+
+
+def test_own_stopped_and_superseded_runs_say_why(state):
+    state.block_size = 1  # one slot per forward: its own reference
+    _decode(state)
+    assert state.careful["own"] and careful_card(state.careful) == ("its own", "this run is one slot per forward")
+    state.block_size, state.max_new_tokens, state.threshold = 32, 512, 0.99
+    assert state.generate()
+    state.stop()
+    assert state.wait(120) and state.status.startswith("stopped"), state.status
+    assert careful_card(state.careful) == ("–", "not measured: the run was stopped")
+    state.max_new_tokens, state.threshold = 96, 0.61  # a reference not cached yet: it is measuring ...
+    _decode(state)
+    first = state.trace
+    assert state.careful["status"] == "measuring" and "careful" not in first.meta  # beside the trace, not in it
+    state.threshold = 0.62
+    assert state.generate()  # ... when a new decode starts: the measurement is given up, and says so
+    assert careful_card(first.meta["careful"]) == ("–", "not measured: a new decode started first")
+    assert state.wait(120) and state.wait_careful(240)
+    assert state.careful.get("status") is None and "token_agreement" in state.careful
+
+
+def test_a_family_samplers_run_is_measured(tmp_path):
+    pytest.importorskip("transformers")
+    from clover_engine.backbones.block_causal import write_tiny_block_causal
+
+    d = write_tiny_block_causal(tmp_path / "sdar", "SDAR")
+    s = ExplorerState(model_dir=str(d), prompt="Explain block diffusion.", max_new_tokens=16, block_size=8,
+                      threshold=0.5, memory_mode="state", auto_redecode=False)
+    try:
+        assert s.load_model() is not None, s.error
+        s.policy = "sdar"
+        _decode(s)
+        assert s.wait_careful(120)
+        assert "token_agreement" in s.careful and s.careful["reference_nfe"] >= s.careful["n_reference"] > 0
+    finally:
+        s.close()
