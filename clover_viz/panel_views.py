@@ -46,6 +46,7 @@ from clover_viz.panel_branches import BranchList, SlotPanel
 from clover_viz.panel_checks import checked, control
 from clover_viz.panel_controls import keys_within_range
 from clover_viz.panel_figures import FigurePane, FigureSnapshot, _placeholder
+from clover_viz.panel_frontier import FrontierView
 from clover_viz.panel_settings import SettingsPanel
 from clover_viz.runs import diff_caption, run_stats, summary_cards_html
 from clover_viz.state import ExplorerState
@@ -519,6 +520,7 @@ class ExplorerApp(pn.viewable.Viewer):
         self.compare = CompareView(state=s)
         self.slot = SlotPanel(state=s, block=self.block)
         self.branches = BranchList(state=s)
+        self.frontier = FrontierView(state=s)
         self.settings.report_shown_at_stop(self.summary.numbers, self.playback.scrub)  # a Stop keeps what was shown
         s.param.watch(lambda *_e: self.compare.refresh(), ["trace", "previous", "running", "branch_version"])
         self.compare.refresh()
@@ -546,6 +548,8 @@ class ExplorerApp(pn.viewable.Viewer):
             self.summary, self.playback, live,
             pn.Card(self.branches, self.compare,
                     title="Branches · compare two runs (default: previous run vs this run)", collapsed=False,
+                    sizing_mode="stretch_width", header_background="#f1f5f9"),
+            pn.Card(self.frontier, title="What speed costs: the frontier of this prompt", collapsed=True,
                     sizing_mode="stretch_width", header_background="#f1f5f9"),
             self.tabs,
             sizing_mode="stretch_width",

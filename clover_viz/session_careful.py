@@ -23,9 +23,13 @@ Tests: ``.venv/bin/python -m pytest tests/clover_viz/test_careful_views.py -q``
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from clover_engine.decoding.careful import CarefulReferences, agreement, careful_setting, is_careful
+from clover_engine.decoding.frontier import DEFAULT_BLOCK_SIZES, DEFAULT_THRESHOLDS, frontier_grid, mark_pareto
+from clover_engine.decoding.frontier import measure_frontier as measure_frontier_cells
+from clover_engine.prompting import model_input
 from clover_engine.decoding.samplers import decoder_for
 from clover_engine.recording.events import StepEvent
 from clover_viz.runs import MEASURING
@@ -41,6 +45,9 @@ class SessionCareful:
     _careful_for: tuple | None = None  # (loaded model, its setting, prompt ids, live trace) of the run under way
     _careful_job: dict | None = None  # the measurement under way: thread, cancel, trace, result box
     _careful_ending: threading.Thread | None = None  # a measurement given up, until the next run has joined it
+    _frontier_job: dict | None = None  # the frontier under way (`measure_frontier`)
+    frontier: list = []  # the points of the last frontier measured (`clover_engine.decoding.frontier.FrontierPoint`)
+    frontier_status: str = ""  # "measuring: 3 of 14 settings", "done: ...", "cancelled ..."
 
     def _careful_arm(self, loaded: Any, setting: Any, prompt_ids: Any, live: Any) -> None:
         """A decode starts (`generate`): give up the previous run's measurement, remember what this one runs."""
@@ -103,7 +110,9 @@ class SessionCareful:
         return {**agreement(answer, reference).to_dict(), "reference_nfe": nfe if nfe is not None else len(reference)}
 
     def _poll_careful(self) -> None:
-        """UI thread (`tick`): count the measurement's forwards, or record its result in its run's trace."""
+        """UI thread (`tick`): count the measurement's forwards, or record its result in its run's trace; the same
+        for the frontier under way."""
+        self._poll_frontier()
         job = self._careful_job
         if job is None:
             return
@@ -124,15 +133,116 @@ class SessionCareful:
         self.trace_version += 1
 
     def _careful_gives_way(self) -> threading.Thread | None:
-        """A new run starts (`_start_run`): give up the measurement under way and return its thread (or the one
-        given up last), which the new run joins before its first forward -- the two never run the model at once."""
+        """A new run starts (`_start_run`): give up the measurement and the frontier under way and return the
+        thread to join before its first forward (the frontier's, which joined the measurement's before it decoded;
+        else the measurement's) -- two of them never run the model at once."""
+        frontier = self._frontier_job["thread"] if self._frontier_job is not None else None
         self._cancel_careful()
         thread, self._careful_ending = self._careful_ending, None
-        return thread
+        return frontier or thread
+
+    # ------------------------------------------------------------------ the frontier of the prompt
+    def measure_frontier(self, thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+                         block_sizes: Sequence[int] = DEFAULT_BLOCK_SIZES) -> bool:
+        """Decode the current prompt over the frontier grid of the current setting in the background
+        (`clover_engine.decoding.frontier`): its careful decode first, then ``thresholds`` x ``block_sizes`` (or the
+        setting's own knobs); the points appear in `frontier` as they are decoded, `frontier_status` counts them,
+        a new decode (or `cancel_frontier`) cancels it. Returns False (and says why in `error`) when there is no
+        model or prompt, or a decode runs."""
+        if self.running:
+            self.error = "The frontier decodes the prompt many times: wait until the decode ends, or Stop it."
+            return False
+        loaded = self.load_model(adjust_mode=False)
+        if loaded is None:
+            return False
+        try:
+            setting = self.decode_config(loaded)
+            cells = frontier_grid(setting, thresholds, block_sizes)
+            own = getattr(type(setting), "DECODER", None) is not None
+            decoder = (None if own else loaded.decoder) or decoder_for(loaded.model, loaded.tokenizer, setting)
+            prompt_ids = decoder.encode_prompt(model_input(self.prompt, loaded.model).text)
+        except (ValueError, TypeError) as exc:
+            self.error = f"Cannot measure the frontier: {exc}"
+            return False
+        self._cancel_careful()
+        self.cancel_frontier()
+        before, self._careful_ending = self._careful_ending, None
+        cancel = threading.Event()
+        job: dict[str, Any] = {"cancel": cancel, "points": [], "n": len(cells), "setting": setting}
+
+        def decode(cell: Any) -> Any:
+            dec = decoder_for(loaded.model, loaded.tokenizer, cell) if getattr(type(cell), "DECODER", None) else decoder
+            return dec.generate(prompt_ids, record_trace=True, cancel=cancel, config=cell)
+
+        def work() -> None:
+            try:
+                if before is not None:
+                    before.join()
+                measure_frontier_cells(decode, setting, cells, cancel=cancel,
+                                       progress=lambda i, n, point: job["points"].append(point))
+            except Exception as exc:  # noqa: BLE001  (reported on the UI thread by _poll_careful)
+                job["error"] = f"{type(exc).__name__}: {exc}"
+
+        job["thread"] = threading.Thread(target=work, name="clover-frontier", daemon=True)
+        self._frontier_job, self.frontier, self.frontier_status = job, [], f"measuring: 0 of {len(cells)} settings"
+        self.error = ""
+        job["thread"].start()
+        return True
+
+    def cancel_frontier(self) -> threading.Thread | None:
+        """Stop the frontier under way after its current forward (the points so far stay); -> its thread, or None."""
+        job = self._frontier_job
+        if job is None:
+            return None
+        job["cancel"].set()
+        self._frontier_job = None
+        self.frontier = list(job["points"])
+        mark_pareto(self.frontier)
+        self.frontier_status = f"cancelled after {len(self.frontier)} of {job['n']} settings"
+        return job["thread"]
+
+    def _poll_frontier(self) -> None:
+        job = self._frontier_job
+        if job is None:
+            return
+        alive = job["thread"].is_alive()
+        if len(job["points"]) != len(self.frontier) or not alive:
+            self.frontier = list(job["points"])
+            mark_pareto(self.frontier)
+            self.frontier_status = f"measuring: {len(self.frontier)} of {job['n']} settings"
+            if not alive:
+                self._frontier_job = None
+                self.frontier_status = (f"failed after {len(self.frontier)} settings: {job['error']}" if "error" in job
+                                        else f"done: {len(self.frontier)} settings, "
+                                             f"{sum(p.pareto for p in self.frontier)} on the Pareto front")
+            self.trace_version += 1
+
+    def wait_frontier(self, timeout: float = 300.0) -> bool:
+        """Block until the frontier under way is measured (tests, scripts, the notebook); -> True when done."""
+        job = self._frontier_job
+        if job is not None:
+            job["thread"].join(timeout)
+        self._poll_frontier()
+        return self._frontier_job is None
+
+    def load_frontier_point(self, index: int) -> bool:
+        """Show the run of the frontier's point ``index`` (a click on the frontier figure) as the run on display,
+        its agreement with the careful decode on its card.
+
+        Raises:
+            IndexError: no such point (the message gives the range)."""
+        if not 0 <= index < len(self.frontier):
+            raise IndexError(f"frontier point {index} does not exist (0..{len(self.frontier) - 1})")
+        point = self.frontier[index]
+        trace = point.result.trace
+        trace.meta.update({"careful": {**point.agreement.to_dict(), "reference_nfe": self.frontier[0].nfe},
+                           "model_label": self.model_label, "prompt": self.prompt})
+        return self.load_trace(trace, name=f"frontier: {point.label}")
 
     def _cancel_careful(self) -> None:
-        """Give up the measurement under way (a new decode, Stop, the session's end): it stops after its current
-        forward and caches nothing."""
+        """Give up the measurement and the frontier under way (a new decode, the session's end): each stops after its
+        current forward; the measurement caches nothing, the frontier keeps its points so far."""
+        self.cancel_frontier()
         job = self._careful_job
         if job is not None:
             self._careful_ending = job["thread"]

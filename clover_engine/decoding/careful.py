@@ -31,6 +31,8 @@ is what a trace records (``meta["careful"]``) so that a replay shows it without 
 caches the reference per (model, prompt, careful setting): it is decoded once however many settings are
 compared with it.
 
+Wing: ``decoding``.
+
 Tests: ``.venv/bin/python -m pytest tests/clover_engine/test_careful.py -q``
 """
 

@@ -7,6 +7,8 @@ and LLaDA2.0 / 2.1; steps x block length for LLaDA; steps for Dream -- always in
 between and within cells, with a progress callback), measures each answer against the one shared careful decode,
 and marks the Pareto front: no other cell is both faster (tokens per forward) and closer to the careful answer.
 
+Wing: ``decoding``.
+
 Tests: ``.venv/bin/python -m pytest tests/clover_engine/test_frontier.py -q``
 """
 

@@ -118,3 +118,31 @@ def test_a_family_samplers_run_is_measured(tmp_path):
         assert "token_agreement" in s.careful and s.careful["reference_nfe"] >= s.careful["n_reference"] > 0
     finally:
         s.close()
+
+
+def test_the_frontier_of_the_prompt_in_the_state_and_the_app(state):
+    """The frontier card measures the prompt over a small grid in the background (the careful decode first,
+    100 %), draws the figure and table, and a click on a point makes that run the run on display with its
+    agreement on the card; a new decode cancels a frontier under way and keeps its points so far."""
+    from clover_viz.panel_frontier import FrontierView
+
+    view = FrontierView(state=state)
+    state.threshold = 0.9
+    assert state.measure_frontier(thresholds=(0.6, 0.9), block_sizes=(8,)), state.error
+    assert view.cancel.visible is False or state.frontier_status.startswith("measuring")
+    assert state.wait_frontier(240) and state.frontier_status.startswith("done"), state.frontier_status
+    view.refresh()
+    pts = state.frontier
+    assert pts[0].careful and pts[0].agreement.token_agreement == 100.0 and sum(p.current for p in pts) == 1
+    assert view.figure.visible and "clover-frontier-table" in view.table.object
+    assert any(p.pareto for p in pts) and len(pts) == 5
+    pick = next(i for i, p in enumerate(pts) if not p.careful and not p.current)
+    view._on_click(type("E", (), {"new": {"points": [{"customdata": pick}]}})())  # a click on that point
+    assert state.trace is pts[pick].result.trace and state.threshold == pts[pick].setting.threshold
+    assert _card_value(summary_cards_html(run_stats(state.trace))) == careful_card(state.careful)[0]
+    assert state.careful["token_agreement"] == pytest.approx(pts[pick].agreement.token_agreement)
+    state.max_new_tokens = 64
+    assert state.measure_frontier(thresholds=(0.6, 0.7, 0.8, 0.9), block_sizes=(4, 8))
+    assert state.generate()  # a new decode: the frontier gives way
+    assert state.frontier_status.startswith("cancelled after")
+    assert state.wait(120)

@@ -1,0 +1,95 @@
+"""The speed / answer frontier of one prompt: tokens per forward against agreement with the careful decode.
+
+`frontier_figure(points)` draws the points of `clover_engine.decoding.frontier.measure_frontier` (or their
+``row()`` dicts, as a saved table holds them): every cell a marker, the Pareto front a line through its cells, the
+careful decode a diamond at 100 %, the current setting circled. Each marker's ``customdata`` is its index in
+``points``, so a view can load the clicked cell's run. `frontier_table_html` is the same as a table.
+
+Pure: it draws what it is given and decodes nothing.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+FRONTIER_CLASS = "clover-frontier-table"
+
+
+def _rows(points: Sequence[Any]) -> list[dict[str, Any]]:
+    return [p.row() if hasattr(p, "row") else dict(p) for p in points]
+
+
+def frontier_figure(points: Sequence[Any], title: str | None = None, height: int = 420) -> go.Figure:
+    """The frontier as a scatter: x tokens per forward, y % agreement with the careful decode.
+
+    Args:
+        points: `clover_engine.decoding.frontier.FrontierPoint` s, or their ``row()`` dicts (keys ``setting``,
+            ``tokens_per_forward``, ``agreement_pct``, ``first_difference``, ``careful``, ``current``, ``pareto``).
+        title: the figure's title (default names the axes' meaning).
+
+    Raises:
+        ValueError: no points.
+    """
+    rows = _rows(points)
+    if not rows:
+        raise ValueError("frontier_figure needs at least one point; measure the frontier first")
+    fig = go.Figure()
+    hover = [f"{html.escape(str(r['setting']))}<br>{r['tokens_per_forward']:.2f} tokens / forward · "
+             f"{r['agreement_pct']:.0f} % agreement"
+             + ("" if r.get("first_difference") is None else f" (first difference at slot {r['first_difference']})")
+             + (" · Pareto-optimal" if r.get("pareto") else "") for r in rows]
+    front = sorted((r["tokens_per_forward"], r["agreement_pct"]) for r in rows if r.get("pareto"))
+    if len(front) > 1:
+        fig.add_trace(go.Scatter(x=[f[0] for f in front], y=[f[1] for f in front], mode="lines", name="Pareto front",
+                                 line=dict(color="#16a34a", width=2, dash="dot"), hoverinfo="skip"))
+    kinds = [("careful decode (one slot per forward)", lambda r: r.get("careful"), "diamond", "#0f172a", 13),
+             ("Pareto-optimal setting", lambda r: r.get("pareto") and not r.get("careful"), "circle", "#16a34a", 10),
+             ("other setting", lambda r: not r.get("pareto") and not r.get("careful"), "circle", "#94a3b8", 9)]
+    for name, keep, symbol, color, size in kinds:
+        idx = [i for i, r in enumerate(rows) if keep(r)]
+        if not idx:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[rows[i]["tokens_per_forward"] for i in idx], y=[rows[i]["agreement_pct"] for i in idx],
+            mode="markers", name=name, customdata=idx, text=[hover[i] for i in idx], hoverinfo="text",
+            marker=dict(symbol=symbol, color=color, size=size, line=dict(color="white", width=1))))
+    cur = [i for i, r in enumerate(rows) if r.get("current")]
+    if cur:
+        r = rows[cur[0]]
+        fig.add_trace(go.Scatter(x=[r["tokens_per_forward"]], y=[r["agreement_pct"]], mode="markers",
+                                 name="this setting", customdata=cur, text=[hover[cur[0]]], hoverinfo="text",
+                                 marker=dict(symbol="circle-open", color="#dc2626", size=20, line=dict(width=3))))
+    fig.update_layout(
+        title=title or "What speed costs: tokens per forward vs agreement with the careful decode (click a point "
+                       "to load its run)",
+        height=height, margin=dict(l=60, r=20, t=60, b=50), template="plotly_white",
+        legend=dict(orientation="h", y=-0.18), clickmode="event")
+    fig.update_xaxes(title="tokens per forward (higher: fewer forwards)", rangemode="tozero")
+    fig.update_yaxes(title="% of answer tokens equal to the careful decode's", range=[-3, 105])
+    return fig
+
+
+def frontier_table_html(points: Sequence[Any]) -> str:
+    """The frontier as an HTML table (class ``clover-frontier-table``): setting, NFE, tokens, tokens per forward,
+    agreement, first difference; the Pareto-optimal rows bold, the current one marked."""
+    rows = _rows(points)
+    head = ("<tr><th>setting</th><th>NFE</th><th>tokens</th><th>tokens / forward</th><th>agreement</th>"
+            "<th>first difference</th></tr>")
+    body = []
+    for r in sorted(rows, key=lambda r: -r["tokens_per_forward"]):
+        style = "font-weight:600" if r.get("pareto") else ""
+        mark = " ◀ this setting" if r.get("current") else ""
+        diff = "identical" if r.get("identical") else (r.get("first_difference") if r.get("first_difference")
+                                                        is not None else "–")
+        body.append(f"<tr style='{style}'><td>{html.escape(str(r['setting']))}{mark}</td><td>{r['nfe']}</td>"
+                    f"<td>{r['tokens']}</td><td>{r['tokens_per_forward']:.2f}</td><td>{r['agreement_pct']:.0f} %</td>"
+                    f"<td>{diff}</td></tr>")
+    return (f"<table class='{FRONTIER_CLASS}' style='border-collapse:collapse;font-size:12px'>{head}"
+            f"{''.join(body)}</table>")
+
+
+__all__ = ["FRONTIER_CLASS", "frontier_figure", "frontier_table_html"]
