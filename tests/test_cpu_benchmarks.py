@@ -95,3 +95,11 @@ def test_vs_official_runs_our_side_of_every_family_small():
     assert all(int(r[7]) > 0 and r[-2].strip() == "yes" for r in rows), out
     assert "official side not run (no --official-python)" in out
     assert out.rstrip().endswith("tokens identical across every side and round: yes"), out[-500:]
+
+
+def test_careful_agreement_measures_each_setting_against_its_careful_decode_small():
+    out = _run("benchmarks/careful_agreement.py", "--small", "--threads", "1")
+    rows = [ln.split("|") for ln in out.splitlines() if ln.startswith("| clover-tiny")]
+    assert len(rows) == 1, out
+    tpf, agree, identical = float(rows[0][3]), float(rows[0][4].split("%")[0]), rows[0][5].strip()
+    assert tpf > 0 and 0.0 <= agree <= 100.0 and re.fullmatch(r"\d / 2", identical), out
