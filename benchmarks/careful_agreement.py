@@ -67,22 +67,22 @@ def run(args) -> list[dict]:
         block = caps.largest_trained_block if caps.drafts else args.block_size
         settings = [(f"threshold {t:.2f}", DecodeConfig(block_size=block, threshold=t, max_new_tokens=T,
                                                         memory_mode=mode)) for t in thresholds]
-        if caps.drafts:
-            settings = [(f"commit, {label}", dc) for label, dc in settings]
-            settings.append(("verify", DecodeConfig(block_size=block, policy="verify", max_new_tokens=T,
-                                                    memory_mode=mode)))
+        if caps.drafts:  # verify first: its answer is the base's, the second reference of the commit runs
+            settings = [("verify", DecodeConfig(block_size=block, policy="verify", max_new_tokens=T, memory_mode=mode)),
+                        *[(f"commit, {label}", dc) for label, dc in settings]]
         chat = name.startswith("smollm2")
         prompts = _prompts("chat-eval" if chat else "agent-eval", n)
         per = {label: [] for label, _ in settings}
         for prompt in tqdm(prompts, desc=name, unit="prompt"):
             text = model_input(prompt, model).text if chat else prompt
-            care_cfg = careful_setting(settings[0][1])
+            care_cfg = careful_setting(settings[-1][1])  # a threshold setting's (verify is its own)
             care = decoder_for(model, tok, care_cfg).generate(text, record_trace=False)
             for label, dc in settings:
                 r = decoder_for(model, tok, dc).generate(text, record_trace=False)
                 if label == "verify":
                     base_answers[prompt] = [int(t) for t in r.tokens]
-                a = agreement(r.tokens, care.tokens, own=label == "verify")
+                own = label == "verify"  # the base's own answer: its own reference
+                a = agreement(r.tokens, r.tokens if own else care.tokens, own=own)
                 base = agreement(r.tokens, base_answers[prompt]) if chat and prompt in base_answers else None
                 per[label].append((r, a, base))
         for label, results in per.items():
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         mfd = "–" if r["median_first_difference"] is None else f"{r['median_first_difference']:g}"
         base = "–" if r["vs_base"] is None else f"{r['vs_base']:.1f} %"
         ib = "–" if r["identical_to_base"] is None else f"{r['identical_to_base']} / {r['prompts']}"
-        own = " (its own reference)" if r["setting"] == "verify" else ""
+        own = " (its own reference: the base's answer)" if r["setting"] == "verify" else ""
         print(f"| {r['model']} | {r['setting']} | {r['tokens_per_forward']:.2f} | {r['agreement']:.1f} %{own} | "
               f"{r['identical']} / {r['prompts']} | {mfd} | {base} | {ib} |")
     return 0
