@@ -186,7 +186,7 @@ class SettingsPanel(pn.viewable.Viewer):
         self.open_note = pn.pane.Markdown(self._open_note(), margin=(0, 10), styles={"font-size": "12px"})
         s.param.watch(lambda _e: setattr(self.open_note, "object", self._open_note()), "max_upload_bytes")
         s.param.watch(self._sync, ["running", "loading", "model_label", "model_ok", "window_available", "memory_advice", "trace",
-                                   "n_steps", "policy", "example"])
+                                   "n_steps", "policy", "example", "trace_version"])
         self._sync()
 
     def _save(self) -> Any:
@@ -231,7 +231,9 @@ class SettingsPanel(pn.viewable.Viewer):
         self._page_counts_stop = doc is not None and doc.session_context is not None
 
     def _on_stop_click(self, _event: Any) -> None:
-        if not self._page_counts_stop:
+        if not self.state.running and not self.state.loading:  # nothing decodes: a measurement is what Stop ends
+            self.state.stop_measuring()
+        elif not self._page_counts_stop:
             self.state.stop()
 
     def _on_stop_shown(self, event: Any) -> None:
@@ -253,7 +255,8 @@ class SettingsPanel(pn.viewable.Viewer):
     def _sync(self, *_: Any) -> None:
         s = self.state
         self.example_note.object = html.escape(example_note(s.example))
-        self.stop.disabled = not (s.running or s.loading)  # Stop also gives up a model's load
+        # Stop also gives up a model's load, and a careful decode or frontier measured in the background
+        self.stop.disabled = not (s.running or s.loading or s.measuring)
         self.save.disabled = s.trace is None or len(s.trace) == 0
         self.generate.label = "Generate (restart)" if s.running else "Generate"
         label = s.model_label or "(not loaded yet)"

@@ -267,6 +267,10 @@ class TextView(pn.viewable.Viewer):
         self.show_prompt = pn.widgets.Checkbox(label="show prompt", value=False, margin=(0, 10))
         self.show_prompt.param.watch(self._refresh, "value")
         checked(self.show_prompt, None, self.state.report_setting)
+        # the careful decode's answer under this run's, differing slots marked (clover_viz.session_careful)
+        self.show_careful = pn.widgets.Checkbox(label="overlay the careful decode", value=False, margin=(0, 10))
+        self.show_careful.param.watch(self._refresh, "value")
+        checked(self.show_careful, None, self.state.report_setting)
         self._last = 0.0
         self.state.param.watch(self._refresh, ["trace", "trace_version", "position", "running"])
         self._refresh()
@@ -281,12 +285,19 @@ class TextView(pn.viewable.Viewer):
             return  # streaming: a later tick (or the end of the run) draws
         self._last = now
         pos = min(s.position, len(s.trace) - 1)
-        self.pane.object = F.text_html(s.trace, pos, show_prompt=self.show_prompt.value)
+        text = F.text_html(s.trace, pos, show_prompt=self.show_prompt.value)
+        record, end = s.careful or {}, s.trace.decode_end
+        if self.show_careful.value and end is not None and record.get("reference") is not None:
+            text += F.careful_overlay_html([s.trace.token_str(int(t)) for t in end.tokens],
+                                           [s.trace.token_str(int(t)) for t in record["reference"]])
+        elif self.show_careful.value:
+            text += "<div style='color:#94a3b8;font-size:12px'>no careful decode to overlay yet</div>"
+        self.pane.object = text
 
     def __panel__(self) -> Any:
         return pn.Column(pn.Row(pn.pane.Markdown("**Text so far** (background = confidence; orange = forced; in "
                                                  "verify mode orange = written by the base itself)",
-                                                 margin=(0, 10)), self.show_prompt),
+                                                 margin=(0, 10)), self.show_prompt, self.show_careful),
                          self.pane, sizing_mode="stretch_width")
 
 

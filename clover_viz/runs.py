@@ -338,9 +338,9 @@ def careful_card(record: dict[str, Any] | None) -> tuple[str, str]:
     status = record.get("status")
     if status == "measuring":
         return "measuring…", f"{record.get('done', 0)} of {record.get('of', '?')} forwards"
-    if status in ("stopped", "cancelled", "failed"):
+    if status in ("stopped", "cancelled", "given up", "failed"):
         why = {"stopped": "the run was stopped", "cancelled": "a new decode started first",
-               "failed": f"it failed: {record.get('error', '')}"}[status]
+               "given up": "Stop ended the measurement", "failed": f"it failed: {record.get('error', '')}"}[status]
         return "–", f"not measured: {why}"
     if record.get("own"):
         return "its own", "this run is one slot per forward"

@@ -11,7 +11,8 @@ number cards show in the app and the notebook `Explorer`, and what a saved trace
 * `clover_engine.decoding.careful.Agreement.to_dict` plus ``reference_nfe`` once it is done; a run that is its
   own careful decode (one slot per forward already, a drafter's ``verify``) is marked ``own`` without decoding;
 * ``{"status": "stopped"}`` for a run stopped by the user (a partial answer is not measured), ``{"status":
-  "cancelled"}`` when a new decode started first, ``{"status": "failed", "error": ...}`` when it could not run.
+  "cancelled"}`` when a new decode started first, ``{"status": "given up"}`` when Stop ended it (`stop_measuring`),
+  ``{"status": "failed", "error": ...}`` when it could not run.
 
 References are cached process-wide (`CAREFUL_REFERENCES`, per model, prompt and careful setting): the threshold
 slider's next run on the same prompt is measured at once. A new decode, Stop or the session's end cancels the
@@ -67,7 +68,8 @@ class SessionCareful:
             return
         answer = [int(t) for t in end.tokens]
         if is_careful(setting):
-            live.meta["careful"] = {**agreement(answer, answer, own=True).to_dict(), "reference_nfe": int(end.nfe)}
+            live.meta["careful"] = {**agreement(answer, answer, own=True).to_dict(), "reference_nfe": int(end.nfe),
+                                    "reference": answer}
             return
         care = careful_setting(setting)
         key = (loaded.spec, loaded.label)
@@ -107,7 +109,8 @@ class SessionCareful:
 
     @staticmethod
     def _careful_result(answer: list[int], reference: list[int], nfe: int | None = None) -> dict[str, Any]:
-        return {**agreement(answer, reference).to_dict(), "reference_nfe": nfe if nfe is not None else len(reference)}
+        return {**agreement(answer, reference).to_dict(), "reference_nfe": nfe if nfe is not None else len(reference),
+                "reference": [int(t) for t in reference]}  # the careful answer's ids: the text view overlays it
 
     def _poll_careful(self) -> None:
         """UI thread (`tick`): count the measurement's forwards, or record its result in its run's trace; the same
@@ -235,11 +238,13 @@ class SessionCareful:
             raise IndexError(f"frontier point {index} does not exist (0..{len(self.frontier) - 1})")
         point = self.frontier[index]
         trace = point.result.trace
-        trace.meta.update({"careful": {**point.agreement.to_dict(), "reference_nfe": self.frontier[0].nfe},
+        reference = [int(t) for t in self.frontier[0].result.tokens]  # the careful decode: the frontier's first cell
+        trace.meta.update({"careful": {**point.agreement.to_dict(), "reference_nfe": self.frontier[0].nfe,
+                                       "reference": reference},
                            "model_label": self.model_label, "prompt": self.prompt})
         return self.load_trace(trace, name=f"frontier: {point.label}")
 
-    def _cancel_careful(self) -> None:
+    def _cancel_careful(self, status: str = "cancelled") -> None:
         """Give up the measurement and the frontier under way (a new decode, the session's end): each stops after its
         current forward; the measurement caches nothing, the frontier keeps its points so far."""
         self.cancel_frontier()
@@ -248,7 +253,7 @@ class SessionCareful:
             self._careful_ending = job["thread"]
             job["cancel"].set()
             MEASURING.pop(job["trace"], None)
-            job["trace"].meta["careful"] = {"status": "cancelled"}
+            job["trace"].meta["careful"] = {"status": status}
             self._careful_job = None
 
     def wait_careful(self, timeout: float = 60.0) -> bool:
@@ -259,6 +264,20 @@ class SessionCareful:
             job["thread"].join(timeout)
         self._poll_careful()
         return self._careful_job is None
+
+    @property
+    def measuring(self) -> bool:
+        """A careful decode or a frontier runs in the background (the page's Stop cancels it: `stop_measuring`)."""
+        return self._careful_job is not None or self._frontier_job is not None
+
+    def stop_measuring(self) -> bool:
+        """Cancel the careful decode and the frontier under way, as Stop cancels a decode (after their current
+        forward; the frontier keeps its points so far). -> False when nothing was measuring."""
+        if not self.measuring:
+            return False
+        self._cancel_careful(status="given up")
+        self.trace_version += 1
+        return True
 
     @property
     def careful(self) -> dict[str, Any] | None:

@@ -52,7 +52,8 @@ name importable from ``clover_viz.figures``:
   -> str -- the branch list and a slot's candidates (`clover_viz.session_branches`); `slot_at_cell(length, x, y)`
   (``block``) maps a click on the block view to its slot, `slot_cell(length, slot)` a slot to its cell
 * ``frontier``: `frontier_figure(points)` -- tokens per forward vs agreement with the careful decode, the Pareto
-  front and the current setting marked; `frontier_table_html(points)` -> str (`clover_engine.decoding.frontier`)
+  front and the current setting marked; `frontier_table_html(points)` -> str (`clover_engine.decoding.frontier`);
+  `careful_overlay_html(answer, reference)` -> str, a run's answer over its careful decode's, differing slots marked
 * ``_common``: `refresh_figure(fig, new_fig)` -- copy a freshly built figure into an existing
   one in place; `step_for(trace, block_index)` -- the last global step of a block; the
   trace-name constants
@@ -105,7 +106,7 @@ from clover_viz.figures.block import _confidence_payload as _confidence_payload
 from clover_viz.figures.branches import answer_html, branch_list_html, candidates_html
 from clover_viz.figures.compare import COMPARE_ROWS, COMPARE_TABLE_HEIGHT, compare_runs, compare_table
 from clover_viz.figures.cost import COST_SUMMARY_CLASS, cost_figure, cost_summary_html, roofline_figure
-from clover_viz.figures.frontier import FRONTIER_CLASS, frontier_figure, frontier_table_html
+from clover_viz.figures.frontier import FRONTIER_CLASS, careful_overlay_html, frontier_figure, frontier_table_html
 from clover_viz.figures.per_forward import (
     cumulative_tokens_figure,
     expert_load_figure,
@@ -125,5 +126,5 @@ __all__ = [
     "memory_share_figure", "refresh_figure", "roofline_figure", "slot_states", "state_norm_figure", "step_for",
     "text_figure", "text_html", "tokens_per_forward_figure", "update_block_figure", "update_confidence_heatmap",
     "answer_html", "branch_list_html", "candidates_html", "slot_at_cell", "slot_cell",
-    "FRONTIER_CLASS", "frontier_figure", "frontier_table_html",
+    "FRONTIER_CLASS", "careful_overlay_html", "frontier_figure", "frontier_table_html",
 ]

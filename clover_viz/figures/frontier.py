@@ -92,4 +92,34 @@ def frontier_table_html(points: Sequence[Any]) -> str:
             f"{''.join(body)}</table>")
 
 
-__all__ = ["FRONTIER_CLASS", "frontier_figure", "frontier_table_html"]
+def careful_overlay_html(answer: Sequence[str], reference: Sequence[str]) -> str:
+    """A run's answer over its careful decode's, token under token (class ``clover-careful-overlay``): every
+    position where they differ marked (``<mark class="clover-careful-diff">``) in both, the first one titled; a
+    token missing on one side (one answer is longer) shows as an empty mark.
+
+    Args:
+        answer, reference: the two answers' tokens as text (a trace's ``token_str`` of each id)."""
+    n = max(len(answer), len(reference))
+    first = next((i for i in range(n) if i >= len(answer) or i >= len(reference) or answer[i] != reference[i]), None)
+
+    def line(tokens: Sequence[str]) -> str:
+        out = []
+        for i in range(n):
+            t = html.escape(tokens[i]) if i < len(tokens) else ""
+            same = i < len(answer) and i < len(reference) and answer[i] == reference[i]
+            if same:
+                out.append(t)
+            else:
+                title = f' title="slot {i}: the first that differs"' if i == first else f' title="slot {i}"'
+                out.append(f'<mark class="clover-careful-diff"{title} style="background:#fde68a">{t or "&nbsp;"}</mark>')
+        return "".join(out)
+
+    n_diff = sum(1 for i in range(n) if i >= len(answer) or i >= len(reference) or answer[i] != reference[i])
+    head = ("identical to the careful decode" if first is None else
+            f"{n_diff} of {n} slots differ from the careful decode, the first at slot {first}")
+    return (f"<div class='clover-careful-overlay' style='font-size:12px;white-space:pre-wrap;margin-top:6px'>"
+            f"<div style='color:#475569'>{head}</div><div><b>this run:</b> {line(answer)}</div>"
+            f"<div><b>careful decode:</b> {line(reference)}</div></div>")
+
+
+__all__ = ["FRONTIER_CLASS", "careful_overlay_html", "frontier_figure", "frontier_table_html"]

@@ -146,3 +146,30 @@ def test_the_frontier_of_the_prompt_in_the_state_and_the_app(state):
     assert state.generate()  # a new decode: the frontier gives way
     assert state.frontier_status.startswith("cancelled after")
     assert state.wait(120)
+
+
+def test_the_text_view_overlays_the_careful_answer_and_stop_ends_a_measurement(state):
+    from clover_viz.panel_settings import SettingsPanel
+    from clover_viz.panel_views import TextView
+
+    text, panel = TextView(state=state), SettingsPanel(state=state)
+    state.threshold, state.max_new_tokens = 0.5, 32
+    _decode(state)
+    assert state.wait_careful(120)
+    record = state.careful
+    text.show_careful.value = True
+    shown = text.pane.object
+    assert "clover-careful-overlay" in shown
+    n_diff = shown.count('class="clover-careful-diff"')
+    if record["identical"]:
+        assert "identical to the careful decode" in shown and n_diff == 0
+    else:  # each differing slot marked in both answers, the first one named
+        assert f"the first at slot {record['first_difference']}" in shown and n_diff >= 2
+    # a measurement under way: Stop is on and ends it, saying so on the card
+    state.max_new_tokens, state.threshold = 128, 0.56
+    _decode(state)
+    assert state.measuring
+    panel._sync()
+    assert not panel.stop.disabled
+    panel._on_stop_click(None)
+    assert not state.measuring and careful_card(state.careful) == ("–", "not measured: Stop ended the measurement")
