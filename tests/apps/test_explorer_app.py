@@ -273,7 +273,11 @@ def test_views_follow_the_state():
         app.settings.generate.clicks += 1  # the Generate button
         assert s.running and not app.settings.stop.disabled
         run_to_end(s)
-        assert app.settings.stop.disabled
+        # the run measured against its careful decode in the background: Stop stays on for that, then goes off
+        assert app.settings.stop.disabled == (not s.measuring)
+        assert s.wait_careful(120)
+        s.tick(0.02)
+        assert app.settings.stop.disabled and not s.measuring
         nfe = s.trace.nfe
         assert f'clover-nfe">{nfe}<' in app.summary.numbers.object
         fig = app.block._fig
