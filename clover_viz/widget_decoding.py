@@ -196,6 +196,22 @@ class ExplorerDecoding:
                              f"stop: {st['stop_reason']} · {html.escape(_settings_line(live.decode_config))}"
                              + _notes_of(s.status))
         self._show_comparison()
+        self._follow_careful(live)
+
+    def _follow_careful(self, trace: Any) -> None:
+        """The run is measured against its careful decode in the background (`clover_viz.session_careful`): redraw
+        its number cards when that ends (the card reads "measuring…" until then)."""
+        s = self.state
+        if not s.measuring:
+            return
+
+        def follow() -> None:
+            s.wait_careful(3600.0)
+            with self._lock:
+                if s.trace is trace:
+                    self._show_summary(trace)
+
+        threading.Thread(target=follow, name="clover-explorer-careful", daemon=True).start()
 
     def stop(self) -> None:
         """Stop the running decode after its current forward (the Stop button); the run keeps what it wrote."""

@@ -81,6 +81,7 @@ from clover_viz.widget_branches import BranchWidgets
 from clover_viz.widget_bundle import _CarrierFigure, _StubFigure, _live_widgets, _register
 from clover_viz.widget_decoding import ExplorerDecoding
 from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
+from clover_engine.decoding.frontier import DEFAULT_BLOCK_SIZES, DEFAULT_THRESHOLDS
 from clover_engine.recording.trace import Trace
 
 THRESHOLD_MIN, THRESHOLD_MAX = 0.5, 1.0  # the threshold slider's range (it widens to show a lower setting)
@@ -398,6 +399,27 @@ class Explorer(ExplorerDecoding):
         self.show_step(step)
         self.branching.refresh()
         self._show_summary(trace)
+
+    def frontier(self, thresholds: Any = DEFAULT_THRESHOLDS, block_sizes: Any = DEFAULT_BLOCK_SIZES,
+                 timeout: float = 600.0) -> Any:
+        """Measure the frontier of the session's prompt (the last decoded) at the current setting and return its
+        figure: tokens per forward against agreement with the careful decode, the Pareto front and this setting
+        marked (`ExplorerState.measure_frontier`, `clover_viz.figures.frontier_figure`; the points stay in
+        ``ex.state.frontier``, and ``ex.state.load_frontier_point(i)`` shows one's run). Blocks until measured.
+
+        Raises:
+            ValueError: a replayed trace (no model to decode with), or the frontier could not start (the reason).
+            TimeoutError: not measured within ``timeout`` seconds (it is cancelled; the points so far stay).
+        """
+        s = self.state
+        if s is None or self.config is None:
+            raise ValueError("no model to decode with: a replayed trace has no frontier to measure; open a model")
+        if not s.measure_frontier(thresholds, block_sizes):
+            raise ValueError(s.error)
+        if not s.wait_frontier(timeout):
+            s.cancel_frontier()
+            raise TimeoutError(f"the frontier was not measured in {timeout:g} s ({s.frontier_status})")
+        return F.frontier_figure(s.frontier)
 
     def _show_summary(self, trace: Any) -> None:
         """The number cards of ``trace`` against the previous run, as the app shows them."""

@@ -15,6 +15,7 @@ Run: ``.venv/bin/python -m pytest tests/clover_viz/test_careful_views.py -q``
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -173,3 +174,24 @@ def test_the_text_view_overlays_the_careful_answer_and_stop_ends_a_measurement(s
     assert not panel.stop.disabled
     panel._on_stop_click(None)
     assert not state.measuring and careful_card(state.careful) == ("–", "not measured: Stop ended the measurement")
+
+
+def test_the_notebook_explorer_shows_the_measured_card_and_draws_the_frontier():
+    """The notebook `Explorer`: its card turns from "measuring…" to the measured agreement without another call,
+    and ``ex.frontier()`` measures and draws the frontier of the session's prompt."""
+    from clover_viz.widgets import Explorer
+
+    ex = Explorer("clover-tiny", decode_config={"max_new_tokens": 24, "threshold": 0.58, "memory_mode": "state"},
+                  prompt="def sub(a, b):\n    return")
+    try:
+        ex.decode()
+        s = ex.state
+        assert s.wait_careful(120)
+        deadline = time.monotonic() + 30
+        while _card_value(ex.summary.value) == "measuring…" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _card_value(ex.summary.value) == careful_card(s.careful)[0] != "measuring…"
+        fig = ex.frontier(thresholds=(0.6, 0.9), block_sizes=(8,))
+        assert len(s.frontier) >= 4 and s.frontier[0].careful and len(fig.data) >= 2
+    finally:
+        ex.close()
