@@ -27,7 +27,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from clover_engine.decoding.careful import CarefulReferences, agreement, careful_setting, is_careful
+from clover_engine.decoding.careful import CarefulCancelled, CarefulReferences, agreement, careful_setting, is_careful
 from clover_engine.decoding.frontier import DEFAULT_BLOCK_SIZES, DEFAULT_THRESHOLDS, frontier_grid, mark_pareto
 from clover_engine.decoding.frontier import measure_frontier as measure_frontier_cells
 from clover_engine.prompting import model_input
@@ -91,14 +91,14 @@ class SessionCareful:
             decoder = (None if own else loaded.decoder) or decoder_for(loaded.model, loaded.tokenizer, careful)
             result = decoder.generate(prompt_ids, hooks=[count], record_trace=False, cancel=cancel, config=careful)
             if result.stop_reason == "cancelled":
-                raise _Cancelled()
+                raise CarefulCancelled("the careful decode was cancelled")
             job["nfe"] = int(result.nfe)
             return [int(t) for t in result.tokens]
 
         def work() -> None:
             try:
-                job["reference"] = CAREFUL_REFERENCES.reference(key, prompt_ids, setting, decode)
-            except _Cancelled:
+                job["reference"] = CAREFUL_REFERENCES.reference(key, prompt_ids, setting, decode, cancel=cancel)
+            except CarefulCancelled:
                 job["cancelled"] = True
             except Exception as exc:  # noqa: BLE001  (reported on the UI thread by _poll_careful)
                 job["error"] = f"{type(exc).__name__}: {exc}"
@@ -283,10 +283,6 @@ class SessionCareful:
     def careful(self) -> dict[str, Any] | None:
         """The run on display's careful-decode record (``meta["careful"]``; module docstring), None when none."""
         return None if self.trace is None else (self.trace.meta or {}).get("careful") or MEASURING.get(self.trace)
-
-
-class _Cancelled(Exception):
-    """The careful decode was cancelled (nothing is cached)."""
 
 
 __all__ = ["CAREFUL_REFERENCES", "SessionCareful"]

@@ -179,9 +179,14 @@ class CarefulReferences:
             return self._done.get(self.key(model_key, prompt_ids, setting))
 
     def reference(self, model_key: Any, prompt_ids: Sequence[int], setting: Any,
-                  decode: Callable[[Any], Sequence[int]]) -> list[int]:
+                  decode: Callable[[Any], Sequence[int]], cancel: threading.Event | None = None) -> list[int]:
         """The careful decode's answer (generated token ids), decoded by ``decode(careful_setting(setting))`` the
-        first time and cached; a decode that raises (a cancelled one too) caches nothing and raises."""
+        first time and cached; a decode that raises (a cancelled one too) caches nothing and raises.
+
+        Raises:
+            CarefulCancelled: ``cancel`` was set while this caller waited for another caller's decode of the same
+                reference (that decode goes on for its own caller).
+        """
         key = self.key(model_key, prompt_ids, setting)
         while True:
             with self._lock:
@@ -192,7 +197,9 @@ class CarefulReferences:
                 if waiting is None:
                     self._building[key] = threading.Event()
                     break
-            waiting.wait()
+            while not waiting.wait(0.05):
+                if cancel is not None and cancel.is_set():
+                    raise CarefulCancelled("the careful decode was cancelled while it waited for another's")
         try:
             tokens = [int(t) for t in decode(careful_setting(setting))]
         except BaseException:
@@ -207,4 +214,8 @@ class CarefulReferences:
         return tokens
 
 
-__all__ = ["Agreement", "CarefulReferences", "agreement", "careful_setting", "is_careful"]
+class CarefulCancelled(Exception):
+    """A careful decode, or the wait for one, was cancelled: nothing is cached."""
+
+
+__all__ = ["Agreement", "CarefulCancelled", "CarefulReferences", "agreement", "careful_setting", "is_careful"]

@@ -176,3 +176,27 @@ def test_references_are_decoded_once_and_a_failed_decode_caches_nothing():
         refs.reference("m", [9], setting, fails)
     assert refs.get("m", [9], setting) is None
     assert refs.reference("m", [9], setting, decode) == [1, 2, 3]
+
+
+def test_a_caller_waiting_for_anothers_reference_can_be_cancelled():
+    """A second caller of the same reference waits for the first one's decode; its cancel ends the wait at once
+    (the first decode goes on and is cached for its own caller)."""
+    from clover_engine.decoding.careful import CarefulCancelled
+
+    refs, release, started = CarefulReferences(), threading.Event(), threading.Event()
+
+    def slow(care):
+        started.set()
+        release.wait(10)
+        return [7]
+
+    first = threading.Thread(target=refs.reference, args=("m", [1], DecodeConfig(), slow))
+    first.start()
+    assert started.wait(10)
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(CarefulCancelled):
+        refs.reference("m", [1], DecodeConfig(), slow, cancel=cancel)
+    release.set()
+    first.join(10)
+    assert refs.get("m", [1], DecodeConfig()) == [7]
