@@ -120,10 +120,9 @@ class SessionCareful:
         if job is None:
             return
         meta, live = job["trace"].meta, MEASURING.get(job["trace"])
-        if job["thread"].is_alive():
+        if job["thread"].is_alive():  # counted for the next redraw; no redraw of its own (a finished run stays still)
             if live is not None and live["done"] != job["done"]:
                 MEASURING[job["trace"]] = {**live, "done": job["done"]}
-                self.trace_version += 1
             return
         self._careful_job = None
         MEASURING.pop(job["trace"], None)
