@@ -58,7 +58,7 @@ from clover_engine.backbones.block_causal import (
 )
 from clover_engine.backbones.causal_lm.model import HFBlockConfig, count_parameters
 from clover_engine.backbones.llada_moe import RMSNorm, fill_random, rope
-from clover_engine.backbones.moe import EXPERT_MODES, GatedMLP, MoEDims, Routing, routing_stats
+from clover_engine.backbones.moe import EXPERT_MODES, GatedMLP, MoEDims, PerThread, Routing, routing_stats
 from clover_engine.backbones.safetensors_shards import (
     checkpoint_dtype, load_shards, materialize_buffers, meta_tensors, read_header, save_weights, shard_files,
 )
@@ -208,6 +208,8 @@ class LLaDA2SparseMoe(nn.Module):
         record / last: keep the last forward's `clover_engine.backbones.moe.Routing` (``probs`` = the sigmoid
             scores normalised over E).
     """
+
+    last = PerThread()  # each thread's own last forward (`clover_engine.backbones.moe.PerThread`)
 
     def __init__(self, a: LLaDA2Arch):
         super().__init__()

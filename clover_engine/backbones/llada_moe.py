@@ -43,7 +43,7 @@ from clover_engine.backbones.base import BlockOutput, Capabilities
 from clover_engine.backbones.block_causal import CHATML_TEMPLATE, _stop_id, _tokenizer_mask_id
 from clover_engine.backbones.causal_lm.model import count_parameters
 from clover_engine.backbones.masked_diffusion import MaskedDiffusionConfig, MaskedDiffusionModel, MaskedDiffusionState
-from clover_engine.backbones.moe import GatedMLP, MoEDims, MoEFeedForward, RoutingStats, routing_stats
+from clover_engine.backbones.moe import GatedMLP, MoEDims, MoEFeedForward, PerThread, RoutingStats, routing_stats
 from clover_engine.backbones.safetensors_shards import (
     checkpoint_dtype, load_shards, meta_tensors, read_header, save_weights, shard_files,
 )
@@ -296,6 +296,8 @@ class LLaDAMoEModel(MaskedDiffusionModel):
         last_routing: `RoutingStats` of the last forward (block rows = the current block's slots),
             or None before the first.
     """
+
+    last_routing = PerThread()  # each thread's own last forward (a served model decodes for several sessions)
 
     def __init__(self, lm: LLaDAMoELM, config: LLaDAMoEConfig):
         super().__init__(lm, config)

@@ -25,7 +25,10 @@ Shape letters: T tokens, H hidden size, I expert intermediate size, E experts, k
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +36,43 @@ from torch import nn
 
 EXPERT_MODES = ("routed", "all")
 """How `MoEFeedForward` computes its experts (module docstring)."""
+
+
+class PerThread:
+    """An instance attribute each thread reads and writes on its own: what one forward recorded.
+
+    A loaded model is shared by every session of a served explorer and by a session's background careful
+    decode, so two decodes can run forwards of the same modules at once, each from its own thread. What a
+    forward records for the decoder to read right after it (a MoE layer's `Routing`, a backbone's
+    `RoutingStats`) must then be the caller's own forward's: a plain attribute would hold the other
+    thread's tokens (a routing mask of 96 rows against 88 tokens was seen). Use as a class attribute::
+
+        class Layer(nn.Module):
+            last = PerThread()
+
+    Reads give None in a thread that has not set it. Values are held per (thread, instance), weakly on the
+    instance, so a model that is dropped frees what its forwards recorded; ``copy.deepcopy`` and pickling of
+    the module are unaffected (nothing is stored in its ``__dict__``).
+    """
+
+    _local = threading.local()
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def _values(self) -> weakref.WeakKeyDictionary:
+        values = getattr(self._local, "values", None)
+        if values is None:
+            values = self._local.values = weakref.WeakKeyDictionary()
+        return values
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return self._values().get(obj, {}).get(self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        self._values().setdefault(obj, {})[self.name] = value
 
 
 class GatedMLP(nn.Module):
@@ -138,6 +178,8 @@ class MoEFeedForward(nn.Module):
     Raises:
         ValueError: ``top_k`` outside [1, E].
     """
+
+    last = PerThread()  # each thread's own last forward (a served model decodes for several sessions)
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
                  expert_bias: bool = False, norm_topk_prob: bool = False):

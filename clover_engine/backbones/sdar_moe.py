@@ -33,7 +33,7 @@ from torch import nn
 
 from clover_engine.backbones.base import BlockOutput, Capabilities
 from clover_engine.backbones.block_causal import BlockCausalConfig, BlockCausalModel, BlockCausalState, load_block_causal
-from clover_engine.backbones.moe import MoEDims, MoEFeedForward, RoutingStats, routing_stats
+from clover_engine.backbones.moe import MoEDims, MoEFeedForward, PerThread, RoutingStats, routing_stats
 from clover_engine.backbones.safetensors_shards import save_weights
 
 
@@ -67,6 +67,7 @@ class SDARMoeModel(BlockCausalModel):
     """
 
     config_cls = SDARMoeConfig
+    last_routing = PerThread()  # each thread's own last forward (a served model decodes for several sessions)
 
     def __init__(self, lm: nn.Module, config: SDARMoeConfig):
         super().__init__(lm, config)

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from clover_engine.backbones.clover.config import CloverConfig
+from clover_engine.backbones.moe import PerThread
 from clover_kernels.moe import routed_experts
 
 
@@ -128,6 +129,8 @@ class SparseMoE(nn.Module):
     loop over the hit experts -- or as a 0-d int64 tensor where the forward must
     not sync or break a graph (`graph_safe`; a compiled few-token forward).
     """
+
+    last_topk = PerThread()  # each thread's own last forward (a served model decodes for several sessions)
 
     def __init__(self, cfg: CloverConfig):
         super().__init__()
