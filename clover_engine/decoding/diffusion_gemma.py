@@ -237,19 +237,19 @@ class DiffusionGemmaDecoder(HookRegistry):
             "pad_token_id": settings["pad_token_id"], "disable_compile": True,
         }
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.model.device)
-        if settings["seed"] is not None:
-            torch.manual_seed(settings["seed"])
         sequences: list[int] = []
         t0 = time.perf_counter()
         rec.t_last = t0
-        with _recording(self.model.lm, rec, observe_experts=bool(observers)):
-            try:
+        try:
+            with _recording(self.model.lm, rec, observe_experts=bool(observers)):  # one decode per model at a time
+                if settings["seed"] is not None:  # seeded under the model's lock: no other decode draws in between
+                    torch.manual_seed(settings["seed"])
                 out = self.model.lm.generate(input_ids, streamer=rec.streamer(), **gen_kwargs)
-                sequences = out.sequences[0].tolist()
-                stop_reason = None
-            except _Cancelled:
-                rec.cancel_block()
-                stop_reason = "cancelled"
+            sequences = out.sequences[0].tolist()
+            stop_reason = None
+        except _Cancelled:
+            rec.cancel_block()
+            stop_reason = "cancelled"
         wall_s = time.perf_counter() - t0
 
         generated = [t for canvas in rec.canvases for t in canvas]

@@ -468,3 +468,40 @@ def test_generate_cli_runs_its_own_sampler(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "DiffusionGemma, canvas 8" in out and "tokens=16" in out and (tmp_path / "t.parquet").is_file()
     assert len(Trace.load(tmp_path / "t.parquet")) >= 2
+
+
+def test_two_threads_decoding_one_model_each_get_their_own_seeded_answer(decoder):
+    """A served explorer's sessions (and a background careful decode) share one loaded model. DiffusionGemma's
+    recording wraps the model object and its random canvases come from torch's process-wide generator, so
+    two decodes of one model take turns (the second waits for the first) and each gives the answer it gives
+    alone: before, the second thread's exit removed the first's wrapper ("no attribute '_prepare_sampler'")."""
+    import threading
+
+    configs = [DiffusionGemmaDecodeConfig(max_new_tokens=24, max_denoising_steps=5, seed=seed) for seed in (4, 5)]
+    alone = [decoder.generate(PROMPT, dc, record_trace=False).sequences for dc in configs]
+    together: dict = {}
+    errors: list = []
+
+    def run(i):
+        try:
+            together[i] = decoder.generate(PROMPT, configs[i]).sequences
+        except Exception as exc:  # noqa: BLE001  (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1, 0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert together == {0: alone[0], 1: alone[1]} and alone[0] != alone[1]
+
+
+def test_a_decode_waiting_for_the_model_can_be_cancelled(decoder):
+    """While another decode holds the model, a cancelled decode returns at once, cancelled, with no tokens."""
+    from clover_engine.backbones.diffusion_gemma.recording import _decode_lock
+
+    lock = _decode_lock(decoder.model.lm)
+    with lock:  # another decode of this model is under way
+        result = decoder.generate(PROMPT, DiffusionGemmaDecodeConfig(max_new_tokens=16, seed=0), cancel=lambda: True)
+    assert result.stop_reason == "cancelled" and result.tokens == []

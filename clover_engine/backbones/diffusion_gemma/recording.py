@@ -8,7 +8,9 @@ fields each holds are listed in the `clover_engine.backbones.diffusion_gemma` pa
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -22,10 +24,44 @@ class _Cancelled(Exception):
     """Raised inside ``generate`` (from the sampler wrapper) to stop a cancelled decode."""
 
 
+_DECODING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the lock its one decode holds
+_DECODING_GUARD = threading.Lock()
+
+
+def _decode_lock(model: torch.nn.Module) -> threading.Lock:
+    with _DECODING_GUARD:
+        lock = _DECODING.get(model)
+        if lock is None:
+            lock = _DECODING[model] = threading.Lock()
+        return lock
+
+
 @contextlib.contextmanager
 def _recording(model: torch.nn.Module, rec: _Recorder, observe_experts: bool):
     """Within the block, ``model.generate`` builds its sampler wrapped by ``rec`` and (when
-    ``observe_experts``) the routers report their expert choices to ``rec``."""
+    ``observe_experts``) the routers report their expert choices to ``rec``.
+
+    One decode per model at a time: the wrapper is set on the model object and ``generate`` draws its
+    random canvases from torch's process-wide generator, so a second decode of the same model (another
+    session of a served explorer, a background careful decode) waits here until the first ends.
+
+    Raises:
+        _Cancelled: the decode was cancelled while it waited for the model.
+    """
+    lock = _decode_lock(model)
+    while not lock.acquire(timeout=0.05):
+        if rec.is_cancelled():
+            raise _Cancelled
+    try:
+        with _wrapped(model, rec, observe_experts):
+            yield
+    finally:
+        lock.release()
+
+
+@contextlib.contextmanager
+def _wrapped(model: torch.nn.Module, rec: _Recorder, observe_experts: bool):
+    """`_recording`'s body, under the model's lock."""
     original = model._prepare_sampler  # the bound method generate calls to build its sampler
 
     def prepare(generation_config: Any) -> _RecordingSampler:
