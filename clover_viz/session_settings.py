@@ -40,13 +40,15 @@ from clover_engine.decoding.block_diffusion_samplers import FastDLLMv2Sampler, S
 from clover_engine.decoding.llada2_samplers import LLaDA21Sampler, LLaDA2Sampler
 from clover_engine.decoding.masked_diffusion_samplers import DreamSampler, LLaDASampler
 from clover_engine.decoding.policies import POLICIES, SLOT_POLICIES
+from clover_engine.decoding.samplers import (  # noqa: F401  (OFFICIAL_SAMPLERS: re-exported)
+    OFFICIAL_SAMPLERS,
+    check_official_sampler,
+    official_setting,
+)
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_NEW_TOKENS_MIN, MAX_NEW_TOKENS_MAX = 1, 2048
 MEMORY_MODES = ("state", "state+window")
-OFFICIAL_SAMPLERS = ("llada", "dream", "fast_dllm_v2", "sdar", "llada2", "llada21")
-"""Policies that are a public diffusion family's own official sampler (`official_sampler`), offered beside
-the block decoder's slot policies."""
 POLICY_HELP = (
     "Which slots a forward writes; the list offers what the loaded model runs. Threshold decoding, on every model: "
     "'low_confidence' (every slot at or above the threshold, else the most confident one is forced), 'top_k', "
@@ -58,9 +60,6 @@ POLICY_HELP = (
     "low_confidence_dynamic > threshold), 'llada2' (LLaDA2.0: > threshold, the window recomputed each step), "
     "'llada21' (LLaDA2.1: the same plus token-to-token edits of written slots).")
 """The policy control's help (`clover_viz.state.ExplorerState.policy`): which sampler each policy is."""
-SAMPLER_FAMILIES = {"llada": "masked_diffusion", "dream": "masked_diffusion", "fast_dllm_v2": "block_causal",
-                    "sdar": "block_causal", "llada2": "block_causal", "llada21": "block_causal"}
-"""Official sampler -> the `Capabilities.family` of the models it runs on."""
 THRESHOLD_UNUSED = {"verify": "verify writes what the base would: the threshold is not read",
                     "llada": "the llada sampler writes by its schedule (one slot per forward): the threshold is "
                              "not read",
@@ -123,51 +122,17 @@ def _is_number(value: Any) -> bool:
 def official_sampler(name: str, loaded: LoadedModel | None, max_new_tokens: int, block_size: int,
                      threshold: float = 0.9
                      ) -> LLaDASampler | DreamSampler | FastDLLMv2Sampler | SDARSampler | LLaDA2Sampler | LLaDA21Sampler:
-    """The explorer's settings as a public family's official sampler (`clover_engine.decoding.masked_diffusion_samplers`,
-    `clover_engine.decoding.block_diffusion_samplers`):
-
-    * ``llada`` / ``dream``: a canvas of ``max_new_tokens`` slots right after the prompt, one slot per forward
-      (``steps = gen_length``, the originals' chat default); LLaDA in blocks of ``block_size`` with
-      ``low_confidence`` remasking, Dream ranked by ``maskgit_plus`` (greedy). The threshold is not read.
-    * ``fast_dllm_v2``: blocks of ``block_size`` (the KV-cache granularity), sub-blocks of 8 slots (the
-      original's default; the whole block when 8 does not divide it), ``threshold`` compared with ``>``,
-      greedy tokens.
-    * ``sdar``: blocks of ``block_size``, ``block_size`` denoising steps, ``low_confidence_dynamic`` with
-      ``confidence_threshold = threshold``, the original's draw (temperature 1.0) seeded with 0 so a run
-      can be repeated.
-    * ``llada2``: blocks of ``block_size``, ``block_size`` steps each at most, every masked slot ``> threshold``
-      (else the step's quota of the most probable), greedy tokens, the window recomputed every step as the
-      original does.
-    * ``llada21``: LLaDA2.1's sampler on the same checkpoints: blocks of ``block_size``, masked slots ``> threshold``,
-      written slots rewritten above the original's ``editing_threshold`` 0.9 (the edits show as revisions).
+    """The explorer's settings as a public family's official sampler, for the loaded model: the model is
+    checked (`clover_engine.decoding.samplers.check_official_sampler`), then the sampler is built from the
+    budget, block size and threshold (`clover_engine.decoding.samplers.official_setting`, which lists what each
+    sampler reads).
 
     Raises:
         ValueError: a model of another family, or a budget LLaDA cannot split into blocks, with what to change.
     """
     family = loaded.capabilities.family if loaded is not None else None
-    want = SAMPLER_FAMILIES[name]
-    if family != want:
-        kind = "a LLaDA or Dream" if want == "masked_diffusion" else "a Fast-dLLM v2, SDAR or LLaDA2.0"
-        raise ValueError(f"policy {name!r} is an official sampler that runs on {kind} checkpoint; this model is a "
-                         f"{family} model -- pick another policy")
-    if want == "block_causal":
-        own = getattr(loaded.config, "family", None)
-        if own != name and not (name == "llada21" and own == "llada2"):
-            raise ValueError(f"policy {name!r} runs on {name} checkpoints; this one is {own} -- pick policy {own!r}")
-        if name == "llada21":
-            return LLaDA21Sampler(gen_length=max_new_tokens, block_length=block_size, threshold=threshold)
-        if name == "llada2":
-            return LLaDA2Sampler(gen_length=max_new_tokens, block_length=block_size, steps=block_size,
-                                 threshold=threshold)
-        if name == "fast_dllm_v2":
-            sub = 8 if block_size % 8 == 0 else block_size
-            return FastDLLMv2Sampler(max_new_tokens=max_new_tokens, block_size=block_size, small_block_size=sub,
-                                     threshold=threshold)
-        return SDARSampler(gen_length=max_new_tokens, block_length=block_size, denoising_steps=block_size,
-                           confidence_threshold=threshold, seed=0)
-    if name == "llada":  # a budget that does not split into blocks: the sampler refuses it, saying what works
-        return LLaDASampler(gen_length=max_new_tokens, block_length=block_size, steps=max_new_tokens)
-    return DreamSampler(max_new_tokens=max_new_tokens, steps=max_new_tokens, alg="maskgit_plus")
+    check_official_sampler(name, family, getattr(loaded.config, "family", None) if loaded is not None else None)
+    return official_setting(name, max_new_tokens, block_size, threshold)
 
 
 def policies_for(loaded: LoadedModel | None) -> list[str]:

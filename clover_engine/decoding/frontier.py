@@ -132,14 +132,19 @@ class FrontierPoint:
                 "current": self.current, "pareto": self.pareto}
 
 
+def pareto_mask(speed: Sequence[float], quality: Sequence[float]) -> list[bool]:
+    """Which of the points ``(speed[i], quality[i])`` no other point dominates (at least as fast and as good,
+    better in one): the Pareto front of a speed / quality trade-off."""
+    pts = list(zip(speed, quality))
+    return [not any(j != i and qs >= s and qq >= q and (qs > s or qq > q) for j, (qs, qq) in enumerate(pts))
+            for i, (s, q) in enumerate(pts)]
+
+
 def mark_pareto(points: Sequence[FrontierPoint]) -> None:
-    """Set ``pareto`` on the points no other point dominates (at least as fast and as close, better in one)."""
-    for p in points:
-        p.pareto = not any(
-            q is not p and q.tokens_per_forward >= p.tokens_per_forward
-            and q.agreement.token_agreement >= p.agreement.token_agreement
-            and (q.tokens_per_forward > p.tokens_per_forward or q.agreement.token_agreement > p.agreement.token_agreement)
-            for q in points)
+    """Set ``pareto`` on the points no other point dominates (`pareto_mask` of tokens per forward and agreement)."""
+    mask = pareto_mask([p.tokens_per_forward for p in points], [p.agreement.token_agreement for p in points])
+    for p, on in zip(points, mask):
+        p.pareto = on
 
 
 def measure_frontier(decode: Callable[[Any], Any], setting: Any, cells: Sequence[Any] | None = None,
@@ -187,4 +192,4 @@ def measure_frontier(decode: Callable[[Any], Any], setting: Any, cells: Sequence
 
 
 __all__ = ["DEFAULT_BLOCK_SIZES", "DEFAULT_THRESHOLDS", "FrontierPoint", "MAX_CELLS", "frontier_grid", "mark_pareto",
-           "measure_frontier", "setting_label"]
+           "measure_frontier", "pareto_mask", "setting_label"]

@@ -24,6 +24,81 @@ SAMPLERS: dict[str, str] = {
 }
 """``Capabilities.sampler`` -> ``"module:Class"`` of the decoder that drives such a model."""
 
+OFFICIAL_SAMPLERS = ("llada", "dream", "fast_dllm_v2", "sdar", "llada2", "llada21")
+"""The public diffusion families' own official samplers, by name (`official_setting`)."""
+SAMPLER_FAMILIES = {"llada": "masked_diffusion", "dream": "masked_diffusion", "fast_dllm_v2": "block_causal",
+                    "sdar": "block_causal", "llada2": "block_causal", "llada21": "block_causal"}
+"""Official sampler -> the `Capabilities.family` of the models it runs on."""
+
+
+def check_official_sampler(name: str, family: str | None, checkpoint_family: str | None) -> None:
+    """Raise unless the official sampler ``name`` runs on a model of ``family`` (`Capabilities.family`) whose
+    config names ``checkpoint_family`` (``config.family`` of a block-causal checkpoint: ``fast_dllm_v2``,
+    ``sdar``, ``llada2``; LLaDA2.1's sampler runs on LLaDA2.0 checkpoints too).
+
+    Raises:
+        ValueError: an unknown sampler name, or a model of another family, saying which policy to pick.
+    """
+    if name not in SAMPLER_FAMILIES:
+        raise ValueError(f"unknown official sampler {name!r}; expected one of {', '.join(OFFICIAL_SAMPLERS)}")
+    want = SAMPLER_FAMILIES[name]
+    if family != want:
+        kind = "a LLaDA or Dream" if want == "masked_diffusion" else "a Fast-dLLM v2, SDAR or LLaDA2.0"
+        raise ValueError(f"policy {name!r} is an official sampler that runs on {kind} checkpoint; this model is a "
+                         f"{family} model -- pick another policy")
+    if want == "block_causal" and checkpoint_family != name and not (name == "llada21"
+                                                                     and checkpoint_family == "llada2"):
+        raise ValueError(f"policy {name!r} runs on {name} checkpoints; this one is {checkpoint_family} -- pick "
+                         f"policy {checkpoint_family!r}")
+
+
+def official_setting(name: str, max_new_tokens: int, block_size: int, threshold: float = 0.9) -> Any:
+    """The explorer's three knobs (budget, block size, threshold) as a public family's official sampler:
+
+    * ``llada`` / ``dream``: a canvas of ``max_new_tokens`` slots right after the prompt, one slot per forward
+      (``steps = gen_length``, the originals' chat default); LLaDA in blocks of ``block_size`` with
+      ``low_confidence`` remasking, Dream ranked by ``maskgit_plus`` (greedy). The threshold is not read.
+    * ``fast_dllm_v2``: blocks of ``block_size`` (the KV-cache granularity), sub-blocks of 8 slots (the
+      original's default; the whole block when 8 does not divide it), ``threshold`` compared with ``>``,
+      greedy tokens.
+    * ``sdar``: blocks of ``block_size``, ``block_size`` denoising steps, ``low_confidence_dynamic`` with
+      ``confidence_threshold = threshold``, the original's draw (temperature 1.0) seeded with 0 so a run
+      can be repeated.
+    * ``llada2``: blocks of ``block_size``, ``block_size`` steps each at most, every masked slot ``> threshold``
+      (else the step's quota of the most probable), greedy tokens, the window recomputed every step as the
+      original does.
+    * ``llada21``: LLaDA2.1's sampler on the same checkpoints: blocks of ``block_size``, masked slots ``> threshold``,
+      written slots rewritten above the original's ``editing_threshold`` 0.9 (the edits show as revisions).
+
+    Returns:
+        `LLaDASampler`, `DreamSampler`, `FastDLLMv2Sampler`, `SDARSampler`, `LLaDA2Sampler` or `LLaDA21Sampler`.
+
+    Raises:
+        ValueError: an unknown name, or settings the sampler refuses (LLaDA: a budget that does not split into
+            blocks), with what to change.
+    """
+    # local: the samplers' modules import the decoders' config machinery; this table module stays light
+    from clover_engine.decoding.block_diffusion_samplers import FastDLLMv2Sampler, SDARSampler
+    from clover_engine.decoding.llada2_samplers import LLaDA21Sampler, LLaDA2Sampler
+    from clover_engine.decoding.masked_diffusion_samplers import DreamSampler, LLaDASampler
+
+    if name == "llada21":
+        return LLaDA21Sampler(gen_length=max_new_tokens, block_length=block_size, threshold=threshold)
+    if name == "llada2":
+        return LLaDA2Sampler(gen_length=max_new_tokens, block_length=block_size, steps=block_size, threshold=threshold)
+    if name == "fast_dllm_v2":
+        sub = 8 if block_size % 8 == 0 else block_size
+        return FastDLLMv2Sampler(max_new_tokens=max_new_tokens, block_size=block_size, small_block_size=sub,
+                                 threshold=threshold)
+    if name == "sdar":
+        return SDARSampler(gen_length=max_new_tokens, block_length=block_size, denoising_steps=block_size,
+                           confidence_threshold=threshold, seed=0)
+    if name == "llada":  # a budget that does not split into blocks: the sampler refuses it, saying what works
+        return LLaDASampler(gen_length=max_new_tokens, block_length=block_size, steps=max_new_tokens)
+    if name == "dream":
+        return DreamSampler(max_new_tokens=max_new_tokens, steps=max_new_tokens, alg="maskgit_plus")
+    raise ValueError(f"unknown official sampler {name!r}; expected one of {', '.join(OFFICIAL_SAMPLERS)}")
+
 
 def decoder_for(model: Any, tokenizer: Any = None, config: Any = None) -> Any:
     """The decoder for ``model``: `clover_engine.decoding.decoder.BlockDecoder` for a block-diffusion backbone,

@@ -11,16 +11,24 @@ Three modules, one job each:
 
 `clover_engine.sweep` is the command line and re-exports the public names (``from clover_engine import sweep``).
 
-Every combination of the comma lists (``--block-size``, ``--threshold``, ``--policy``,
-``--memory-mode``, ...) is one *setting*; every (model, setting, task) is one *cell*, one
-`clover_engine.decoding.decoder.BlockDecoder.generate` call. The output folder holds
+Every combination of the comma lists (``--sampler``, ``--block-size``, ``--threshold``, ``--policy``,
+``--memory-mode``, ...) is one *setting*; every (model, setting, task) is one *cell*, one decode: by
+`clover_engine.decoding.decoder.BlockDecoder` (``--sampler block``, the default: threshold decoding) or by a
+public family's own sampler on its checkpoints (``--sampler llada,dream,fast_dllm_v2,sdar,llada2,llada21``, built
+from ``--max-new-tokens``, ``--block-size`` and ``--threshold`` by `clover_engine.decoding.samplers.official_setting`).
+Every cell is also compared with the same model's *careful decode* of its prompt (one slot per forward,
+`clover_engine.decoding.careful`), decoded once per (model, prompt, careful setting) by each worker. The
+output folder holds
 
 * ``results.parquet`` -- one row per cell (`RESULT_SCHEMA`): model, setting, task, generated
   tokens, NFE, tokens per forward, forced fills, stop reason, text, the agent scores where the
   task is checkable (exact match and field accuracy as `clover_engine.data.agent.score_call` gives
-  them), the cost model's bytes and FLOPs, the path of the saved trace (relative to the
+  them), the agreement with the careful decode (%, first differing slot, common prefix, identical), the cost model's bytes and FLOPs, the path of the saved trace (relative to the
   folder), and the volatile columns `VOLATILE_COLUMNS` (wall time, worker);
 * ``summary.parquet`` -- one row per (model, task set, setting), printed at the end;
+* ``frontier.parquet`` -- the same rows as speed (tokens per forward) against what it cost (agreement with
+  the careful decode, identical answers), the Pareto-optimal settings marked (`frontier_table`); the
+  ``clover-explorer sweep`` command draws it, one plot per model (``frontier-<model>.html``);
 * ``traces/<cell_id>.parquet`` -- each cell's `clover_engine.recording.trace.Trace` (unless ``--no-traces``).
 
 Task sets: ``agent-eval:N`` (the first N held-out tool-call tasks of

@@ -19,17 +19,22 @@ from clover_engine.backbones.base import capabilities_of
 from clover_engine.backbones.hub import parse_hub_id
 from clover_engine.checkpoint import load_model, load_tokenizer
 from clover_engine.decoding.decoder import DecodeConfig
+from clover_engine.decoding.samplers import OFFICIAL_SAMPLERS, official_setting
 from clover_engine.backbones.clover.model import random_model
 from clover_engine.data.agent import eval_tasks
 from clover_engine.data.chat_prompts import eval_prompts
 from clover_engine.tokenizer import byte_tokenizer
 
 GRID_AXES: dict[str, type] = {
-    "block_size": int, "threshold": float, "policy": str, "memory_mode": str, "max_new_tokens": int,
+    "sampler": str, "block_size": int, "threshold": float, "policy": str, "memory_mode": str, "max_new_tokens": int,
     "max_steps": int, "tokens_per_step": int, "max_entropy": float, "factor": float,
     "repetition_penalty": float, "eos_bias_soft_limit": int,
 }
-"""`DecodeConfig` fields a sweep can vary (CLI: ``--block-size 8,32`` ...), with their types."""
+"""What a sweep can vary (CLI: ``--block-size 8,32`` ...), with their types: ``sampler`` (``block``, the default:
+threshold decoding by `clover_engine.decoding.decoder.BlockDecoder`; or a public family's own sampler, one of
+`clover_engine.decoding.samplers.OFFICIAL_SAMPLERS`) and the `DecodeConfig` fields."""
+OFFICIAL_AXES = ("sampler", "block_size", "threshold", "max_new_tokens")
+"""The axes an official sampler's setting reads (`clover_engine.decoding.samplers.official_setting`)."""
 
 
 # ----------------------------------------------------------------------------- tasks and models
@@ -126,18 +131,54 @@ def load_sweep_model(spec: str):
     return model, load_tokenizer(spec)
 
 
-def _decode_config(values: dict):
-    return DecodeConfig(**values)
+def setting_of(values: dict) -> Any:
+    """The decode setting of one grid combination: a `DecodeConfig` (``sampler`` ``block`` or absent), or a
+    public family's official sampler built from the budget, block size and threshold
+    (`clover_engine.decoding.samplers.official_setting`; unset ones at `DecodeConfig`'s defaults).
+
+    Raises:
+        ValueError: an unknown sampler, an axis the official sampler does not read (only `OFFICIAL_AXES`), or a
+            value the setting refuses (its message names the field and the valid range).
+    """
+    values = dict(values)
+    sampler = values.pop("sampler", "block")
+    try:
+        if sampler == "block":
+            return DecodeConfig(**values)
+        extra = [k for k in values if k not in OFFICIAL_AXES]
+        if extra:
+            raise ValueError(f"sampler {sampler!r} reads only {', '.join(OFFICIAL_AXES[1:])}; drop {extra} from "
+                             "the grid (or sweep it with --sampler block)")
+        base = DecodeConfig(**values)
+        return official_setting(sampler, base.max_new_tokens, base.block_size, base.threshold)
+    except TypeError as e:
+        raise ValueError(str(e)) from None
+
+
+def setting_to_dict(setting: Any) -> dict:
+    """A cell's setting as plain values: ``dataclasses.asdict`` of a `DecodeConfig`, or an official sampler's
+    ``to_dict()`` (which names its ``sampler``). `setting_from_dict` inverts it."""
+    return setting.to_dict() if getattr(setting, "sampler", None) in OFFICIAL_SAMPLERS else dataclasses.asdict(setting)
+
+
+def setting_from_dict(values: dict) -> Any:
+    """The setting `setting_to_dict` wrote: a `DecodeConfig`, or the official sampler its ``sampler`` names."""
+    name = values.get("sampler")
+    if name not in OFFICIAL_SAMPLERS:
+        return DecodeConfig(**values)
+    cls = type(official_setting(name, 32, 32))
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in values.items() if k in names})
 
 
 def settings_grid(axes: dict[str, Sequence]) -> list[dict]:
     """Every combination of the axes' values, in order (the last axis varies fastest).
 
     Args:
-        axes: ``{DecodeConfig field: [values]}`` for fields in `GRID_AXES`.
+        axes: ``{axis: [values]}`` for axes in `GRID_AXES` (``sampler`` and `DecodeConfig` fields).
 
     Returns:
-        One ``{field: value}`` dict per combination (validated by `DecodeConfig`).
+        One ``{field: value}`` dict per combination (validated by `setting_of`).
 
     Raises:
         ValueError: an unknown field, an empty value list, a repeated combination, or a value
@@ -152,10 +193,7 @@ def settings_grid(axes: dict[str, Sequence]) -> list[dict]:
     keys = list(axes)
     grid = [dict(zip(keys, combo)) for combo in itertools.product(*(axes[k] for k in keys))]
     for g in grid:
-        try:
-            _decode_config(g)
-        except TypeError as e:
-            raise ValueError(str(e)) from None
+        setting_of(g)
     if len({json.dumps(g, sort_keys=True) for g in grid}) != len(grid):
         raise ValueError(f"the sweep axes repeat a value: {axes}")
     return grid
@@ -175,7 +213,8 @@ class Cell:
     Attributes:
         index: position in grid order (model, then setting, then task set, then task).
         cell_id: 16 hex digits, a hash of model, task set, task index, prompt and full config.
-        model: the model spec; setting: `setting_label`; config: ``dataclasses.asdict(DecodeConfig)``.
+        model: the model spec; setting: `setting_label`; config: the full setting as plain values
+            (`setting_to_dict`: a `DecodeConfig`, or a family's official sampler).
         task: the `SweepTask`.
     """
 
@@ -207,7 +246,7 @@ def make_cells(models: Sequence[str], task_sets: Sequence[str], settings: Sequen
     cells = []
     for model in models:
         for values in settings:
-            cfg = dataclasses.asdict(_decode_config(values))
+            cfg = setting_to_dict(setting_of(values))
             for name in task_sets:
                 for t in tasks[name]:
                     key = json.dumps([model, name, t.task_id, t.prompt, cfg], sort_keys=True)

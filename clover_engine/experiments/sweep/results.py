@@ -26,17 +26,24 @@ is identical whatever the backend and the number of workers."""
 
 RESULT_SCHEMA = pa.schema([
     ("cell_id", pa.string()), ("model", pa.string()), ("task_set", pa.string()), ("task_id", pa.int64()),
-    ("setting", pa.string()), ("block_size", pa.int64()), ("threshold", pa.float64()), ("policy", pa.string()),
+    ("setting", pa.string()), ("sampler", pa.string()), ("block_size", pa.int64()), ("threshold", pa.float64()), ("policy", pa.string()),
     ("memory_mode", pa.string()), ("max_new_tokens", pa.int64()), ("max_steps", pa.int64()),
     ("decode_config", pa.string()), ("prompt_tokens", pa.int64()), ("tokens", pa.int64()), ("nfe", pa.int64()),
     ("tokens_per_forward", pa.float64()), ("forced_fills", pa.int64()), ("stop_reason", pa.string()),
     ("text", pa.string()), ("exact_match", pa.bool_()), ("json_valid", pa.bool_()), ("name_correct", pa.bool_()),
     ("fields_correct", pa.int64()), ("fields_total", pa.int64()), ("field_acc", pa.float64()),
+    ("careful", pa.bool_()), ("agreement", pa.float64()), ("first_difference", pa.int64()),
+    ("common_prefix", pa.int64()), ("identical", pa.bool_()),
     ("bytes_read", pa.float64()), ("flops", pa.float64()), ("trace_path", pa.string()),
     ("wall_s", pa.float64()), ("worker", pa.string()),
 ])
-"""One row per decode. ``decode_config`` is the full `DecodeConfig` as JSON; the score columns
-(``exact_match`` ... ``field_acc``) are null for unscored task sets, ``bytes_read`` / ``flops``
+"""One row per decode. ``sampler`` is ``block`` (threshold decoding) or the public family's own sampler; the
+setting columns (``block_size`` ... ``max_steps``) are null where that sampler has no such knob (a family
+sampler's ``policy`` is its name); ``decode_config`` is the full setting as JSON (a `DecodeConfig`, or the
+sampler's ``to_dict()``); the score columns (``exact_match`` ... ``field_acc``) are null for unscored task sets;
+``careful`` (the cell is its own careful decode), ``agreement`` (% of the answer's slots equal to the careful
+decode's), ``first_difference`` (first differing slot, null when identical), ``common_prefix`` and ``identical``
+compare the answer with the same model's careful decode of the same prompt (`clover_engine.decoding.careful`); ``bytes_read`` / ``flops``
 (cost model estimates, bytes and FLOPs summed over the forwards) and ``trace_path`` are null
 without traces; ``wall_s`` is the decode's wall time in seconds."""
 
@@ -153,14 +160,26 @@ def canonical_bytes(table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
+def _compared(rs: list[dict]) -> dict:
+    """The summary's agreement columns over rows ``rs`` (null when the sweep was run without ``careful``)."""
+    measured = [r for r in rs if r["agreement"] is not None]
+    if not measured:
+        return dict(agreement=None, identical_rate=None, careful=None)
+    return dict(agreement=sum(r["agreement"] for r in measured) / len(measured),
+                identical_rate=sum(r["identical"] for r in measured) / len(measured),
+                careful=all(r["careful"] for r in measured))
+
+
 def summarize(results: pa.Table) -> pa.Table:
     """One row per (model, task set, setting), in the order they first appear in `results`.
 
     Columns: model, task_set, setting, cells; tokens_per_forward (generated tokens / forwards,
     summed), nfe_mean, tokens_mean, forced_fill_rate (forced slots / generated tokens), eos_rate
     (share of decodes stopped at EOS); exact_match (share of scored cells; null if none) and
-    field_acc (right fields / fields, pooled); wall_s (summed seconds) and tokens_per_s
-    (generated tokens / wall_s): the only machine-dependent columns.
+    field_acc (right fields / fields, pooled); agreement (mean % of an answer's slots equal to its careful
+    decode's), identical_rate (share of answers equal to it) and careful (the setting is its own careful
+    decode); wall_s (summed seconds) and tokens_per_s (generated tokens / wall_s): the only machine-dependent
+    columns.
     """
     groups: dict[tuple, list[dict]] = {}
     for r in results.to_pylist():
@@ -177,15 +196,46 @@ def summarize(results: pa.Table) -> pa.Table:
             eos_rate=sum(r["stop_reason"] == "eos" for r in rs) / len(rs),
             exact_match=sum(r["exact_match"] for r in scored) / len(scored) if scored else None,
             field_acc=sum(r["fields_correct"] for r in scored) / f_tot if f_tot else None,
-            wall_s=wall, tokens_per_s=toks / wall if wall > 0 else None))
+            wall_s=wall, **_compared(rs), tokens_per_s=toks / wall if wall > 0 else None))
     return pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
+
+
+FRONTIER_NAME = "frontier.parquet"
+FRONTIER_SCHEMA = pa.schema([
+    ("model", pa.string()), ("task_set", pa.string()), ("setting", pa.string()), ("cells", pa.int64()),
+    ("tokens_per_forward", pa.float64()), ("agreement", pa.float64()), ("identical_rate", pa.float64()),
+    ("careful", pa.bool_()), ("pareto", pa.bool_()),
+])
+"""One row per (model, task set, setting) of a sweep's summary: its speed (tokens per forward) against what
+the speed cost (mean agreement with the careful decode, share of identical answers), ``pareto`` marking the
+settings no other setting of that model and task set beats on both."""
+
+
+def frontier_table(summary: pa.Table) -> pa.Table:
+    """The frontier of each (model, task set) in a `summarize` table (`FRONTIER_SCHEMA`), rows in the summary's
+    order; a setting with no forwards (tokens_per_forward null) counts as speed 0. A group swept without the
+    careful decode (agreement null) has no frontier and no rows."""
+    from clover_engine.decoding.frontier import pareto_mask  # local: the decoding wing, only here
+
+    rows = summary.to_pylist()
+    out = []
+    for key in dict.fromkeys((r["model"], r["task_set"]) for r in rows):
+        group = [r for r in rows if (r["model"], r["task_set"]) == key]
+        if any(r["agreement"] is None for r in group):  # swept without the careful decode: no frontier
+            continue
+        mask = pareto_mask([r["tokens_per_forward"] or 0.0 for r in group], [r["agreement"] for r in group])
+        out += [dict(model=r["model"], task_set=r["task_set"], setting=r["setting"], cells=r["cells"],
+                     tokens_per_forward=r["tokens_per_forward"], agreement=r["agreement"],
+                     identical_rate=r["identical_rate"], careful=r["careful"], pareto=on) for r, on in zip(group, mask)]
+    return pa.Table.from_pylist(out, schema=FRONTIER_SCHEMA)
 
 
 SUMMARY_SCHEMA = pa.schema([
     ("model", pa.string()), ("task_set", pa.string()), ("setting", pa.string()), ("cells", pa.int64()),
     ("tokens_per_forward", pa.float64()), ("nfe_mean", pa.float64()), ("tokens_mean", pa.float64()),
     ("forced_fill_rate", pa.float64()), ("eos_rate", pa.float64()), ("exact_match", pa.float64()),
-    ("field_acc", pa.float64()), ("wall_s", pa.float64()), ("tokens_per_s", pa.float64()),
+    ("field_acc", pa.float64()), ("agreement", pa.float64()), ("identical_rate", pa.float64()),
+    ("careful", pa.bool_()), ("wall_s", pa.float64()), ("tokens_per_s", pa.float64()),
 ])
 
 
@@ -199,11 +249,13 @@ def format_summary(summary: pa.Table) -> str:
     wt = max([8] + [len(r["task_set"]) for r in rows])
     ws = max([7] + [len(r["setting"]) for r in rows])
     header = (f"{'model':{wm}s} {'task set':{wt}s} {'setting':{ws}s} {'cells':>5s} {'TPF':>6s} {'NFE':>6s} "
-              f"{'forced':>7s} {'exact':>6s} {'fields':>6s} {'tok/s':>7s}")
+              f"{'forced':>7s} {'exact':>6s} {'fields':>6s} {'agree%':>7s} {'ident':>6s} {'tok/s':>7s}")
     lines = [header]
     for r in rows:
         lines.append(f"{r['model']:{wm}s} {r['task_set']:{wt}s} {r['setting']:{ws}s} {r['cells']:5d} "
                      f"{f(r['tokens_per_forward'], '{:6.2f}')} {f(r['nfe_mean'], '{:6.1f}')} "
                      f"{f(r['forced_fill_rate'], '{:7.3f}')} {f(r['exact_match'], '{:6.3f}')} "
-                     f"{f(r['field_acc'], '{:6.3f}')} {f(r['tokens_per_s'], '{:7.1f}')}")
+                     f"{f(r['field_acc'], '{:6.3f}')} "
+                     f"{'careful' if r['careful'] else f(r['agreement'], '{:7.1f}'):>7s} "
+                     f"{f(r['identical_rate'], '{:6.2f}')} {f(r['tokens_per_s'], '{:7.1f}')}")
     return "\n".join(lines)

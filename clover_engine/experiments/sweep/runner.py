@@ -8,6 +8,7 @@ re-exported by `clover_engine.sweep`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -15,45 +16,86 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
-from clover_engine.experiments.sweep.grid import Cell, load_sweep_model, make_cells
+from clover_engine.experiments.sweep.grid import Cell, load_sweep_model, make_cells, setting_from_dict
 from clover_engine.experiments.sweep.results import (
+    FRONTIER_NAME,
     RESULT_SCHEMA,
     RESULTS_NAME,
     SUMMARY_NAME,
     TRACES_DIR,
     _write_atomic,
+    frontier_table,
     read_results,
     summarize,
 )
-from clover_engine.decoding.decoder import BlockDecoder, DecodeConfig
+from clover_engine.decoding.careful import CarefulReferences, agreement, is_careful
+from clover_engine.decoding.samplers import OFFICIAL_SAMPLERS, decoder_for
 from clover_engine.threads import configure_threads, default_threads, resolve_threads
 from clover_engine.data.agent import score_call
 from clover_engine.prompting import model_input
 
 
-def run_cell(cell: Cell, model, tokenizer, traces: bool = True) -> tuple[dict, bytes | None]:
-    """Decode one cell and score it.
+def _knobs(setting: Any) -> dict:
+    """The results table's setting columns of a `DecodeConfig` or an official sampler (null where it has none)."""
+    name = getattr(setting, "sampler", None)
+    if name not in OFFICIAL_SAMPLERS:
+        return dict(sampler="block", block_size=setting.block_size, threshold=setting.threshold,
+                    policy=setting.policy, memory_mode=setting.memory_mode, max_new_tokens=setting.max_new_tokens,
+                    max_steps=setting.max_steps)
+    d = setting.to_dict()
+    block = d.get("block_length", d.get("block_size"))
+    threshold = d.get("threshold", d.get("confidence_threshold"))
+    return dict(sampler=name, block_size=block, threshold=None if threshold is None else float(threshold),
+                policy=name, memory_mode=None, max_new_tokens=d.get("gen_length", d.get("max_new_tokens")),
+                max_steps=d.get("steps", d.get("denoising_steps")))
+
+
+def run_cell(cell: Cell, model, tokenizer, traces: bool = True, references: CarefulReferences | None = None,
+             careful: bool = True) -> tuple[dict, bytes | None]:
+    """Decode one cell, score it, and compare its answer with the careful decode's.
 
     Args:
         cell: the `Cell`; model, tokenizer: loaded from ``cell.model`` (`load_sweep_model`).
         traces: record the decode's `clover_engine.recording.trace.Trace` (and the cost model's bytes / FLOPs).
+        references: the careful decodes already made (`clover_engine.decoding.careful.CarefulReferences`, keyed by
+            model spec, prompt ids and careful setting); None: a new cache for this cell.
+        careful: compare with the careful decode (False: the agreement columns are null, no reference decoded).
 
     Returns:
         ``(row, trace_parquet_bytes)``: the row as a dict with the `RESULT_SCHEMA` columns (``worker``
-        is filled by the caller), and the trace as Parquet file bytes (None without traces).
+        is filled by the caller), and the trace as Parquet file bytes (None without traces). The row's
+        ``careful`` / ``agreement`` / ``first_difference`` / ``common_prefix`` / ``identical`` compare the answer
+        with the same model's careful decode of the same prompt (`clover_engine.decoding.careful`), decoded
+        once per (model, prompt, careful setting) and seeded from that key, so every worker gets the same one.
     """
     import torch
 
-    cfg = DecodeConfig(**cell.config)
+    setting = setting_from_dict(cell.config)
     prompt = cell.task.prompt
     if cell.task.kind == "chat":  # a user request: the chat template where the model has one
-
         prompt = model_input(prompt, model).text
+    decoder = decoder_for(model, tokenizer, setting)  # the block decoder, or the family's own sampler
     torch.manual_seed(int(cell.cell_id, 16) % (2 ** 63))
-    r = BlockDecoder(model, tokenizer, cfg).generate(prompt, record_trace=traces)
+    r = decoder.generate(prompt, record_trace=traces)
+    own = is_careful(setting)
+    if own or not careful:
+        reference = [int(t) for t in r.tokens]
+    else:
+        references = CarefulReferences() if references is None else references
+        key = references.key(cell.model, r.prompt_ids, setting)
+
+        def careful(care):
+            torch.manual_seed(int(hashlib.sha256(repr(key).encode()).hexdigest()[:15], 16))
+            return decoder_for(model, tokenizer, care).generate(prompt, record_trace=False).tokens
+
+        reference = references.reference(cell.model, r.prompt_ids, setting, careful)
+    agree = agreement(r.tokens, reference, own=own)
+    compared = dict(careful=own, agreement=float(agree.token_agreement), first_difference=agree.first_difference,
+                    common_prefix=agree.common_prefix, identical=agree.identical) if careful else {}
     score: dict = {}
     if cell.task.kind == "agent":
         s = score_call(r.text, cell.task.turn)
@@ -67,11 +109,10 @@ def run_cell(cell: Cell, model, tokenizer, traces: bool = True) -> tuple[dict, b
             trace_bytes = r.trace.save(Path(d) / "trace.parquet").read_bytes()
     row = dict(
         cell_id=cell.cell_id, model=cell.model, task_set=cell.task.task_set, task_id=cell.task.task_id,
-        setting=cell.setting, block_size=cfg.block_size, threshold=cfg.threshold, policy=cfg.policy,
-        memory_mode=cfg.memory_mode, max_new_tokens=cfg.max_new_tokens, max_steps=cfg.max_steps,
+        setting=cell.setting, **_knobs(setting),
         decode_config=json.dumps(cell.config, sort_keys=True), prompt_tokens=len(r.prompt_ids),
         tokens=len(r.tokens), nfe=r.nfe, tokens_per_forward=float(r.tokens_per_forward), forced_fills=r.n_forced,
-        stop_reason=r.stop_reason, text=r.text, bytes_read=r.bytes_read, flops=r.flops,
+        stop_reason=r.stop_reason, text=r.text, **compared, bytes_read=r.bytes_read, flops=r.flops,
         trace_path=f"{TRACES_DIR}/{cell.cell_id}.parquet" if trace_bytes is not None else None,
         wall_s=float(r.wall_s), worker=None, **score)
     return row, trace_bytes
@@ -84,15 +125,18 @@ class CellRunner:
     Args:
         threads: torch CPU threads of this worker (>= 1).
         traces: record traces (see `run_cell`).
+        careful: compare every cell with its careful decode (see `run_cell`).
         kill_once: test hook, ``(marker_path, cell_index)``: the first worker to start the cell of
             that index creates the marker file and exits the process at once (``os._exit``);
             later attempts find the marker and run the cell. None (the default) does nothing.
     """
 
-    def __init__(self, threads: int, traces: bool = True, kill_once: tuple[str, int] | None = None):
+    def __init__(self, threads: int, traces: bool = True, kill_once: tuple[str, int] | None = None,
+                 careful: bool = True):
         configure_threads(threads)
-        self.traces, self.kill_once = traces, kill_once
+        self.traces, self.kill_once, self.careful = traces, kill_once, careful
         self.models: dict[str, tuple] = {}
+        self.references = CarefulReferences()  # each (model, prompt, careful setting) decoded once per worker
         self.name = f"{os.uname().nodename}:{os.getpid()}"
 
     def run(self, cell: Cell) -> tuple[dict, bytes | None]:
@@ -106,7 +150,8 @@ class CellRunner:
                 os._exit(17)
         if cell.model not in self.models:
             self.models[cell.model] = load_sweep_model(cell.model)
-        row, trace = run_cell(cell, *self.models[cell.model], traces=self.traces)
+        row, trace = run_cell(cell, *self.models[cell.model], traces=self.traces, references=self.references,
+                              careful=self.careful)
         row["worker"] = self.name
         return row, trace
 
@@ -114,8 +159,8 @@ class CellRunner:
 _POOL_RUNNER: list[CellRunner] = []
 
 
-def _pool_init(threads: int, traces: bool, kill_once) -> None:
-    _POOL_RUNNER[:] = [CellRunner(threads, traces, kill_once)]
+def _pool_init(threads: int, traces: bool, kill_once, careful: bool) -> None:
+    _POOL_RUNNER[:] = [CellRunner(threads, traces, kill_once, careful)]
 
 
 def _pool_run(cell: Cell):
@@ -177,8 +222,8 @@ def _cell_failed(cell: Cell, err: BaseException) -> RuntimeError:
                         "fix the cause and re-run the same command to resume")
 
 
-def _run_serial(cells, sink, bar, threads, traces):
-    runner = CellRunner(threads, traces)
+def _run_serial(cells, sink, bar, threads, traces, careful):
+    runner = CellRunner(threads, traces, careful=careful)
     for cell in cells:
         try:
             out = runner.run(cell)
@@ -188,7 +233,7 @@ def _run_serial(cells, sink, bar, threads, traces):
         bar.update()
 
 
-def _run_pool(cells, sink, bar, workers, threads, traces, kill_once, max_pool_restarts: int = 3):
+def _run_pool(cells, sink, bar, workers, threads, traces, kill_once, careful, max_pool_restarts: int = 3):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
@@ -196,7 +241,7 @@ def _run_pool(cells, sink, bar, workers, threads, traces, kill_once, max_pool_re
     todo = {c.cell_id: c for c in cells}
     for attempt in range(max_pool_restarts + 1):
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_pool_init, initargs=(threads, traces, kill_once))
+                                   initializer=_pool_init, initargs=(threads, traces, kill_once, careful))
         try:
             futures = {pool.submit(_pool_run, c): c.cell_id for c in todo.values()}
             for fut in as_completed(futures):
@@ -218,7 +263,7 @@ def _run_pool(cells, sink, bar, workers, threads, traces, kill_once, max_pool_re
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _run_ray(cells, sink, bar, workers, threads, traces, kill_once, address: str, max_restarts: int = 3):
+def _run_ray(cells, sink, bar, workers, threads, traces, kill_once, careful, address: str, max_restarts: int = 3):
     try:
         import ray
     except ImportError:
@@ -234,7 +279,7 @@ def _run_ray(cells, sink, bar, workers, threads, traces, kill_once, address: str
     try:
         Worker = ray.remote(CellRunner).options(num_cpus=threads, max_restarts=max_restarts,
                                                 max_task_retries=max_restarts)
-        actors += [Worker.remote(threads, traces, kill_once) for _ in range(workers)]
+        actors += [Worker.remote(threads, traces, kill_once, careful) for _ in range(workers)]
         queue = list(reversed(cells))  # pop() takes them in grid order
         inflight: dict = {}  # ObjectRef -> (actor, cell)
         tries: dict[str, int] = {}
@@ -278,7 +323,7 @@ def _run_ray(cells, sink, bar, workers, threads, traces, kill_once, address: str
 def run_sweep(models: Sequence[str], task_sets: Sequence[str], settings: Sequence[dict], out_dir: str | Path,
               workers: int = 1, ray_address: str | None = None, threads: int | None = None, traces: bool = True,
               progress: bool = True, kill_once: tuple[str, int] | None = None,
-              interleave: bool = False) -> SweepResult:
+              interleave: bool = False, careful: bool = True) -> SweepResult:
     """Run (or resume) a sweep and write its tables (module docstring).
 
     Args:
@@ -295,6 +340,9 @@ def run_sweep(models: Sequence[str], task_sets: Sequence[str], settings: Sequenc
             (and model), then task 1, ... -- instead of in grid order, so a machine load that changes during
             the sweep slows every setting alike and their wall times compare. The rows are the
             same and still written in grid order.
+        careful: compare every cell with the same model's careful decode of its prompt (the agreement columns;
+            each worker decodes a reference once per model, prompt and careful setting). False: those columns
+            are null and no reference is decoded (a sweep about speed alone).
 
     Returns:
         A `SweepResult`.
@@ -330,14 +378,15 @@ def run_sweep(models: Sequence[str], task_sets: Sequence[str], settings: Sequenc
             if not todo:
                 pass
             elif ray_address is not None:
-                _run_ray(todo, sink, bar, workers, threads, traces, kill_once, ray_address)
+                _run_ray(todo, sink, bar, workers, threads, traces, kill_once, careful, ray_address)
             elif workers == 1:
-                _run_serial(todo, sink, bar, threads, traces)
+                _run_serial(todo, sink, bar, threads, traces, careful)
             else:
-                _run_pool(todo, sink, bar, min(workers, len(todo)), threads, traces, kill_once)
+                _run_pool(todo, sink, bar, min(workers, len(todo)), threads, traces, kill_once, careful)
         finally:
             results = sink.flush()
     summary = summarize(results)
     _write_atomic(summary, out_dir / SUMMARY_NAME)
+    _write_atomic(frontier_table(summary), out_dir / FRONTIER_NAME)
     return SweepResult(results, summary, len(todo), len(cells) - len(todo), out_dir)
 
