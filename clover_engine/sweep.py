@@ -52,6 +52,7 @@ from clover_engine.experiments.sweep.results import (
     canonical_bytes,
     deterministic_columns,
     fingerprint,
+    format_frontier,
     format_summary,
     frontier_table,
     grid_rows,
@@ -63,8 +64,9 @@ from clover_engine.checkpoint import DEFAULT_MODEL_DIR, find_model_dir
 from clover_engine.threads import add_threads_argument
 
 __all__ = [
-    "GRID_AXES", "OFFICIAL_AXES", "FRONTIER_NAME", "FRONTIER_SCHEMA", "frontier_table", "setting_of",
-    "setting_to_dict", "setting_from_dict", "Cell", "SweepTask", "load_sweep_model", "load_task_set", "make_cells", "setting_label",
+    "GRID_AXES", "OFFICIAL_AXES", "FRONTIER_NAME", "FRONTIER_SCHEMA", "frontier_table", "format_frontier", "setting_of",
+    "setting_to_dict", "setting_from_dict", "Cell", "SweepTask", "load_sweep_model", "load_task_set", "make_cells",
+    "setting_label",
     "settings_grid", "RESULT_SCHEMA", "RESULTS_NAME", "SUMMARY_NAME", "SUMMARY_SCHEMA", "TRACES_DIR",
     "VOLATILE_COLUMNS", "canonical_bytes", "deterministic_columns", "fingerprint", "format_summary", "grid_rows",
     "read_results", "summarize", "CellRunner", "SweepResult", "run_cell", "run_sweep", "build_parser", "main",
@@ -134,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_summary(res.summary))
+    frontier = frontier_table(res.summary)
+    if frontier.num_rows:
+        print(format_frontier(frontier))
     print(f"{res.ran} cells decoded, {res.skipped} already done; results in {res.out_dir / RESULTS_NAME}, "
           f"summary in {res.out_dir / SUMMARY_NAME}, frontier in {res.out_dir / FRONTIER_NAME}")
     return 0

@@ -24,7 +24,8 @@ from pathlib import Path
 TOOLS: dict[str, tuple[str, str]] = {  # subcommand -> ("module:function" called with the argv, what it does)
     "generate": ("clover_engine.generate:main", "decode one prompt and print the text and its summary line"),
     "eval": ("clover_engine.eval:main", "score a model on the held-out tasks (writes its eval.json)"),
-    "sweep": ("clover_engine.sweep:main", "decode a grid of settings x models x tasks, resumable"),
+    "sweep": ("clover_engine.sweep:main", "decode a grid of settings x models x tasks, resumable, each cell against "
+              "its careful decode (a frontier table and plot per model)"),
     "train": ("clover_engine.train:main", "train a model (the clover recipe, or causal-lm to adapt a transformers model)"),
     "convert": ("clover_engine.convert:main", "convert a transformers checkpoint to a Clover one"),
     "cost": ("clover_engine.cost.cli:main", "the cost model: bytes, FLOPs and tokens/s projected to a device"),
@@ -124,8 +125,56 @@ def tutorials_message(dest: Path, copied: list[Path], kept: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def write_frontier_plots(out_dir: Path) -> list[Path]:
+    """Draw a finished sweep's frontier, one plot per (model, task set): ``frontier-<model>-<task set>.html`` in
+    ``out_dir`` (plotly pages beside one ``plotly.min.js``: they open offline). Nothing when the sweep compared
+    nothing with the careful decode (``--no-careful``).
+
+    Raises:
+        ImportError: the viz extra (plotly) is not installed.
+    """
+    import re
+
+    import pyarrow.parquet as pq
+
+    from clover_engine.sweep import FRONTIER_NAME  # local: the engine loads only when a command runs
+    from clover_viz.figures.frontier import sweep_frontier_figure  # local: the viz extra (plotly)
+
+    path = Path(out_dir) / FRONTIER_NAME
+    rows = pq.read_table(path).to_pylist() if path.is_file() else []
+    written = []
+    for model, task_set in dict.fromkeys((r["model"], r["task_set"]) for r in rows):
+        group = [r for r in rows if (r["model"], r["task_set"]) == (model, task_set)]
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{Path(model).name or model}-{task_set}").strip("_")
+        target = Path(out_dir) / f"frontier-{slug}.html"
+        sweep_frontier_figure(group, model, task_set).write_html(target, include_plotlyjs="directory")
+        written.append(target)
+    return written
+
+
+def sweep(argv: Sequence[str]) -> int:
+    """``clover-explorer sweep``: ``python -m clover_engine.sweep ARGV``, then its frontier drawn per model
+    (`write_frontier_plots`) where the viz extra is installed."""
+    code = run_tool("sweep", argv)
+    if code != 0:
+        return code
+    from clover_engine.sweep import build_parser as sweep_parser  # local: the engine loads only when a command runs
+
+    out = sweep_parser().parse_known_args(list(argv))[0].out
+    try:
+        plots = write_frontier_plots(out)
+    except ImportError as exc:
+        print(f"frontier plots not drawn: they need the viz extra ({exc}): pip install 'clover-explorer[viz]'")
+        return 0
+    for plot in plots:
+        print(f"frontier plot: {plot}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "sweep" and not {"-h", "--help"} & set(argv[1:]):
+        return sweep(argv[1:])
     if argv and argv[0] in TOOLS:  # everything after the name is the tool's, --help included
         return run_tool(argv[0], argv[1:])
     parser = build_parser()

@@ -64,3 +64,30 @@ def test_tutorials_copies_the_notebooks_and_keeps_an_edited_one(tmp_path, capsys
     assert cli.main(["tutorials", str(tmp_path)]) == 0  # a second run copies nothing and says so
     second = capsys.readouterr().out
     assert "copied" not in second and f"kept {n} already" in second, second
+
+
+def test_sweep_prints_and_draws_each_models_frontier(tmp_path, capsys):
+    """``clover-explorer sweep`` over two thresholds of the random test model: the summary's agreement column,
+    the frontier printed with its Pareto marks, and one plot per model, a page whose scatter holds the settings
+    at their measured tokens per forward and agreement."""
+    import json
+    import re
+
+    import pyarrow.parquet as pq
+
+    (tmp_path / "p.txt").write_text("hello there\nthe cat sat\n")
+    out = tmp_path / "sweep"
+    code = cli.main(["sweep", "--models", "random:clover-test", "--tasks", f"prompts:{tmp_path / 'p.txt'}",
+                     "--threshold", "0.5,0.95", "--block-size", "8", "--max-new-tokens", "16", "--out", str(out),
+                     "--no-traces", "--no-progress", "--threads", "1"])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "agree%" in text and "frontier of random:clover-test on prompts:" in text
+    frontier = pq.read_table(out / "frontier.parquet").to_pylist()
+    assert len(frontier) == 2 and any(r["pareto"] for r in frontier)
+    [plot] = out.glob("frontier-*.html")
+    assert f"frontier plot: {plot}" in text and (out / "plotly.min.js").is_file()
+    page = plot.read_text()
+    figure = json.loads(re.search(r'Plotly\.newPlot\(\s*"[^"]+",\s*(\[.*?\]),\s*\{', page, re.S).group(1))
+    xs = sorted(x for trace in figure for x in trace["x"] if trace.get("mode") == "markers")
+    assert xs == pytest.approx(sorted(r["tokens_per_forward"] for r in frontier))

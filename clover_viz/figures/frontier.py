@@ -73,6 +73,26 @@ def frontier_figure(points: Sequence[Any], title: str | None = None, height: int
     return fig
 
 
+def sweep_frontier_figure(rows: Sequence[dict[str, Any]], model: str, task_set: str, height: int = 460) -> go.Figure:
+    """One model's frontier over a sweep's prompts: each setting at its mean (`frontier_figure`'s look).
+
+    Args:
+        rows: the model's rows of a sweep's ``frontier.parquet`` (`clover_engine.experiments.sweep.results.
+            FRONTIER_SCHEMA`: ``setting``, ``cells``, ``tokens_per_forward``, ``agreement`` in %,
+            ``identical_rate``, ``careful``, ``pareto``).
+        model, task_set: named in the title.
+
+    Raises:
+        ValueError: no rows.
+    """
+    points = [{"setting": f"{r['setting']} ({r['cells']} prompts, {100 * r['identical_rate']:.0f} % identical)",
+               "tokens_per_forward": r["tokens_per_forward"] or 0.0, "agreement_pct": r["agreement"],
+               "careful": bool(r["careful"]), "pareto": bool(r["pareto"])} for r in rows]
+    return frontier_figure(points, height=height, title=(
+        f"What speed costs on {model} ({task_set}): each setting's tokens per forward vs its answers' mean "
+        "agreement with the careful decode"))
+
+
 def frontier_table_html(points: Sequence[Any]) -> str:
     """The frontier as an HTML table (class ``clover-frontier-table``): setting, NFE, tokens, tokens per forward,
     agreement, first difference; the Pareto-optimal rows bold, the current one marked."""

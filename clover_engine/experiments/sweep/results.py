@@ -26,7 +26,8 @@ is identical whatever the backend and the number of workers."""
 
 RESULT_SCHEMA = pa.schema([
     ("cell_id", pa.string()), ("model", pa.string()), ("task_set", pa.string()), ("task_id", pa.int64()),
-    ("setting", pa.string()), ("sampler", pa.string()), ("block_size", pa.int64()), ("threshold", pa.float64()), ("policy", pa.string()),
+    ("setting", pa.string()), ("sampler", pa.string()), ("block_size", pa.int64()), ("threshold", pa.float64()),
+    ("policy", pa.string()),
     ("memory_mode", pa.string()), ("max_new_tokens", pa.int64()), ("max_steps", pa.int64()),
     ("decode_config", pa.string()), ("prompt_tokens", pa.int64()), ("tokens", pa.int64()), ("nfe", pa.int64()),
     ("tokens_per_forward", pa.float64()), ("forced_fills", pa.int64()), ("stop_reason", pa.string()),
@@ -43,7 +44,8 @@ sampler's ``policy`` is its name); ``decode_config`` is the full setting as JSON
 sampler's ``to_dict()``); the score columns (``exact_match`` ... ``field_acc``) are null for unscored task sets;
 ``careful`` (the cell is its own careful decode), ``agreement`` (% of the answer's slots equal to the careful
 decode's), ``first_difference`` (first differing slot, null when identical), ``common_prefix`` and ``identical``
-compare the answer with the same model's careful decode of the same prompt (`clover_engine.decoding.careful`); ``bytes_read`` / ``flops``
+compare the answer with the same model's careful decode of the same prompt (`clover_engine.decoding.careful`);
+``bytes_read`` / ``flops``
 (cost model estimates, bytes and FLOPs summed over the forwards) and ``trace_path`` are null
 without traces; ``wall_s`` is the decode's wall time in seconds."""
 
@@ -228,6 +230,23 @@ def frontier_table(summary: pa.Table) -> pa.Table:
                      tokens_per_forward=r["tokens_per_forward"], agreement=r["agreement"],
                      identical_rate=r["identical_rate"], careful=r["careful"], pareto=on) for r, on in zip(group, mask)]
     return pa.Table.from_pylist(out, schema=FRONTIER_SCHEMA)
+
+
+def format_frontier(frontier: pa.Table) -> str:
+    """The frontier as plain text: per (model, task set), its settings from the fastest down, ``*`` on the
+    Pareto-optimal ones."""
+    lines = []
+    rows = frontier.to_pylist()
+    for key in dict.fromkeys((r["model"], r["task_set"]) for r in rows):
+        group = sorted((r for r in rows if (r["model"], r["task_set"]) == key),
+                       key=lambda r: -(r["tokens_per_forward"] or 0.0))
+        ws = max(7, *(len(r["setting"]) for r in group))
+        lines += [f"frontier of {key[0]} on {key[1]} (* Pareto-optimal: no setting is both faster and closer):",
+                  f"  {'setting':{ws}s} {'TPF':>6s} {'agree%':>7s} {'ident':>6s}"]
+        lines += [f"{'*' if r['pareto'] else ' '} {r['setting']:{ws}s} {r['tokens_per_forward'] or 0.0:6.2f} "
+                  f"{'careful' if r['careful'] else format(r['agreement'], '7.1f'):>7s} {r['identical_rate']:6.2f}"
+                  for r in group]
+    return "\n".join(lines)
 
 
 SUMMARY_SCHEMA = pa.schema([
