@@ -6,7 +6,7 @@ their ``--help`` are that command's; the other two are the explorer and the tuto
 
     clover-explorer serve [--port 5006] [--show] [--model-root DIR]... [--model-id ORG/NAME]... [panel serve options]
     clover-explorer generate --example "agent tool call"      # = python -m clover_engine.generate ...
-    clover-explorer eval | sweep | train | convert | cost ...  # = python -m clover_engine.<tool> ...
+    clover-explorer eval | sweep | train | convert | cost | plan ...  # = python -m clover_engine.<tool> ...
     clover-explorer tutorials DIR                             # copy the notebooks into DIR
 
 Tests: ``.venv/bin/python -m pytest tests/test_wheel.py tests/test_cli.py -q``
@@ -29,6 +29,8 @@ TOOLS: dict[str, tuple[str, str]] = {  # subcommand -> ("module:function" called
     "train": ("clover_engine.train:main", "train a model (the clover recipe, or causal-lm to adapt a transformers model)"),
     "convert": ("clover_engine.convert:main", "convert a transformers checkpoint to a Clover one"),
     "cost": ("clover_engine.cost.cli:main", "the cost model: bytes, FLOPs and tokens/s projected to a device"),
+    "plan": ("clover_engine.plan:main", "a checkpoint's memory per device with its experts split over N devices, "
+             "from the safetensors headers only"),
 }
 """Imported only when run (a registry of names, as transformers' auto classes): ``--help`` stays fast, and
 the engine's commands need nothing the ``viz`` extra brings."""

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from clover_engine.backbones.causal_lm.adapter import _base_cache, base_spec, locate_base
 from clover_engine.backbones.hub import HUB_ID_SHAPE, parse_hub_id
+from clover_engine.cost.plan import LOAD_OVERHEAD  # the measured peak per weight byte, one number for both
 
 MB = 1024 * 1024
 DEFAULT_MAX_UPLOAD_MB = 12.0
@@ -41,11 +42,6 @@ DEFAULT_MAX_UPLOAD_MB = 12.0
 message limit of 20 MB, so a plain ``panel serve`` needs no flag. Saved traces are ~0.1-1 MB."""
 MAX_TRACE_UPLOAD_BYTES = int(float(os.environ.get("CLOVER_MAX_UPLOAD_MB") or DEFAULT_MAX_UPLOAD_MB) * MB)
 SOCKET_OVERHEAD_BYTES = 64 * 1024  # a websocket message's JSON around the base64 file
-LOAD_OVERHEAD = 1.05
-"""Peak resident bytes per weight byte of a load and a decode, as measured: the lean loader maps the
-checkpoint (no second copy) and reading every weight once makes 1.003x the weights resident
-(``benchmarks/load_memory.py``, 1.5 B parameters); LLaDA-MoE-7B at its real shape peaks at 1.044x its
-weights with a 32-slot decode's working set (``benchmarks/load_memory_moe.py``: 14.30 GiB for 13.70 GiB)."""
 MEMORY_RESERVE_BYTES = 512 * MB  # kept free for the server itself and the sessions' decodes
 ROOTS_ENV = "CLOVER_MODEL_ROOTS"
 HUB_IDS_ENV = "CLOVER_MODEL_IDS"

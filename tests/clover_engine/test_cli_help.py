@@ -49,6 +49,7 @@ CLIS = [
     ("clover_engine.training.causal_lm", ["distill"]),
     ("clover_engine.checkpoint", []),
     ("clover_engine.cost", []),
+    ("clover_engine.plan", []),
     ("clover_engine.convert", []),
     ("clover_engine.data.tokenizer", []),
     ("clover_engine.data.open_words", []),
