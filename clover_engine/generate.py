@@ -461,6 +461,10 @@ def _main_parallel(args, threads: int) -> int:
         _resolve_model(args)
         dc = _decode_config(args)
         _check_model_dir(args.model_dir)
+        if _model_type(args.model_dir) != "clover":  # a public MoE family: its own expert split
+            return _main_family_parallel(args, split, rank, world, device, threads)
+        if args.sampler != "block":
+            raise ValueError(f"--sampler {args.sampler} runs on its family's checkpoints; {args.model} is a Clover one")
         model = load_model(args.model_dir, device=device)
         if args.model_id is not None:  # a hub model: traces record its hub id
             model.model_id = args.model_id
@@ -495,6 +499,59 @@ def _main_parallel(args, threads: int) -> int:
             print(f"trace saved to {result.trace.save(args.trace)}")
     # every rank past its last collective before any tears down (a rank that exits first closes its
     # gloo pairs under the others), and the split model (DTensor meshes hold the group) dropped first
+    dist.barrier()
+    del model
+    dist.destroy_process_group()
+    return 0
+
+
+def _model_type(model_dir: str) -> str | None:
+    """``config.json``'s ``model_type`` of a checkpoint directory, or None."""
+    import json  # local: one read, only here
+
+    try:
+        return json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _main_family_parallel(args, split: dict, rank: int, world: int, device: str, threads: int) -> int:
+    """``--parallel ep=N`` on a public MoE family (LLaDA-MoE, LLaDA2.0 / 2.1, SDAR-MoE): each rank loads only its
+    share of the routed experts and decodes with the family's sampler (``--sampler``) or threshold decoding; rank 0
+    prints the answer and each rank's experts per forward (`clover_engine.decoding.expert_parallel`)."""
+    import torch.distributed as dist  # local: only under torchrun
+
+    from clover_engine.decoding import expert_parallel as ep  # local: only under torchrun
+
+    if split.get("tp", 1) > 1:
+        print(f"rank {rank}: error: --parallel tp= covers Clover checkpoints; {args.model} splits its experts "
+              f"only (--parallel ep={world})", file=sys.stderr)
+        return 2
+    try:
+        model = ep.load_expert_parallel(args.model_dir, rank, world, device=device, dtype=args.dtype)
+        if args.model_id is not None:
+            model.model_id = args.model_id
+        caps = capabilities_of(model)
+        dc = _official_sampler(args, caps) if args.sampler != "block" else _decode_config(args)
+        tokenizer = load_tokenizer(args.model_dir)
+        decoder = decoder_for(model, tokenizer, dc)
+        prompt = model_input(args.prompt, model, raw=args.raw_prompt).text
+        unions = ep.RankUnionRecorder(model)
+        result = decoder.generate(prompt, hooks=[unions], record_trace=True)
+        summary = unions.summary(ep.expert_weight_bytes(model))
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:
+        print(f"rank {rank}: error: {e}", file=sys.stderr)
+        return 2
+    if rank == 0:
+        print(result.text)
+        mean = ", ".join(f"{u:.1f}" for u in summary["rank_union_mean"])
+        peak = max(summary["imbalance"], default=1.0)
+        print(f"[{_model_name(args)}] ep={world} {args.sampler} | tokens={len(result.tokens)} NFE={result.nfe} "
+              f"stop={result.stop_reason} | experts run per forward, per rank (summed over layers): {mean}; "
+              f"busiest rank / mean at most {peak:.2f} | threads={threads}")
+        if args.trace is not None:
+            result.trace.meta["expert_parallel"] = summary
+            print(f"trace saved to {result.trace.save(args.trace)}")
     dist.barrier()
     del model
     dist.destroy_process_group()

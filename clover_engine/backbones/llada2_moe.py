@@ -58,7 +58,7 @@ from clover_engine.backbones.block_causal import (
 )
 from clover_engine.backbones.causal_lm.model import HFBlockConfig, count_parameters
 from clover_engine.backbones.llada_moe import RMSNorm, fill_random, rope
-from clover_engine.backbones.moe import EXPERT_MODES, GatedMLP, MoEDims, PerThread, Routing, routing_stats
+from clover_engine.backbones.moe import EXPERT_MODES, ExpertSplit, GatedMLP, MoEDims, PerThread, Routing, routing_stats
 from clover_engine.backbones.safetensors_shards import (
     checkpoint_dtype, load_shards, materialize_buffers, meta_tensors, read_header, save_weights, shard_files,
 )
@@ -207,6 +207,7 @@ class LLaDA2SparseMoe(nn.Module):
             each on its rows) or ``all`` (every expert on every token; the reference). Same result.
         record / last: keep the last forward's `clover_engine.backbones.moe.Routing` (``probs`` = the sigmoid
             scores normalised over E).
+        split: this rank's `clover_engine.backbones.moe.ExpertSplit` under expert parallelism, or None.
     """
 
     last = PerThread()  # each thread's own last forward (`clover_engine.backbones.moe.PerThread`)
@@ -220,6 +221,7 @@ class LLaDA2SparseMoe(nn.Module):
         if a.num_shared_experts:
             self.shared_experts = GatedMLP(a.hidden_size, a.moe_intermediate_size * a.num_shared_experts)
         self.mode, self.record, self.last = "routed", False, None
+        self.split: ExpertSplit | None = None  # expert parallel: this rank's experts (moe.split_moe_layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[B, T, H] -> [B, T, H] (input dtype).
@@ -237,13 +239,18 @@ class LLaDA2SparseMoe(nn.Module):
         if self.mode not in EXPERT_MODES:
             raise ValueError(f"LLaDA2SparseMoe.mode must be one of {EXPERT_MODES}, got {self.mode!r}")
         per_slot = h.new_zeros(h.shape[0], self.top_k, h.shape[1])  # [T, k, H]: expert outputs, the router's order
-        experts = torch.unique(selected).tolist() if self.mode == "routed" else range(self.num_experts)
+        split = self.split
+        experts = torch.unique(selected).tolist() if self.mode == "routed" or split else range(self.num_experts)
         for e in experts:
+            if split is not None and not split.owns(e):
+                continue  # another rank's expert: its rows arrive in the all-reduce below
             rows, slot = torch.where(selected == e)
-            if self.mode == "routed":
+            if self.mode == "routed" or split is not None:
                 per_slot[rows, slot] = self.experts[e](h[rows])
             else:
                 per_slot[rows, slot] = self.experts[e](h)[rows]
+        if split is not None:  # expert parallel: each (token, slot) computed by one rank, the others add zeros
+            split.combine(per_slot)
         y = per_slot.type(weights.dtype).mul_(weights.unsqueeze(-1)).sum(dim=1).type(h.dtype)
         return (y + self.shared_experts(h)).reshape(shape) if a.num_shared_experts else y.reshape(shape)
 

@@ -38,6 +38,120 @@ EXPERT_MODES = ("routed", "all")
 """How `MoEFeedForward` computes its experts (module docstring)."""
 
 
+@dataclass(frozen=True)
+class ExpertSplit:
+    """This process's share of a MoE layer's routed experts under expert parallelism
+    (`clover_engine.decoding.expert_parallel`): experts ``[lo, hi)`` of E, on rank ``rank`` of ``world``.
+
+    Every rank routes every token (the router is replicated) and computes only the (token, slot) pairs of its
+    own experts into a [T, k, H] tensor in the router's order, zeros elsewhere; one ``all_reduce`` (sum) per
+    layer fills in the other ranks' pairs. Each pair is computed by one rank and the others add exact zeros, so
+    the combined tensor is bit for bit what one process computes, and the layer combines it in one process's
+    order: outputs, and so tokens, equal a single process's in any dtype.
+    """
+
+    lo: int
+    hi: int
+    rank: int
+    world: int
+
+    def owns(self, expert: int) -> bool:
+        return self.lo <= expert < self.hi
+
+    def combine(self, per_slot: torch.Tensor) -> torch.Tensor:
+        """Sum ``per_slot`` [T, k, H] over the ranks in place (the default process group) and return it."""
+        import torch.distributed as dist  # local: only a split layer communicates
+
+        dist.all_reduce(per_slot)
+        return per_slot
+
+
+def owned_experts(num_experts: int, rank: int, world: int) -> ExpertSplit:
+    """Rank ``rank``'s contiguous share of ``num_experts`` over ``world`` ranks (the split of
+    `clover_engine.decoding.parallel`: ``[rank * E / world, (rank + 1) * E / world)``).
+
+    Raises:
+        ValueError: ``world`` not dividing ``num_experts`` (an uneven split would leave a rank idle or
+            doubled), or a rank outside ``[0, world)``.
+    """
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is not one of {world} ranks")
+    if num_experts % world:
+        raise ValueError(f"{num_experts} routed experts do not split evenly over {world} processes; use a process "
+                         f"count that divides {num_experts}")
+    per = num_experts // world
+    return ExpertSplit(rank * per, (rank + 1) * per, rank, world)
+
+
+class RemoteExpert(nn.Module):
+    """Stands in for a routed expert another rank holds (no weights): calling it is a bug in the split."""
+
+    def __init__(self, index: int):
+        super().__init__()
+        self.index = index
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError(f"expert {self.index} is held by another rank; a split layer runs only its own experts")
+
+
+_LOADING = threading.local()
+
+
+class loading_expert_shard:
+    """Within the block, `clover_engine.backbones.safetensors_shards.load_shards` loads only rank ``rank``'s share
+    of every MoE layer's routed experts (`owned_experts`) and marks the layers split (`split_moe_layers`): the
+    other experts' tensors are never read, their modules are `RemoteExpert` s. Thread-local."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+
+    def __enter__(self) -> "loading_expert_shard":
+        self._before = getattr(_LOADING, "shard", None)
+        _LOADING.shard = (self.rank, self.world)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _LOADING.shard = self._before
+
+
+def loading_shard() -> tuple[int, int] | None:
+    """(rank, world) of the `loading_expert_shard` block this thread is in, or None."""
+    return getattr(_LOADING, "shard", None)
+
+
+def split_layers(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, layer) of every MoE layer in ``module`` that expert parallelism can split: it has a
+    ``num_experts``, an ``experts`` ModuleList of that length and a ``split`` attribute."""
+    return [(n, m) for n, m in module.named_modules()
+            if hasattr(m, "split") and isinstance(getattr(m, "experts", None), nn.ModuleList)
+            and len(m.experts) == getattr(m, "num_experts", -1)]
+
+
+def split_moe_layers(module: nn.Module, rank: int, world: int) -> dict[str, ExpertSplit]:
+    """Split every MoE layer of ``module`` (`split_layers`) over ``world`` ranks: set its ``split`` to this rank's
+    `ExpertSplit` and replace the experts it does not own by `RemoteExpert` s (their weights are dropped).
+
+    Returns:
+        layer name -> its split (what `clover_engine.backbones.safetensors_shards.load_shards` skips).
+
+    Raises:
+        ValueError: no splittable MoE layer, or an expert count ``world`` does not divide.
+    """
+    layers = split_layers(module)
+    if not layers:
+        raise ValueError(f"{type(module).__name__} has no MoE layer to split over experts (expert parallelism "
+                         "runs LLaDA-MoE, LLaDA2.0 / 2.1, SDAR-MoE and Clover checkpoints)")
+    out = {}
+    for name, layer in layers:
+        split = owned_experts(layer.num_experts, rank, world)
+        for e in range(layer.num_experts):
+            if not split.owns(e) and not isinstance(layer.experts[e], RemoteExpert):
+                layer.experts[e] = RemoteExpert(e)
+        layer.split = split
+        out[name] = split
+    return out
+
+
 class PerThread:
     """An instance attribute each thread reads and writes on its own: what one forward recorded.
 
@@ -174,6 +288,8 @@ class MoEFeedForward(nn.Module):
         record: keep the last forward's `Routing` in ``last`` (the backbone turns it on while it
             observes; off, nothing is kept).
         last: the last recorded `Routing`, or None.
+        split: this rank's `ExpertSplit` under expert parallelism (then ``mode`` is not read: only the
+            rank's experts run), or None.
 
     Raises:
         ValueError: ``top_k`` outside [1, E].
@@ -196,6 +312,7 @@ class MoEFeedForward(nn.Module):
         self.mode = "routed"
         self.record = False
         self.last: Routing | None = None
+        self.split: ExpertSplit | None = None  # expert parallel: this rank's experts (split_moe_layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[B, T, H] -> [B, T, H] (input dtype); records the routing when ``record`` is on.
@@ -209,7 +326,9 @@ class MoEFeedForward(nn.Module):
         weights = weights.to(h.dtype)
         if self.record:
             self.last = Routing(selected=selected, weights=weights, probs=probs)
-        if self.mode == "routed":
+        if self.split is not None:  # expert parallel: this rank's experts, then one all-reduce
+            out = self._split(h, weights, selected)
+        elif self.mode == "routed":
             out = self._routed(h, weights, selected)
         elif self.mode == "all":
             out = self._all(h, weights, selected)
@@ -224,6 +343,23 @@ class MoEFeedForward(nn.Module):
             rows, slot = torch.where(selected == e)
             y = self.experts[e](h[rows]) * weights[rows, slot, None]
             out.index_add_(0, rows, y)
+        return out
+
+    def _split(self, h: torch.Tensor, weights: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
+        """`_routed` under expert parallelism (`ExpertSplit`): this rank fills its experts' weighted outputs into
+        [T, k, H] (router order), the ranks sum it, and the rows are added in `_routed`'s order (bit for bit)."""
+        split = self.split
+        per_slot = h.new_zeros(*selected.shape, h.shape[-1])
+        experts = torch.unique(selected).tolist()
+        for e in experts:
+            if split.owns(e):
+                rows, slot = torch.where(selected == e)
+                per_slot[rows, slot] = self.experts[e](h[rows]) * weights[rows, slot, None]
+        split.combine(per_slot)
+        out = torch.zeros_like(h)
+        for e in experts:
+            rows, slot = torch.where(selected == e)
+            out.index_add_(0, rows, per_slot[rows, slot])
         return out
 
     def _all(self, h: torch.Tensor, weights: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:

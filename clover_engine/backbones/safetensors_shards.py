@@ -29,6 +29,7 @@ shards, and names that do not match the model all raise a `ValueError` naming th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -260,9 +261,13 @@ def load_shards(module: nn.Module, shards: list[Shard], *, rename=lambda name: n
             after every tensor; the tensors read so far are dropped with the module).
     """
     device = torch.device(device)
+    remote = _remote_experts(module)
     expected = {k: v for k, v in module.state_dict(keep_vars=True).items()}
     where = shards[0].path.parent if shards else "the checkpoint"
     seen: dict[str, Path] = {}
+    if remote is not None:  # expert parallel: another rank's experts are neither read nor expected
+        shards = [dataclasses.replace(s, tensors=tuple(t for t in s.tensors if not remote(rename(t.name))))
+                  for s in shards]
     for shard in shards:
         for t in shard.tensors:
             key = rename(t.name)
@@ -291,6 +296,27 @@ def load_shards(module: nn.Module, shards: list[Shard], *, rename=lambda name: n
         module.load_state_dict(batch, strict=False, assign=True)
         del batch
     module.weight_files = tuple(str(shard.path.resolve()) for shard in shards)  # what `PageMeter` watches
+
+
+_EXPERT_KEY = re.compile(r"^(.*)\.experts\.(\d+)\.")
+
+
+def _remote_experts(module: nn.Module):
+    """Inside `clover_engine.backbones.moe.loading_expert_shard`: split ``module``'s MoE layers for this rank
+    (`clover_engine.backbones.moe.split_moe_layers`) and return ``key -> True`` for the state-dict keys of the
+    experts other ranks hold; outside one, None."""
+    from clover_engine.backbones.moe import loading_shard, split_moe_layers  # local: moe builds on this module's peers
+
+    shard = loading_shard()
+    if shard is None:
+        return None
+    splits = split_moe_layers(module, *shard)
+
+    def remote(key: str) -> bool:
+        m = _EXPERT_KEY.match(key)
+        return bool(m) and m.group(1) in splits and not splits[m.group(1)].owns(int(m.group(2)))
+
+    return remote
 
 
 class PageMeter:
