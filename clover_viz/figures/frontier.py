@@ -73,24 +73,40 @@ def frontier_figure(points: Sequence[Any], title: str | None = None, height: int
     return fig
 
 
+def _short_labels(settings: Sequence[str]) -> list[str]:
+    """``threshold=0.5`` out of ``block_size=32,threshold=0.5,max_new_tokens=64``: the ``key=value`` parts that
+    differ between the settings (all of a setting when they share none)."""
+    parts = [s.split(",") for s in settings]
+    common = set.intersection(*(set(p) for p in parts)) if parts else set()
+    return [",".join(x for x in p if x not in common) or s for p, s in zip(parts, settings)]
+
+
 def sweep_frontier_figure(rows: Sequence[dict[str, Any]], model: str, task_set: str, height: int = 460) -> go.Figure:
-    """One model's frontier over a sweep's prompts: each setting at its mean (`frontier_figure`'s look).
+    """One model's frontier over a sweep's prompts: each setting at its means (`frontier_figure`'s look), each
+    marker labelled with what sets it apart from the others.
 
     Args:
         rows: the model's rows of a sweep's ``frontier.parquet`` (`clover_engine.experiments.sweep.results.
             FRONTIER_SCHEMA`: ``setting``, ``cells``, ``tokens_per_forward``, ``agreement`` in %,
             ``identical_rate``, ``careful``, ``pareto``).
-        model, task_set: named in the title.
+        model, task_set: named in the title (a model path by its last part).
 
     Raises:
         ValueError: no rows.
     """
+    rows = list(rows)
+    labels = _short_labels([r["setting"] for r in rows])
     points = [{"setting": f"{r['setting']} ({r['cells']} prompts, {100 * r['identical_rate']:.0f} % identical)",
                "tokens_per_forward": r["tokens_per_forward"] or 0.0, "agreement_pct": r["agreement"],
                "careful": bool(r["careful"]), "pareto": bool(r["pareto"])} for r in rows]
-    return frontier_figure(points, height=height, title=(
-        f"What speed costs on {model} ({task_set}): each setting's tokens per forward vs its answers' mean "
-        "agreement with the careful decode"))
+    name = model.rstrip("/").rsplit("/", 1)[-1] if "/" in model and not model.count("/") == 1 else model
+    fig = frontier_figure(points, height=height, title=(
+        f"What speed costs: {name} on {task_set}<br><sup>each setting's tokens per forward vs its answers' mean "
+        "agreement with the careful decode (one slot per forward)</sup>"))
+    for p, label in zip(points, labels):
+        fig.add_annotation(x=p["tokens_per_forward"], y=p["agreement_pct"], text=html.escape(label), showarrow=False,
+                           xanchor="left", xshift=8, yshift=8, font=dict(size=11, color="#334155"))
+    return fig
 
 
 def frontier_table_html(points: Sequence[Any]) -> str:
