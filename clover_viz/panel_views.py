@@ -415,13 +415,15 @@ class FigureTabs(pn.viewable.Viewer):
         self.cumulative = FigurePane(_placeholder("Cumulative tokens", "no run yet"), **kw)
         self.experts = FigurePane(_placeholder("Expert union", "no run yet"), **kw)
         self.expert_load = FigurePane(_placeholder("Tokens per expert", "no run yet"), **kw)
+        self.ranks = FigurePane(_placeholder("Experts per device", "no run yet"), visible=False, **kw)
         self.state_norm = FigurePane(_placeholder("State norms", "no run yet"), **kw)
         self.memory = FigurePane(_placeholder("Memory share", "no run yet"), **kw)
         self.cost = CostView(state=s)
         self.tabs = pn.Tabs(
             (self.TABS[0], self.heatmap),
             (self.TABS[1], pn.Row(self.tpf, self.cumulative, **kw)),
-            (self.TABS[2], pn.Column(pn.Row(self.experts, self.state_norm, **kw), self.expert_load, self.memory, **kw)),
+            (self.TABS[2], pn.Column(pn.Row(self.experts, self.state_norm, **kw), self.ranks, self.expert_load,
+                                     self.memory, **kw)),
             (self.TABS[3], self.cost),
             dynamic=True, **kw,
         )
@@ -471,6 +473,9 @@ class FigureTabs(pn.viewable.Viewer):
         elif tab == 2 and not empty:
             self.experts.show(F.expert_union_figure(trace))
             self.expert_load.show(F.expert_load_figure(trace))
+            self.ranks.visible = F.expert_parallel(trace) is not None  # a run split over devices by expert
+            if self.ranks.visible:
+                self.ranks.show(F.expert_parallel_figure(trace))
             self.state_norm.show(F.state_norm_figure(trace))
             self.memory.show(F.memory_share_figure(trace, step=pos))
         elif tab == 3:

@@ -288,6 +288,8 @@ class Explorer(ExplorerDecoding):
         self.tpf_fig = _StubFigure(placeholder)
         self.expert_fig = _StubFigure(placeholder)
         self.expert_load_fig = _StubFigure(placeholder)
+        self.ranks_fig = _StubFigure(placeholder)  # a run split over devices by expert (shown only for one)
+        self._ranks_box = W.Box([self.ranks_fig], layout=W.Layout(display="none"))
         self.norm_fig = _StubFigure(placeholder)
         self.memory_fig = _StubFigure(placeholder)
         self.cost_fig = _StubFigure(placeholder)
@@ -315,7 +317,7 @@ class Explorer(ExplorerDecoding):
         settings = W.HBox([self.threshold, self.block_size, self.decode_button, self.stop_button])
         tabs = W.Tab(children=[
             W.VBox([self.cum_fig, self.tpf_fig]),
-            W.VBox([self.expert_fig, self.expert_load_fig, self.norm_fig, self.memory_fig]),
+            W.VBox([self.expert_fig, self._ranks_box, self.expert_load_fig, self.norm_fig, self.memory_fig]),
             W.VBox([W.HBox([self.break_even_button, self.break_even]), self.cost_fig, self.roofline_fig]),
             W.VBox([self.branching.list_panel, self.compare_fig, self.compare]),
         ])
@@ -385,7 +387,7 @@ class Explorer(ExplorerDecoding):
             "block": self.block_fig, "confidence": self.conf_fig, "cumulative": self.cum_fig,
             "tokens_per_forward": self.tpf_fig, "expert_union": self.expert_fig, "expert_load": self.expert_load_fig,
             "state_norm": self.norm_fig, "memory_share": self.memory_fig, "cost": self.cost_fig, "roofline": self.roofline_fig,
-            "compare": self.compare_fig,
+            "compare": self.compare_fig, "expert_parallel": self.ranks_fig,
         }
 
     # ------------------------------------------------------------------ drawing
@@ -461,6 +463,8 @@ class Explorer(ExplorerDecoding):
         F.refresh_figure(self.tpf_fig, F.tokens_per_forward_figure(t))
         F.refresh_figure(self.expert_fig, F.expert_union_figure(t))
         F.refresh_figure(self.expert_load_fig, F.expert_load_figure(t))
+        F.refresh_figure(self.ranks_fig, F.expert_parallel_figure(t))
+        self._ranks_box.layout.display = "" if F.expert_parallel(t) else "none"
         F.refresh_figure(self.norm_fig, F.state_norm_figure(t))
         F.refresh_figure(self.memory_fig, F.memory_share_figure(t))
         cum = F.cumulative_tokens_figure(t)

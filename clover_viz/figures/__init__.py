@@ -43,7 +43,7 @@ name importable from ``clover_viz.figures``:
   `update_confidence_heatmap(fig, trace, block_index, step=None)` (in place)
 * ``text``: `text_figure(trace, step=None)` (blocks x slots grid), `text_html(trace, step=None)` -> str
 * ``per_forward``: `tokens_per_forward_figure(trace)`, `cumulative_tokens_figure(trace)`,
-  `expert_union_figure(trace)`, `expert_load_figure(trace)`, `state_norm_figure(trace)`, `memory_share_figure(trace, step=None)`
+  `expert_union_figure(trace)`, `expert_load_figure(trace)`, `expert_parallel_figure(trace)`, `state_norm_figure(trace)`, `memory_share_figure(trace, step=None)`
 * ``cost``: `cost_figure(trace, device="h800")`,
   `roofline_figure(trace, device="h800", config="clover-35b-a3b")`,
   `cost_summary_html(trace, projection, step)` -> str (as run vs projected, whole run vs decode phase)
@@ -110,6 +110,8 @@ from clover_viz.figures.frontier import FRONTIER_CLASS, careful_overlay_html, fr
 from clover_viz.figures.per_forward import (
     cumulative_tokens_figure,
     expert_load_figure,
+    expert_parallel,
+    expert_parallel_figure,
     expert_union_figure,
     memory_share_figure,
     state_norm_figure,
@@ -122,7 +124,8 @@ __all__ = [
     "DROPPED_SWATCH", "REMASKED_MARKS", "REWRITTEN_MARKS", "block_revision_marks", "block_trace_updates",
     "COMPARE_ROWS", "COMPARE_TABLE_HEIGHT", "COST_SUMMARY_CLASS", "MEMORY_TRACE", "NOT_APPLICABLE",
     "TEXT_PROMPT_TRACE", "TEXT_TRACE", "block_figure", "compare_runs", "compare_table", "confidence_heatmap",
-    "cost_figure", "cost_summary_html", "cumulative_tokens_figure", "expert_load_figure", "expert_union_figure",
+    "cost_figure", "cost_summary_html", "cumulative_tokens_figure", "expert_load_figure", "expert_parallel",
+    "expert_parallel_figure", "expert_union_figure",
     "memory_share_figure", "refresh_figure", "roofline_figure", "slot_states", "state_norm_figure", "step_for",
     "text_figure", "text_html", "tokens_per_forward_figure", "update_block_figure", "update_confidence_heatmap",
     "answer_html", "branch_list_html", "candidates_html", "slot_at_cell", "slot_cell",

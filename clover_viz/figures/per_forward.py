@@ -173,6 +173,42 @@ def expert_union_figure(trace: Any) -> go.Figure:
     return fig
 
 
+def expert_parallel(trace: Any) -> dict | None:
+    """What a decode split over experts recorded (``meta["expert_parallel"]``, written by ``clover_engine.generate
+    --parallel ep=N`` from `clover_engine.decoding.expert_parallel.RankUnionRecorder`), or None."""
+    ep = (getattr(trace, "meta", None) or {}).get("expert_parallel")
+    return ep if isinstance(ep, dict) and ep.get("rank_unions") else None
+
+
+def expert_parallel_figure(trace: Any) -> go.Figure:
+    """A run split over N devices by expert: the distinct experts each device ran per forward (summed over the MoE
+    layers), one line per device, and the busiest device over the mean (the slowest device bounds the step):
+    the block's union spread over the devices. "Not applicable" for a run in one process."""
+    title = "Experts per device per forward"
+    ep = expert_parallel(trace)
+    if ep is None:
+        return _empty_figure(title, NOT_APPLICABLE + " (decoded in one process: no expert split)")
+    u = np.asarray(ep["rank_unions"], dtype=np.float64).sum(axis=2)  # [forwards, devices]
+    S, N = u.shape
+    x = list(range(1, S + 1))
+    fig = go.Figure()
+    for r in range(N):
+        fig.add_trace(go.Scatter(x=x, y=u[:, r].tolist(), mode="lines+markers", name=f"device {r}",
+                                 hovertemplate=f"forward %{{x}}<br>device {r}: %{{y:.0f}} experts run (all MoE "
+                                               "layers)<extra></extra>"))
+    imbalance = np.asarray(ep.get("imbalance") or [1.0] * S, dtype=np.float64)
+    fig.add_trace(go.Scatter(x=x, y=imbalance.tolist(), mode="lines", name="busiest / mean", yaxis="y2",
+                             line=dict(color="#dc2626", dash="dot"),
+                             hovertemplate="forward %{x}<br>busiest device / mean: %{y:.2f}<extra></extra>"))
+    _add_block_lines(fig, _block_starts_x(trace))
+    fig.update_layout(**_base_layout(f"{title}: {N} devices, expert parallel -- busiest / mean at most "
+                                     f"{imbalance.max():.2f}, {imbalance.mean():.2f} on average"), height=300,
+                      xaxis_title="forward (NFE)", yaxis_title="experts run",
+                      yaxis2=dict(title="busiest / mean", overlaying="y", side="right", rangemode="tozero",
+                                  showgrid=False))
+    return fig
+
+
 def expert_load_figure(trace: Any) -> go.Figure:
     """Tokens routed to each expert per MoE layer, summed over the run's forwards (heatmap, x = expert,
     y = layer), with the router's entropy averaged over the block's slots in the title (recorded by the MoE

@@ -101,3 +101,37 @@ def test_the_command_line_decodes_on_two_ranks_and_its_trace_shows_per_rank_unio
     for step, per_rank in zip(trace.steps, ep["rank_unions"]):
         assert [a + b for a, b in zip(*per_rank)] == [int(u) for u in step.expert_union]
     assert all(i >= 1.0 for i in ep["imbalance"])
+
+
+def test_a_two_rank_trace_shows_each_devices_experts_in_both_front_ends(tiny, tmp_path):
+    """The trace of a 2-rank decode, opened where no process group exists: the figure both front ends draw has one
+    line per device whose values sum to each forward's union, the notebook Explorer shows it, and a one-process
+    run's Explorer keeps it hidden."""
+    pytest.importorskip("ipywidgets")
+    from clover_viz import figures as F
+    from clover_viz.widgets import Explorer
+    from clover_engine.recording.trace import Trace
+
+    trace_path = tmp_path / "ep2.parquet"
+    run = _torchrun(2, "-m", "clover_engine.generate", "--model", str(tiny["sdar_moe"]), "--sampler", "sdar",
+                    "--parallel", "ep=2", "--prompt", "hello there", "--max-new-tokens", "16", "--block-size", "8",
+                    "--trace", str(trace_path), "--threads", "1")
+    assert run.returncode == 0, run.stderr[-3000:]
+    trace = Trace.load(trace_path)
+    fig = F.expert_parallel_figure(trace)
+    devices = [t for t in fig.data if t.name.startswith("device ")]
+    assert [t.name for t in devices] == ["device 0", "device 1"]
+    unions = [int(sum(s.expert_union)) for s in trace.steps]
+    assert [a + b for a, b in zip(devices[0].y, devices[1].y)] == unions
+    ex = Explorer(trace)
+    try:
+        assert ex._ranks_box.layout.display == "" and len(ex.figures["expert_parallel"].data) == 3
+    finally:
+        ex.close()
+    plain = Trace.load(trace_path)
+    plain.meta.pop("expert_parallel")
+    ex = Explorer(plain)
+    try:
+        assert ex._ranks_box.layout.display == "none"
+    finally:
+        ex.close()
