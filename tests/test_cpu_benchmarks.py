@@ -103,3 +103,16 @@ def test_careful_agreement_measures_each_setting_against_its_careful_decode_smal
     assert len(rows) == 1, out
     tpf, agree, identical = float(rows[0][3]), float(rows[0][4].split("%")[0]), rows[0][5].strip()
     assert tpf > 0 and 0.0 <= agree <= 100.0 and re.fullmatch(r"\d / 2", identical), out
+
+
+def test_moe_ep_gpu_runs_its_cpu_mode_on_two_ranks_and_splits_the_experts():
+    torchrun = Path(sys.executable).with_name("torchrun")
+    p = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "benchmarks/moe_ep_gpu.py", "--small",
+                        "--repeats", "1", "--threads", "1"], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    rows = [ln.split("|")[1:-1] for ln in p.stdout.splitlines() if re.match(r"\| \d ", ln)]
+    assert [int(r[0]) for r in rows] == [0, 1], p.stdout
+    assert all(int(r[2]) == 4 for r in rows)  # 8 experts per layer, 4 on each rank
+    assert all(float(r[4].split()[0]) > 0 and r[6].strip().endswith("ms") for r in rows)
+    assert re.search(r"busiest rank / mean bytes: [\d.]+", p.stdout)

@@ -77,10 +77,9 @@ def official_setting(name: str, max_new_tokens: int, block_size: int, threshold:
         ValueError: an unknown name, or settings the sampler refuses (LLaDA: a budget that does not split into
             blocks), with what to change.
     """
-    # local: the samplers' modules import the decoders' config machinery; this table module stays light
-    from clover_engine.decoding.block_diffusion_samplers import FastDLLMv2Sampler, SDARSampler
-    from clover_engine.decoding.llada2_samplers import LLaDA21Sampler, LLaDA2Sampler
-    from clover_engine.decoding.masked_diffusion_samplers import DreamSampler, LLaDASampler
+    from clover_engine.decoding.block_diffusion_samplers import FastDLLMv2Sampler, SDARSampler  # local: keeps this table light
+    from clover_engine.decoding.llada2_samplers import LLaDA21Sampler, LLaDA2Sampler  # local: keeps this table light
+    from clover_engine.decoding.masked_diffusion_samplers import DreamSampler, LLaDASampler  # local: keeps this table light
 
     if name == "llada21":
         return LLaDA21Sampler(gen_length=max_new_tokens, block_length=block_size, threshold=threshold)
