@@ -178,8 +178,28 @@ def cost_summary_html(trace: Any, projection: Any, step: int | None = None) -> s
                  "forward's time and tokens out (so it is higher), and the Cost chart's curve divides the slots "
                  "written by the forwards' own time alone; <b>projected</b> = roofline max(bytes / bandwidth, "
                  f"FLOPs / peak) on {dev} from clover_engine.cost, bf16 weights whatever the run's dtype, not measured.")
+    split = _expert_split_note(trace)
+    if split:
+        notes.insert(0, split)
     out.append("<div style='color:#475569;margin-top:4px'>" + "<br>".join(notes) + "</div>")
     return f"<div class='{COST_SUMMARY_CLASS}' style='font-size:13px;line-height:1.5'>{''.join(out)}</div>"
+
+
+def _expert_split_note(trace: Any) -> str:
+    """The devices of a run split over experts (``meta["expert_parallel"]``, as recorded by ``clover_engine.generate
+    --parallel ep=N``): each device's routed-expert bytes per forward, measured from its experts' unions, and the
+    busiest over the mean; "" for a run in one process."""
+    ep = (getattr(trace, "meta", None) or {}).get("expert_parallel")
+    if not isinstance(ep, dict) or not ep.get("rank_unions") or not ep.get("rank_expert_bytes"):
+        return ""
+    n_forwards = max(len(ep["rank_unions"]), 1)
+    per_device = [b / n_forwards for b in ep["rank_expert_bytes"]]
+    mean = sum(per_device) / len(per_device)
+    shown = ", ".join(f"{b / 1e6:,.2f}" for b in per_device)
+    return (f"<b>{ep['world']} devices, experts split:</b> routed-expert bytes per forward on each device, as run: "
+            f"{shown} MB (the experts its tokens chose among its own x one expert's bytes; every device also reads "
+            f"the replicated weights); busiest / mean {max(per_device) / mean if mean else 1.0:.2f}: the slowest "
+            "device bounds the step.")
 
 
 def as_run_mean_bytes(trace: Any, bytes_read: np.ndarray) -> tuple[float | None, str]:

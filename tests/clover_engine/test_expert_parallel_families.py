@@ -135,3 +135,16 @@ def test_a_two_rank_trace_shows_each_devices_experts_in_both_front_ends(tiny, tm
         assert ex._ranks_box.layout.display == "none"
     finally:
         ex.close()
+
+
+def test_the_cost_tab_states_each_devices_routed_expert_bytes(tmp_path):
+    """The Cost tab's notes name the device count and each device's routed-expert bytes per forward from the
+    recorded unions (union x one expert's bytes, averaged over the forwards)."""
+    from clover_viz.figures.cost import _expert_split_note
+
+    trace = type("T", (), {"meta": {"expert_parallel": {
+        "world": 2, "rank_unions": [[[3, 2], [1, 1]], [[2, 2], [2, 2]]], "expert_bytes": 1e6,
+        "rank_expert_bytes": [9e6, 6e6]}}})()
+    note = _expert_split_note(trace)
+    assert "2 devices, experts split" in note and "4.50, 3.00 MB" in note and "busiest / mean 1.20" in note
+    assert _expert_split_note(type("T", (), {"meta": {}})()) == ""
