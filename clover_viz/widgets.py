@@ -216,10 +216,8 @@ class Explorer(ExplorerDecoding):
         self._last_error = ""
         self._decodes_started = 0
         self._conf_trace = None
-        # a notebook measures a run against its careful decode on request (``ex.state.measure_careful = True`` for
-        # every decode, in the background): a background decode in the kernel would compete with the kernel's own
-        # widget messages (a JupyterLab reload under load did not get its figures back while one ran)
-        self.state.measure_careful = False
+        # every finished decode is measured against its careful decode in the background, as in the app (the card
+        # reads "measuring…" until it ends); ``ex.state.measure_careful = False`` turns that off
         self._watcher = self.state.param.watch(self._on_trace_grown, "trace_version")
         self._closed = False
         before = set(_live_widgets())

@@ -184,8 +184,7 @@ def test_the_notebook_explorer_shows_the_measured_card_and_draws_the_frontier():
     ex = Explorer("clover-tiny", decode_config={"max_new_tokens": 24, "threshold": 0.58, "memory_mode": "state"},
                   prompt="def sub(a, b):\n    return")
     try:
-        assert ex.state.measure_careful is False  # a notebook measures on request
-        ex.state.measure_careful = True
+        assert ex.state.measure_careful is True  # a notebook measures every decode, as the app does
         ex.decode()
         s = ex.state
         assert s.wait_careful(120)
