@@ -461,7 +461,7 @@ def _main_parallel(args, threads: int) -> int:
         _resolve_model(args)
         dc = _decode_config(args)
         _check_model_dir(args.model_dir)
-        if _model_type(args.model_dir) != "clover":  # a public MoE family: its own expert split
+        if _model_type(args.model_dir) not in (None, "clover"):  # a public MoE family: its own expert split
             return _main_family_parallel(args, split, rank, world, device, threads)
         if args.sampler != "block":
             raise ValueError(f"--sampler {args.sampler} runs on its family's checkpoints; {args.model} is a Clover one")
@@ -506,7 +506,7 @@ def _main_parallel(args, threads: int) -> int:
 
 
 def _model_type(model_dir: str) -> str | None:
-    """``config.json``'s ``model_type`` of a checkpoint directory, or None."""
+    """``config.json``'s ``model_type`` of a checkpoint directory, or None (none given: a Clover config's default)."""
     import json  # local: one read, only here
 
     try:
