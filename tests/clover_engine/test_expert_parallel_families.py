@@ -87,7 +87,7 @@ def test_the_command_line_decodes_on_two_ranks_and_its_trace_shows_per_rank_unio
     trace_path = tmp_path / "ep2.parquet"
     run = _torchrun(2, "-m", "clover_engine.generate", "--model", str(tiny["llada2"]), "--sampler", "llada2",
                     "--parallel", "ep=2", "--prompt", "The quick brown fox", "--max-new-tokens", "16",
-                    "--block-size", "8", "--trace", str(trace_path), "--threads", "1")
+                    "--block-size", "8", "--trace", str(trace_path), "--threads", "1", "--parallel-timeout", "600")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "ep=2 llada2 | tokens=16" in run.stdout and "experts run per forward, per rank" in run.stdout
     one = subprocess.run([sys.executable, "-m", "clover_engine.generate", "--model", str(tiny["llada2"]), "--sampler",
@@ -115,7 +115,7 @@ def test_a_two_rank_trace_shows_each_devices_experts_in_both_front_ends(tiny, tm
     trace_path = tmp_path / "ep2.parquet"
     run = _torchrun(2, "-m", "clover_engine.generate", "--model", str(tiny["sdar_moe"]), "--sampler", "sdar",
                     "--parallel", "ep=2", "--prompt", "hello there", "--max-new-tokens", "16", "--block-size", "8",
-                    "--trace", str(trace_path), "--threads", "1")
+                    "--trace", str(trace_path), "--threads", "1", "--parallel-timeout", "600")
     assert run.returncode == 0, run.stderr[-3000:]
     trace = Trace.load(trace_path)
     fig = F.expert_parallel_figure(trace)
