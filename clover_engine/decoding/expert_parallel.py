@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from clover_engine.backbones.moe import ExpertSplit, loading_expert_shard, split_layers, split_moe_layers
+from clover_engine.backbones.moe import ExpertSplit, loading_expert_shard, split_layers
 
 
 def load_expert_parallel(path: str | Path, rank: int, world: int, device: str | torch.device = "cpu",
@@ -61,13 +61,6 @@ def load_expert_parallel(path: str | Path, rank: int, world: int, device: str | 
         raise ValueError(f"{path}: no MoE layer of this checkpoint was split over experts; expert parallelism here "
                          "runs LLaDA-MoE, LLaDA2.0 / 2.1 and SDAR-MoE checkpoints (Clover's own: "
                          "clover_engine.decoding.parallel)")
-    return model
-
-
-def split_in_memory(model: torch.nn.Module, rank: int, world: int) -> torch.nn.Module:
-    """Split a model already loaded in full (tests, notebooks): rank ``rank`` keeps its experts and drops the
-    others' weights (`clover_engine.backbones.moe.split_moe_layers`). Returns ``model``."""
-    split_moe_layers(model, rank, world)
     return model
 
 
@@ -139,4 +132,4 @@ def expert_weight_bytes(model: torch.nn.Module) -> float:
     return 0.0
 
 
-__all__ = ["RankUnionRecorder", "expert_weight_bytes", "load_expert_parallel", "rank_unions", "split_in_memory"]
+__all__ = ["RankUnionRecorder", "expert_weight_bytes", "load_expert_parallel", "rank_unions"]
